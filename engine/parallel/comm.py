@@ -1,0 +1,382 @@
+"""Communication between nodes (MPI ranks) for the parallel trainers.
+
+One small interface, two implementations:
+
+* ``MPIComm`` over mpi4py when the process was started by an MPI launcher
+  (``mpiexec -n N ...``): in-place sum-allreduce of flat float32 vectors,
+  broadcast, agreement checks and job-wide abort;
+* ``LocalComm`` (one node) otherwise, so a plain ``sprint train --parallel
+  asgd`` runs without MPI at all.
+
+Device buffers (CuPy arrays) go through NCCL when ``cupy.cuda.nccl`` works,
+through MPI directly when the MPI library is really CUDA-aware, and otherwise
+are staged through host memory; ``Comm.device_path`` says which was chosen.
+Only one thread may drive a communicator (the ASGD updater); MPI is
+initialised with the highest thread level the library offers and the level
+actually provided is checked by :func:`require_thread_level`.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+# Environment variables set by the common launchers for every rank.
+_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
+                  "MPI_LOCALNRANKS", "HYDI_CONTROL_FD", "PMI_FD")
+
+
+class CommError(RuntimeError):
+    """A collective could not be completed."""
+
+
+class ConfigMismatch(CommError, ValueError):
+    """Ranks were started with different networks, data or options."""
+
+
+def launched_under_mpi() -> bool:
+    """True when an MPI launcher started this process (or MPI is already up)."""
+    if os.environ.get("SPRINT_NO_MPI"):
+        return False
+    if any(v in os.environ for v in _LAUNCHER_VARS):
+        return True
+    mod = sys.modules.get("mpi4py.MPI")
+    return bool(mod is not None and mod.Is_initialized())
+
+
+def config_hash(obj) -> str:
+    """Stable short hash of a JSON-able object (keys sorted)."""
+    blob = json.dumps(obj, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _is_device_array(buf) -> bool:
+    return type(buf).__module__.split(".")[0] == "cupy"
+
+
+def _check_flat(buf, name="buf"):
+    if not hasattr(buf, "dtype") or not hasattr(buf, "ndim"):
+        raise TypeError(f"{name} must be a numpy or cupy array, got {type(buf).__name__}")
+    if buf.ndim != 1:
+        raise ValueError(f"{name} must be a flat (1-D) vector, got shape {buf.shape}")
+    if buf.dtype != np.float32 and buf.dtype != np.float64:
+        raise TypeError(f"{name} must be float32 or float64, got {buf.dtype}")
+    if not buf.flags.c_contiguous:
+        raise ValueError(f"{name} must be contiguous")
+
+
+class Comm:
+    """Interface shared by both communicators."""
+
+    rank = 0
+    size = 1
+    kind = "local"
+    device_path = "none"
+
+    # -- collectives on flat vectors (in place) --------------------------------
+    def allreduce_(self, buf):
+        raise NotImplementedError
+
+    def iallreduce_(self, buf):
+        """Start an in-place sum-allreduce; returns an object with ``wait()``."""
+        self.allreduce_(buf)
+        return _Done()
+
+    def bcast_(self, buf, root=0):
+        raise NotImplementedError
+
+    # -- small Python objects --------------------------------------------------
+    def bcast_obj(self, obj, root=0):
+        return obj
+
+    def allgather_obj(self, obj):
+        return [obj]
+
+    def allreduce_scalars(self, values, op="sum"):
+        """Reduce a short list of floats (float64) with sum|max|min."""
+        return [float(v) for v in values]
+
+    def barrier(self):
+        pass
+
+    def check_agreement(self, what: str, value) -> None:
+        """Raise CommError on every rank unless all ranks pass the same value."""
+        values = self.allgather_obj(value)
+        if any(v != values[0] for v in values):
+            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+            raise ConfigMismatch(f"ranks disagree on {what} ({per_rank}); refusing to start")
+
+    def abort(self, message: str, code: int = 1):
+        """Print a message naming this rank and end the whole job."""
+        _report_failure(self.rank, self.size, message)
+        os._exit(code)
+
+    def slice_bounds(self, n: int, rank=None):
+        """Contiguous [lo, hi) of node ``rank``'s 1/N_Node share of n items."""
+        r = self.rank if rank is None else rank
+        base, extra = divmod(n, self.size)
+        lo = r * base + min(r, extra)
+        return lo, lo + base + (1 if r < extra else 0)
+
+    def describe(self) -> str:
+        return f"{self.kind} comm, rank {self.rank}/{self.size}, device path {self.device_path}"
+
+
+class _Done:
+    def wait(self):
+        return None
+
+
+class _Pending:
+    __slots__ = ("req",)
+
+    def __init__(self, req):
+        self.req = req
+
+    def wait(self):
+        self.req.Wait()
+
+
+def _report_failure(rank, size, message):
+    try:
+        sys.stdout.flush()
+    except Exception:
+        pass
+    sys.stderr.write(f"sprint: rank {rank} of {size} failed: {message}\n"
+                     f"sprint: aborting all ranks because rank {rank} failed\n")
+    sys.stderr.flush()
+
+
+class LocalComm(Comm):
+    """One node: collectives are identities."""
+
+    def allreduce_(self, buf):
+        _check_flat(buf)
+        return buf
+
+    def bcast_(self, buf, root=0):
+        return buf
+
+
+class MPIComm(Comm):
+    kind = "mpi"
+
+    def __init__(self, mpi_comm=None):
+        from mpi4py import MPI
+        self.MPI = MPI
+        self.comm = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.thread_level = MPI.Query_thread()
+        self._nccl = None
+        self._owner = None
+        self.device_path = "host"
+        # > 0: wait for host allreduces by polling with sleeps instead of
+        # MPICH's busy wait, leaving the core to the worker threads.
+        self.poll_interval = float(os.environ.get("SPRINT_MPI_POLL", "0") or 0)
+
+    # Only one thread may drive this communicator; the first user claims it.
+    def _claim(self):
+        me = threading.get_ident()
+        if self._owner is None:
+            self._owner = me
+        elif self._owner != me and self.thread_level < self.MPI.THREAD_MULTIPLE:
+            raise CommError("communicator used from two threads; only the updater may call MPI")
+
+    def allreduce_(self, buf):
+        _check_flat(buf)
+        self._claim()
+        if _is_device_array(buf):
+            return self._allreduce_device(buf)
+        if self.poll_interval > 0 and self.size > 1:
+            req = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+            while not req.Test():
+                time.sleep(self.poll_interval)
+            return buf
+        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+        return buf
+
+    def iallreduce_(self, buf):
+        """Start an in-place sum-allreduce of a host vector; returns a request."""
+        _check_flat(buf)
+        self._claim()
+        if _is_device_array(buf):
+            return super().iallreduce_(buf)
+        return _Pending(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM))
+
+    def bcast_(self, buf, root=0):
+        _check_flat(buf)
+        self._claim()
+        if _is_device_array(buf):
+            host = _to_host_synced(buf)
+            self.comm.Bcast(host, root=root)
+            buf.set(host)
+            return buf
+        self.comm.Bcast(buf, root=root)
+        return buf
+
+    def bcast_obj(self, obj, root=0):
+        self._claim()
+        return self.comm.bcast(obj, root=root)
+
+    def allgather_obj(self, obj):
+        self._claim()
+        return self.comm.allgather(obj)
+
+    def allreduce_scalars(self, values, op="sum"):
+        self._claim()
+        ops = {"sum": self.MPI.SUM, "max": self.MPI.MAX, "min": self.MPI.MIN}
+        if op not in ops:
+            raise ValueError(f"op must be one of {sorted(ops)}, got {op!r}")
+        a = np.asarray(values, dtype=np.float64).ravel().copy()
+        self.comm.Allreduce(self.MPI.IN_PLACE, a, op=ops[op])
+        return [float(v) for v in a]
+
+    def barrier(self):
+        self._claim()
+        self.comm.Barrier()
+
+    def abort(self, message: str, code: int = 1):
+        _report_failure(self.rank, self.size, message)
+        self.comm.Abort(code)
+        os._exit(code)  # pragma: no cover - Abort does not return
+
+    # -- device buffers --------------------------------------------------------
+    def setup_device(self):
+        """Choose how device vectors are reduced: nccl, cuda-aware mpi or host."""
+        self.device_path = _probe_device_path(self)
+        return self.device_path
+
+    def _allreduce_device(self, buf):
+        import cupy
+        if self.device_path == "nccl":
+            stream = cupy.cuda.get_current_stream()
+            nccl = cupy.cuda.nccl
+            dtype = nccl.NCCL_FLOAT32 if buf.dtype == np.float32 else nccl.NCCL_FLOAT64
+            self._nccl.allReduce(buf.data.ptr, buf.data.ptr, buf.size, dtype,
+                                 nccl.NCCL_SUM, stream.ptr)
+            stream.synchronize()
+            return buf
+        # MPI must never read a buffer the stream is still writing.
+        cupy.cuda.get_current_stream().synchronize()
+        if self.device_path == "cuda-mpi":
+            self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+            return buf
+        host = _to_host_synced(buf)
+        self.comm.Allreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM)
+        buf.set(host)
+        return buf
+
+
+def _to_host_synced(buf):
+    import cupy
+    cupy.cuda.get_current_stream().synchronize()
+    return cupy.asnumpy(buf)
+
+
+def _probe_device_path(comm: MPIComm) -> str:
+    forced = os.environ.get("SPRINT_DEVICE_ALLREDUCE")
+    if forced in ("nccl", "cuda-mpi", "host"):
+        choice = forced
+    else:
+        choice = "host"
+        if _nccl_usable(comm):
+            choice = "nccl"
+        elif _mpi_cuda_aware(comm):
+            choice = "cuda-mpi"
+        # All ranks must take the same path or the collectives would not match.
+        choices = comm.comm.allgather(choice)
+        if any(c != choices[0] for c in choices):
+            choice = "host"
+    if choice == "nccl" and comm._nccl is None:
+        _nccl_usable(comm)
+    return choice
+
+
+def _nccl_usable(comm: MPIComm) -> bool:
+    try:
+        from cupy.cuda import nccl
+        uid = nccl.get_unique_id() if comm.rank == 0 else None
+        uid = comm.comm.bcast(uid, root=0)
+        comm._nccl = nccl.NcclCommunicator(comm.size, uid, comm.rank)
+        return True
+    except Exception:
+        comm._nccl = None
+        return False
+
+
+def _mpi_cuda_aware(comm: MPIComm) -> bool:
+    query = getattr(comm.MPI, "Query_cuda_support", None)
+    try:
+        return bool(query()) if query is not None else False
+    except Exception:
+        return False
+
+
+def require_thread_level(comm: Comm, updater_is_main: bool = True) -> None:
+    """The updater is the only MPI caller: FUNNELED suffices when it is the
+    thread that initialised MPI, SERIALIZED otherwise."""
+    if not isinstance(comm, MPIComm):
+        return
+    MPI = comm.MPI
+    need = MPI.THREAD_FUNNELED if (updater_is_main and MPI.Is_thread_main()) else MPI.THREAD_SERIALIZED
+    if comm.thread_level < need:
+        raise CommError(f"MPI provides thread level {comm.thread_level}, the updater needs {need}")
+
+
+_COMM = None
+
+
+def get_comm() -> Comm:
+    """The process-wide communicator: MPI when launched by mpiexec, else local."""
+    global _COMM
+    if _COMM is None:
+        if launched_under_mpi():
+            import mpi4py
+            # Ask for MULTIPLE; the updater alone calls MPI, so less is fine too.
+            mpi4py.rc.thread_level = "multiple"
+            _COMM = MPIComm()
+        else:
+            _COMM = LocalComm()
+    return _COMM
+
+
+def install_abort_hooks(comm: Comm) -> None:
+    """Make an uncaught exception in any thread end the whole job (naming the
+    rank) instead of leaving the other ranks waiting in a collective."""
+    if comm.size <= 1:
+        return
+
+    def _hook(exc_type, exc, tb):
+        import traceback
+        traceback.print_exception(exc_type, exc, tb)
+        comm.abort(f"{exc_type.__name__}: {exc}")
+
+    def _thread_hook(args):
+        _hook(args.exc_type, args.exc_value, args.exc_traceback)
+
+    sys.excepthook = _hook
+    threading.excepthook = _thread_hook
+
+
+@contextlib.contextmanager
+def abort_on_error(comm: Comm):
+    """Turn an exception on this rank into a job-wide abort naming the rank,
+    so the other ranks do not wait forever in the next collective. A
+    ConfigMismatch is raised on every rank alike and is let through."""
+    try:
+        yield comm
+    except (ConfigMismatch, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        if comm.size <= 1:
+            raise
+        import traceback
+        traceback.print_exc()
+        comm.abort(f"{type(e).__name__}: {e}")
