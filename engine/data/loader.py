@@ -1,0 +1,131 @@
+"""The prefetching loader: a thread gathers (LoadImage) and deforms
+(DeformImage) the next batches on the device while the current one computes.
+
+Everything random is derived from (seed, epoch[, rank]), so an epoch's
+batches are the same whether or not the run was interrupted before it, and
+``rank``/``world`` shards one shared permutation into disjoint slices.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import numpy as np
+
+from .deform import DeformConfig, NO_DEFORM
+
+
+class Loader:
+    def __init__(self, dataset, batch, shuffle=True, seed=0, deform=None, prefetch=2,
+                 drop_last=False, rank=0, world=1):
+        if not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive int, got {batch!r}")
+        if not (isinstance(world, int) and world >= 1 and 0 <= rank < world):
+            raise ValueError(f"need 0 <= rank < world, got rank={rank} world={world}")
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        if deform is not None and not isinstance(deform, DeformConfig):
+            raise TypeError(f"deform must be a DeformConfig or None, got {type(deform).__name__}")
+        self.dataset = dataset
+        self.batch = batch
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.deform_cfg = deform or NO_DEFORM
+        self.prefetch = prefetch
+        self.drop_last = drop_last
+        self.rank, self.world = rank, world
+        self.epoch = 0
+        c, h, w = dataset.shape
+        self.in_hw = (h, w)
+        self.out_hw = self.deform_cfg.out_hw or (h, w)
+        self.mean, self.std = self.deform_cfg.norm(c)
+        self.times = {"LoadImage": 0.0, "DeformImage": 0.0}
+        n = len(self.indices())
+        if n == 0:
+            raise ValueError(f"shard {rank}/{world} of {len(dataset)} samples is empty")
+
+    def set_epoch(self, epoch: int):
+        self.epoch = int(epoch)
+
+    def indices(self) -> np.ndarray:
+        n = len(self.dataset)
+        idx = (np.random.default_rng([self.seed, self.epoch]).permutation(n) if self.shuffle
+               else np.arange(n))
+        return idx[self.rank::self.world]
+
+    def __len__(self):
+        n = len(self.indices())
+        return n // self.batch if self.drop_last else -(-n // self.batch)
+
+    # ---- the two stages, usable one by one (the ASGD worker times them) ----
+    def load(self, idx):
+        """LoadImage: the host arrays of the samples ``idx``."""
+        t = time.perf_counter()
+        x, y = self.dataset.x[idx], self.dataset.y[idx]
+        self.times["LoadImage"] += time.perf_counter() - t
+        return x, y
+
+    def deform(self, x, y, rng):
+        """DeformImage: to the device, augment, normalise -> (x float32, y int64)."""
+        from engine import backend, ops
+        t = time.perf_counter()
+        params = (self.deform_cfg.draw(rng, len(x), self.in_hw, self.out_hw) if self.deform_cfg.augments
+                  else _identity(len(x), self.in_hw, self.out_hw))
+        be = backend.get_backend()
+        xd = ops.deform(backend.asarray(x), backend.asarray(params), self.out_hw,
+                        backend.asarray(self.mean), backend.asarray(self.std))
+        yd = be.xp.asarray(y)
+        self.times["DeformImage"] += time.perf_counter() - t
+        return xd, yd
+
+    def batches(self):
+        """The epoch's batches, computed in this thread."""
+        idx = self.indices()
+        rng = np.random.default_rng([self.seed, self.epoch, self.rank, 1])
+        stop = len(idx) - (len(idx) % self.batch if self.drop_last else 0)
+        for i in range(0, stop, self.batch):
+            yield self.deform(*self.load(idx[i:i + self.batch]), rng)
+
+    def __iter__(self):
+        if self.prefetch == 0:
+            yield from self.batches()
+            return
+        q = queue.Queue(maxsize=self.prefetch)
+        halt = threading.Event()
+        done = object()
+
+        def produce():
+            try:
+                for item in self.batches():
+                    while not halt.is_set():
+                        try:
+                            q.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if halt.is_set():
+                        return
+                q.put(done)
+            except BaseException as e:  # re-raised in the consumer
+                q.put(e)
+
+        th = threading.Thread(target=produce, name="sprint-loader", daemon=True)
+        th.start()
+        try:
+            while True:
+                item = q.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            halt.set()
+            th.join()
+
+
+def _identity(n, in_hw, out_hw):
+    p = np.zeros((n, 4), np.float32)
+    p[:, 0] = out_hw[0] / in_hw[0]
+    return p

@@ -1,0 +1,75 @@
+"""Run metrics: one JSON object per epoch in ``metrics.jsonl``, and a running
+mean / throughput meter for the progress bar."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+
+class Meter:
+    """Running sums over an epoch: mean loss, accuracy, images per second."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.loss_sum = 0.0
+        self.correct = 0
+        self.seen = 0
+        self.t0 = time.perf_counter()
+
+    def add(self, loss, n_correct, n):
+        self.loss_sum += float(loss) * n
+        self.correct += int(n_correct)
+        self.seen += int(n)
+
+    @property
+    def loss(self):
+        return self.loss_sum / self.seen if self.seen else float("nan")
+
+    @property
+    def acc(self):
+        return self.correct / self.seen if self.seen else float("nan")
+
+    @property
+    def elapsed(self):
+        return time.perf_counter() - self.t0
+
+    @property
+    def images_per_s(self):
+        e = self.elapsed
+        return self.seen / e if e > 0 else 0.0
+
+
+def append(path, record: dict):
+    path = Path(path)
+    with open(path, "a") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+        f.flush()
+
+
+def read(path) -> list:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"no metrics at {path}")
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+    return out
+
+
+def truncate(path, epochs_kept: int):
+    """Keep the records of the first ``epochs_kept`` epochs (a resumed run
+    rewrites whatever came after its checkpoint)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    keep = [r for r in read(path) if r.get("epoch", 0) <= epochs_kept]
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))

@@ -1,0 +1,45 @@
+"""PNG curves of a run: loss (train and test) and test accuracy per epoch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import metrics as _metrics
+
+
+def plot_run(run_dir, out=None) -> list:
+    """Write ``loss.png`` and ``accuracy.png`` into ``out`` (default: the run
+    directory) from its metrics.jsonl; returns the paths."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    recs = _metrics.read(run_dir)
+    if not recs:
+        raise ValueError(f"{run_dir}: metrics.jsonl holds no epochs yet")
+    out = Path(out) if out else run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    ep = [r["epoch"] for r in recs]
+    figs = {
+        "loss.png": ("loss", [("train_loss", "train"), ("test_loss", "test")]),
+        "accuracy.png": ("accuracy (%)", [("train_acc", "train"), ("test_acc", "test")]),
+    }
+    paths = []
+    for name, (ylabel, series) in figs.items():
+        fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+        for key, label in series:
+            ys = [r.get(key) for r in recs]
+            if all(v is not None for v in ys):
+                scale = 100.0 if "acc" in key else 1.0
+                ax.plot(ep, [scale * v for v in ys], marker="o", ms=3, label=label)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{run_dir.name}: {ylabel}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        p = out / name
+        fig.savefig(p)
+        plt.close(fig)
+        paths.append(p)
+    return paths
