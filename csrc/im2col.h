@@ -1,0 +1,61 @@
+// CPU im2col family (OpenMP). Layout, shared with kernels/im2col.cu:
+//   x     (B, C, H, W)                    NCHW images
+//   cols  (K, B*P), K = C*kh*kw, P = OH*OW; row k = (c*kh + i)*kw + j,
+//         column n*P + oh*OW + ow   -- the "K x (x^2 N)" matrix of SPEC §2,
+//         so W (M,K) @ cols gives Y in (M, B, P) ("CNHW") order.
+// All index arithmetic is int64.
+#pragma once
+
+#include <cstdint>
+
+namespace sprint {
+
+using i64 = std::int64_t;
+
+struct ConvGeom {
+    i64 B, C, H, W;   // input batch/channels/height/width
+    i64 kh, kw;       // kernel
+    i64 sh, sw;       // stride
+    i64 ph, pw;       // zero padding
+    i64 OH, OW;       // output size (derived)
+    i64 K() const { return C * kh * kw; }
+    i64 P() const { return OH * OW; }
+};
+
+// Fills OH/OW; returns nullptr if the geometry is valid, else a message that
+// names the offending argument. Callers guarantee all inputs < 2^31.
+inline const char* conv_geom_check(ConvGeom& g) {
+    if (g.kh < 1 || g.kw < 1) return "kernel size (kh, kw) must be >= 1";
+    if (g.sh < 1 || g.sw < 1) return "stride must be >= 1";
+    if (g.ph < 0 || g.pw < 0) return "pad must be >= 0";
+    if (g.B < 0 || g.C < 1 || g.H < 1 || g.W < 1) return "x must have C, H, W >= 1";
+    if (g.H + 2 * g.ph < g.kh || g.W + 2 * g.pw < g.kw) return "kernel larger than the padded input";
+    g.OH = (g.H + 2 * g.ph - g.kh) / g.sh + 1;
+    g.OW = (g.W + 2 * g.pw - g.kw) / g.sw + 1;
+    return nullptr;
+}
+
+namespace cpu {
+
+// cols (K, B*P) <- x (B, C, H, W); zero where the window hits padding.
+void im2col(const float* x, float* cols, const ConvGeom& g);
+
+// x (B, C, H, W) = adjoint of im2col applied to cols (K, B*P). A gather: each
+// x element sums its contributions in a fixed order; no atomics, deterministic.
+void col2im(const float* cols, float* x, const ConvGeom& g);
+
+// y (B, M, P) = yt (M, B*P) transposed, plus bias[m] (bias may be null).
+void cnhw_to_nchw(const float* yt, const float* bias, float* y, i64 B, i64 M, i64 P);
+
+// out (M, B*P) = y (B, M, P) transposed. If db is not null also
+// db[m] (+)= sum over (n, p) of y[n, m, p] (accumulate: add to db).
+void nchw_to_cnhw(const float* y, float* out, float* db, bool accumulate, i64 B, i64 M, i64 P);
+
+// db[m] (+)= sum over (n, p) of y[n, m, p]   (bias gradient, float64 sums).
+void channel_sum(const float* y, float* db, bool accumulate, i64 B, i64 M, i64 P);
+
+// y[n, m, p] += bias[m], in place.
+void add_channel_bias(float* y, const float* bias, i64 B, i64 M, i64 P);
+
+}  // namespace cpu
+}  // namespace sprint

@@ -1,0 +1,34 @@
+// Device helpers shared by kernels/*.cu.
+//
+// These sources are compiled twice: by nvcc (#included from csrc/launch_*.cu)
+// and at run time by NVRTC through CuPy RawModule (engine/backend.py inlines
+// this header into each kernel file before compiling, so CuPy's cache key sees
+// its content). Hence: no host or standard headers, only extern "C" kernels.
+//
+// Kernel argument convention (RawModule passes numpy scalars by type):
+// pointers, i64 (long long) for every integer/flag, float for real scalars.
+#pragma once
+
+typedef long long i64;
+
+// Threads per block of the 1-D kernels and the most blocks a launch uses;
+// engine/backend.py (RawModule path) and csrc/launch_*.cu use the same rule.
+#define SPRINT_BLOCK 256
+#define SPRINT_MAX_BLOCKS (1 << 20)
+
+// Grid-stride loop over [0, n) with 64-bit indices.
+#define SPRINT_FOR(idx, n)                                                       \
+    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < (i64)(n); \
+         idx += (i64)blockDim.x * gridDim.x)
+
+// Block-wide sum of one float per thread; blockDim.x must be SPRINT_BLOCK.
+// Fixed reduction tree: deterministic. Result valid in thread 0.
+__device__ __forceinline__ float sprint_block_sum(float v, float* smem) {
+    smem[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = SPRINT_BLOCK / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) smem[threadIdx.x] += smem[threadIdx.x + s];
+        __syncthreads();
+    }
+    return smem[0];
+}
