@@ -124,6 +124,13 @@ class Comm:
         lo = r * base + min(r, extra)
         return lo, lo + base + (1 if r < extra else 0)
 
+    def rank_map(self) -> str:
+        """'rank R pid P@host' for every rank (a launcher reports dead processes
+        by pid; this names their ranks)."""
+        import socket
+        me = (self.rank, os.getpid(), socket.gethostname())
+        return ", ".join(f"rank {r} pid {p}@{h}" for r, p, h in self.allgather_obj(me))
+
     def describe(self) -> str:
         return f"{self.kind} comm, rank {self.rank}/{self.size}, device path {self.device_path}"
 
