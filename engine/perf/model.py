@@ -1,0 +1,382 @@
+"""The SPRINT performance model (SPEC section 4, seed 000 section 3).
+
+Given a network spec, a configuration ``(N_Node, N_GPU, N_Subbatch)`` and a
+machine profile, predict every step of Algorithm 1 (worker) and Algorithm 2
+(updater), solve the pair ``T_GPU``/``T_Update`` as a fixed point (they depend
+on each other through the fetch probability, the lock waits and the
+barrier), then derive ``N_Minibatch_avg``, the expected staleness and
+``T_Epoch``.
+
+Lock waiting: a thread that arrives at a lock at a uniformly random moment
+finds a holder inside its critical section with probability
+``T_cs / T_iteration`` and then waits the *remaining* part of it, ``T_cs / 2``
+on average, so each holder contributes ``T_cs**2 / (2 T_iteration)``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine import spec as spec_mod
+
+# Training-set sizes used for T_Epoch when the caller does not give N_File.
+N_FILE = {"cnn-a": 1281167, "cnn-b": 1281167, "cnn-c": 1281167, "cifar": 50000,
+          "digits": 1437, "tiny": 256}
+
+WORKER_STEPS = ("LockWeights", "FetchWeights", "LoadImage", "DeformImage", "ComputeGradient",
+                "ComputeUpdateVal", "LockGradient", "UpdateGradient")
+UPDATER_STEPS = ("LockGradient", "SumGradient", "AddMomentum", "Allreduce", "UpdateMomentum",
+                 "LockWeights", "UpdateWeights")
+
+
+def layer_kernels(g, n: int, first: bool, last: bool):
+    """(pass, kernel, size) of every kernel one layer runs for its batch.
+
+    ``size`` is an (m, n, k) tuple for SGEMMs and an element count for the
+    rest. This is the contract between the model and the engine's layers:
+    conv = im2col + SGEMM + bias + ReLU (+ pool); its backward runs the
+    pool/ReLU backward, the bias row sums, the dW SGEMM and, except for the
+    first layer, the dX SGEMM + col2im.
+    """
+    ks = []
+    if g.kind == "conv":
+        conv_out = spec_mod._prod(g.extra["conv_out"]) * n
+        ks += [("fwd", "im2col", g.im2col_elems), ("fwd", "sgemm", g.gemm_fwd),
+               ("fwd", "bias", conv_out), ("fwd", "relu_fwd", conv_out)]
+        if g.pool > 1:
+            ks.append(("fwd", "pool_fwd", conv_out))
+            ks.append(("bwd", "pool_bwd", conv_out))
+        ks += [("bwd", "relu_bwd", conv_out), ("bwd", "bias_grad", conv_out),
+               ("bwd", "sgemm", g.gemm_dw)]
+        if not first:
+            ks += [("bwd", "sgemm", g.gemm_dx), ("bwd", "col2im", g.im2col_elems)]
+    else:
+        out = g.out_shape[0] * n
+        ks += [("fwd", "sgemm", g.gemm_fwd), ("fwd", "bias", out)]
+        if g.relu:
+            ks += [("fwd", "relu_fwd", out), ("bwd", "relu_bwd", out)]
+        if last:
+            ks.append(("fwd", "softmax", out))
+        ks += [("bwd", "bias_grad", out), ("bwd", "sgemm", g.gemm_dw)]
+        if not first:
+            ks.append(("bwd", "sgemm", g.gemm_dx))
+    return ks
+
+
+def compute_gradient_terms(spec, n_subbatch, profile):
+    """Per layer, pass and kernel: [(layer, pass, kernel, size, seconds)]."""
+    geoms = spec_mod.layers(spec, n_subbatch)
+    rows = []
+    for i, g in enumerate(geoms):
+        for pas, kern, size in layer_kernels(g, n_subbatch, i == 0, i == len(geoms) - 1):
+            t = profile.sgemm(*size) if kern == "sgemm" else profile.term(kern, size)
+            rows.append((g.name, pas, kern, size, t))
+        per_layer = profile.overhead("per_layer")
+        if per_layer:
+            rows.append((g.name, "fwd+bwd", "overhead", 1, per_layer))
+    return rows
+
+
+def lock_wait(t_cs, t_iter):
+    """Expected wait behind one holder with critical section t_cs per t_iter."""
+    if t_iter <= 0 or t_cs <= 0:
+        return 0.0
+    frac = min(t_cs / t_iter, 1.0)
+    return frac * t_cs / 2.0
+
+
+def binom_cdf(i, n, p):
+    """P(X <= i) for X ~ Binomial(n, p)."""
+    if p <= 0:
+        return 1.0
+    if p >= 1:
+        return 1.0 if i >= n else 0.0
+    return sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(0, i + 1))
+
+
+def barrier_factor(n_gpu, n_node, p):
+    """E[max_i X_i - X_1], X_i ~ Binomial(n_gpu, p) i.i.d. over n_node nodes."""
+    if n_node <= 1 or p >= 1 or n_gpu < 1:
+        return 0.0
+    p = max(p, 0.0)
+    return n_gpu * (1 - p) - sum(binom_cdf(i, n_gpu, p) ** n_node for i in range(n_gpu))
+
+
+def t_barrier(a, n_gpu, n_node, p):
+    """SPEC section 4: a * (N_GPU (1-p) - sum_{i<N_GPU} F(i)^N_Node)."""
+    return a * barrier_factor(n_gpu, n_node, p)
+
+
+def barrier_wait(cost, n_gpu, n_node, p, sigma=0.0):
+    """E[max_i Y_i] - E[Y_1], Y_i = cost(X_i) + eps_i, over ``n_node`` i.i.d. nodes.
+
+    X_i ~ Binomial(n_gpu, p) non-empty buffers; ``cost(x)``: time to sum x of
+    them; eps_i ~ N(0, sigma^2): the spread of the node's other updater steps
+    before the allreduce. With sigma = 0 and cost(x) = a x this is exactly the
+    SPEC formula; the updater's real cost is not linear (an empty node
+    zero-fills SendBuf, the first buffer is a copy, the rest additions) and
+    measured steps are not deterministic, so the general form is used.
+    """
+    if n_node <= 1 or n_gpu < 1:
+        return 0.0
+    p = min(max(p, 0.0), 1.0)
+    F = np.array([binom_cdf(i, n_gpu, p) for i in range(n_gpu + 1)])
+    pmf = np.diff(np.concatenate([[0.0], F]))
+    c = np.array([cost(x) for x in range(n_gpu + 1)], float)
+    mean = float(pmf @ c)
+    if sigma <= 0:
+        pmax = np.diff(np.concatenate([[0.0], F ** n_node]))
+        return max(float(pmax @ c) - mean, 0.0)
+    from scipy.special import ndtr
+    lo, hi = c.min() - 9 * sigma, c.max() + 9 * sigma
+    y = np.linspace(lo, hi, 4001)
+    G = (pmf[None, :] * ndtr((y[:, None] - c[None, :]) / sigma)).sum(axis=1)
+    emax = lo + np.trapezoid(1.0 - np.minimum(G, 1.0) ** n_node, y)
+    return max(float(emax) - mean, 0.0)
+
+
+@dataclass
+class Prediction:
+    model: str
+    n_node: int
+    n_gpu: int
+    n_subbatch: int
+    n_param: int
+    n_file: int
+    worker: dict            # step -> seconds (expected, per iteration)
+    updater: dict
+    layers: list            # [(layer, pass, kernel, size, seconds)] of ComputeGradient
+    t_gpu: float
+    t_update: float
+    p_fetch: float          # P(FetchWeights copies) = min(T_GPU/T_Update, 1)
+    p_nonempty: float       # P(a GradBuf holds a gradient at SumGradient) = min(T_Update/T_GPU, 1)
+    t_barrier: float
+    n_minibatch_avg: float
+    staleness: float
+    t_epoch: float
+    iterations: int
+    converged: bool
+    slowdown: float = 1.0
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["layers"] = [list(r[:3]) + [list(r[3]) if isinstance(r[3], tuple) else r[3], r[4]]
+                       for r in self.layers]
+        return d
+
+
+def _combine_cv(parts):
+    """Spread of a sum of independent parts given (mean, cv) of each."""
+    tot = sum(m for m, _ in parts)
+    return math.sqrt(sum((m * c) ** 2 for m, c in parts)) / tot if tot > 0 else 0.0
+
+
+def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1):
+    """Mean and spread of every indivisible step, lock waits and barrier excluded.
+
+    The closed form and the simulator both start from these numbers.
+    Returns {step: (seconds, cv)} plus ``_layers`` (ComputeGradient rows),
+    ``_slowdown`` and ``_n_file``/``_n_param`` entries.
+    """
+    for name, v in (("n_node", n_node), ("n_gpu", n_gpu), ("n_subbatch", n_subbatch),
+                    ("ranks_per_host", ranks_per_host)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    sp = spec_mod.get_spec(spec)
+    n_param = spec_mod.n_params(sp)
+    cpu = profile.data.get("backend", "cpu") == "cpu"
+    # On the CPU every worker and updater thread of the ranks sharing a host
+    # competes for its cores; on GPUs each worker owns its device.
+    slow = profile.slowdown(ranks_per_host * (n_gpu + 1)) if cpu else 1.0
+    pr = profile
+    v = lambda name, n: (slow * pr.term(name, n), pr.cv(name))
+    rows = [r[:4] + (slow * r[4],) for r in compute_gradient_terms(sp, n_subbatch, pr)]
+    pixels = n_subbatch * sp.m0 * sp.x0 * sp.x0
+    grad = (sum(r[4] for r in rows) + slow * pr.overhead("per_step"), pr.cv("sgemm"))
+    parts = [v("load", pixels), v("deform", pixels), grad, v("scale", n_param)]
+    sl = n_param / n_node
+    c = {
+        "fetch": v("copy", n_param),
+        "load": parts[0], "deform": parts[1], "compute_gradient": grad, "update_val": parts[3],
+        "compute": (sum(m for m, _ in parts), _combine_cv(parts)),
+        "deposit_set": v("copy", n_param), "deposit_add": v("axpy", n_param),
+        "sum_first": v("copy", n_param), "sum_add": v("axpy", n_param), "sum_zero": v("fill", n_param),
+        "add_momentum": (2 * slow * pr.term("axpy", sl), pr.cv("axpy")),
+        "allreduce_bw": ((slow if cpu else 1.0) * pr.allreduce_bw(n_node, n_param) if n_node > 1 else 0.0,
+                         float(pr.data.get("allreduce", {}).get("cv", 0.0))),
+        "update_momentum": (slow * (pr.term("copy", sl) + pr.term("axpy", sl)), pr.cv("axpy")),
+        "update_weights": v("copy", n_param),
+    }
+    # Spread of a node's updater cycle outside SumGradient and the allreduce:
+    # it decides which node reaches the barrier last besides the buffer count.
+    c["_updater_sigma"] = (math.sqrt(sum((c[k][0] * c[k][1]) ** 2 for k in
+                                         ("add_momentum", "update_momentum", "update_weights"))), 0.0)
+    c["_layers"] = (rows, 0.0)
+    c["_slowdown"] = (slow, 0.0)
+    c["_n_param"] = (n_param, 0.0)
+    c["_n_file"] = (N_FILE.get(sp.name, 50000), 0.0)
+    return c
+
+
+def _worker_steps(c, n_gpu, t_gpu, t_update):
+    m = {k: val[0] for k, val in c.items() if not k.startswith("_")}
+    p_fetch = min(t_gpu / t_update, 1.0) if t_update > 0 else 1.0
+    p_ne = min(t_update / t_gpu, 1.0) if t_gpu > 0 else 1.0
+    s = {}
+    # LatestWeights: held by the updater for UpdateWeights once per T_Update
+    # and by each other worker for its copy when it fetches.
+    s["LockWeights"] = lock_wait(m["update_weights"], t_update) + \
+        (n_gpu - 1) * p_fetch * lock_wait(m["fetch"], t_gpu)
+    s["FetchWeights"] = p_fetch * m["fetch"]
+    s["LoadImage"] = m["load"]
+    s["DeformImage"] = m["deform"]
+    s["ComputeGradient"] = m["compute_gradient"]
+    s["ComputeUpdateVal"] = m["update_val"]
+    # GradBuf_t: held by the updater while it sums this buffer (when non-empty).
+    s["LockGradient"] = p_ne * lock_wait(m["sum_add"], t_update)
+    # The updater empties the buffer once per T_Update: a worker slower than
+    # the updater always finds it empty (set), a faster one accumulates.
+    s["UpdateGradient"] = p_fetch * m["deposit_set"] + (1 - p_fetch) * m["deposit_add"]
+    return s, p_fetch
+
+
+def _updater_steps(c, n_gpu, n_node, t_gpu, t_update):
+    m = {k: val[0] for k, val in c.items() if not k.startswith("_")}
+    p_ne = min(t_update / t_gpu, 1.0) if t_gpu > 0 else 1.0
+    p_fetch = min(t_gpu / t_update, 1.0) if t_update > 0 else 1.0
+    G = n_gpu
+    s = {}
+    s["LockGradient"] = G * (p_fetch * lock_wait(m["deposit_set"], t_gpu)
+                             + (1 - p_fetch) * lock_wait(m["deposit_add"], t_gpu))
+    p_any = 1 - (1 - p_ne) ** G
+    s["SumGradient"] = p_any * m["sum_first"] + (G * p_ne - p_any) * m["sum_add"] + (1 - p_any) * m["sum_zero"]
+    s["AddMomentum"] = m["add_momentum"]
+    # The barrier: the slowest node summed max_i X_i buffers, this one X_1.
+    cost = lambda x: m["sum_zero"] if x == 0 else m["sum_first"] + (x - 1) * m["sum_add"]
+    # A node also reaches the barrier late when it waited for a worker's
+    # deposit: per worker, probability q of a wait uniform on (0, cs).
+    cs = p_fetch * m["deposit_set"] + (1 - p_fetch) * m["deposit_add"]
+    q = min(cs / t_gpu, 1.0) if t_gpu > 0 else 0.0
+    var_lock = G * (q * cs * cs / 3 - (q * cs / 2) ** 2)
+    sigma = math.sqrt(c["_updater_sigma"][0] ** 2 + max(var_lock, 0.0))
+    barrier = barrier_wait(cost, G, n_node, p_ne, sigma)
+    s["Allreduce"] = barrier + m["allreduce_bw"]
+    s["UpdateMomentum"] = m["update_momentum"]
+    s["LockWeights"] = G * p_fetch * lock_wait(m["fetch"], t_gpu)
+    s["UpdateWeights"] = m["update_weights"]
+    return s, barrier, p_ne
+
+
+def expected_staleness(w, u, n_gpu, t_gpu, t_update, offset=1.0):
+    """Updates published between a worker reading LatestWeights and the
+    update that applies its gradient.
+
+    The version is read when the worker takes the LatestWeights lock; the
+    gradient is as good as delivered once the worker holds its GradBuf lock
+    (a pickup arriving during the deposit waits for it): G later. A periodic
+    updater of random phase publishes G/T_Update times in that span on
+    average, plus ``offset`` (one) more unless the updater reaches the
+    buffer before its next publish (delta into its cycle: lock waits and the
+    buffers before it). A worker that arrives while UpdateWeights holds the
+    lock (probability q) reads right after a publish instead of at a random
+    phase, which saves half an update on average.
+    """
+    g = t_gpu - w["LockWeights"] - w["LockGradient"] - w["UpdateGradient"]
+    delta = u["LockGradient"] / 2 + u["SumGradient"] * (n_gpu - 1) / (2 * n_gpu)
+    q = min(u["UpdateWeights"] / t_update, 1.0)
+    return (g - delta) / t_update + offset - q / 2
+
+
+def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None,
+            ranks_per_host: int = 1, staleness_offset: float = 1.0, tol: float = 1e-10,
+            max_iter: int = 1000) -> Prediction:
+    """Solve the model for one configuration.
+
+    ``ranks_per_host``: how many of the N_Node ranks share one host's cores
+    (1 on a real cluster; N_Node when validating on one machine).
+
+    ``staleness_offset``: staleness counts the updates published between a
+    worker's fetch and the update that applies its gradient; with a periodic
+    updater of random phase that is G/T_Update + 1 (G: fetch to deposit).
+    """
+    c = step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host)
+    sp = spec_mod.get_spec(spec)
+    n_param = c["_n_param"][0]
+    if n_file is None:
+        n_file = c["_n_file"][0]
+    t_gpu = t_update = None
+    converged, it = False, 0
+    w = u = None
+    for it in range(1, max_iter + 1):
+        if t_gpu is None:
+            # Start from the step sums with every probability at 1.
+            t_gpu = sum(_worker_steps(c, n_gpu, 1.0, 1.0)[0].values())
+            t_update = sum(_updater_steps(c, n_gpu, n_node, 1.0, 1.0)[0].values())
+        w, _ = _worker_steps(c, n_gpu, t_gpu, t_update)
+        u, _, _ = _updater_steps(c, n_gpu, n_node, t_gpu, t_update)
+        new_gpu, new_upd = sum(w.values()), sum(u.values())
+        dg, du = abs(new_gpu - t_gpu) / new_gpu, abs(new_upd - t_update) / new_upd
+        # Damped: the min() kinks at T_GPU = T_Update can make the plain
+        # iteration oscillate; the damped map contracts.
+        t_gpu, t_update = 0.5 * (t_gpu + new_gpu), 0.5 * (t_update + new_upd)
+        if max(dg, du) < tol:
+            converged = True
+            break
+    w, p_fetch = _worker_steps(c, n_gpu, t_gpu, t_update)
+    u, barrier, p_ne = _updater_steps(c, n_gpu, n_node, t_gpu, t_update)
+    t_gpu, t_update = sum(w.values()), sum(u.values())
+    workers = n_node * n_gpu
+    nmb = workers * n_subbatch * t_update / t_gpu
+    stal = expected_staleness(w, u, n_gpu, t_gpu, t_update, staleness_offset)
+    t_epoch = n_file * t_gpu / (workers * n_subbatch)
+    return Prediction(model=sp.name, n_node=n_node, n_gpu=n_gpu, n_subbatch=n_subbatch,
+                      n_param=n_param, n_file=n_file, worker=w, updater=u, layers=c["_layers"][0],
+                      t_gpu=t_gpu, t_update=t_update, p_fetch=p_fetch, p_nonempty=p_ne,
+                      t_barrier=barrier, n_minibatch_avg=nmb, staleness=stal,
+                      t_epoch=t_epoch, iterations=it, converged=converged, slowdown=c["_slowdown"][0])
+
+
+def _fmt_t(s):
+    if s == 0:
+        return "0"
+    for unit, f in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(s) >= f:
+            return f"{s / f:.3f} {unit}"
+    return f"{s / 1e-9:.1f} ns"
+
+
+def format_prediction(p: Prediction, per_layer: bool = True) -> str:
+    lines = [f"{p.model}: N_Node={p.n_node} N_GPU={p.n_gpu} N_Subbatch={p.n_subbatch} "
+             f"N_Param={p.n_param:,} N_File={p.n_file:,}"]
+    lines.append(f"fixed point: {'converged' if p.converged else 'NOT converged'} in {p.iterations} "
+                 f"iterations; host slowdown x{p.slowdown:.2f}")
+    lines.append("")
+    lines.append(f"{'worker step (Alg. 1)':<28}{'time':>14}{'share':>9}")
+    for k, v in p.worker.items():
+        lines.append(f"  {k:<26}{_fmt_t(v):>14}{100 * v / p.t_gpu:>8.1f}%")
+    lines.append(f"  {'T_GPU':<26}{_fmt_t(p.t_gpu):>14}")
+    if per_layer:
+        agg = {}
+        for name, pas, kern, _, t in p.layers:
+            agg[(name, pas)] = agg.get((name, pas), 0.0) + t
+        lines.append("")
+        lines.append(f"{'ComputeGradient by layer':<28}{'fwd':>14}{'bwd':>14}")
+        for name in dict.fromkeys(r[0] for r in p.layers):
+            lines.append(f"  {name:<26}{_fmt_t(agg.get((name, 'fwd'), 0)):>14}"
+                         f"{_fmt_t(agg.get((name, 'bwd'), 0) + agg.get((name, 'fwd+bwd'), 0)):>14}")
+    lines.append("")
+    lines.append(f"{'updater step (Alg. 2)':<28}{'time':>14}{'share':>9}")
+    for k, v in p.updater.items():
+        lines.append(f"  {k:<26}{_fmt_t(v):>14}{100 * v / p.t_update:>8.1f}%")
+    lines.append(f"    {'of which T_Barrier':<24}{_fmt_t(p.t_barrier):>14}")
+    lines.append(f"  {'T_Update':<26}{_fmt_t(p.t_update):>14}")
+    lines.append("")
+    lines.append(f"P(fetch) = min(T_GPU/T_Update,1)     {p.p_fetch:.4f}")
+    lines.append(f"P(GradBuf non-empty)                 {p.p_nonempty:.4f}")
+    lines.append(f"N_Minibatch_avg                      {p.n_minibatch_avg:.2f}")
+    lines.append(f"expected staleness                   {p.staleness:.3f}")
+    lines.append(f"T_Epoch                              {_fmt_t(p.t_epoch)}")
+    return "\n".join(lines)

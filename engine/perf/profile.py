@@ -1,0 +1,154 @@
+"""A machine profile: the fitted cost of every term of the performance model.
+
+The JSON written by ``fit.fit_profile`` and read here::
+
+    {"version": 1, "machine": str, "date": str, "backend": "cpu"|"gpu", "cores": int,
+     "sgemm": {"regimes": [{"rule": [[feature, "<="|">", threshold], ...],
+                            "coef": {"mnk": a, "mn": .., "mk": .., "nk": .., "m": .., "n": .., "k": .., "1": b}}],
+               "error": {...}},
+     "terms": {name: {"a": per-unit seconds, "b": fixed seconds, "unit": str, "cv": spread, "error": {...}}},
+     "allreduce": {"a_log": .., "b": .., "c_log": .., "d": .., "error": {...}},
+     "contention": {"slope": s},          # optional: slowdown per extra busy thread beyond the cores
+     "overhead": {"per_layer": s, "per_step": s}}   # optional framework cost not in any kernel
+
+Only the keys the model reads are required; ``Profile`` fails with a
+ValueError naming the missing term rather than predicting nonsense.
+"""
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from pathlib import Path
+
+SGEMM_FEATURES = ("mnk", "mn", "mk", "nk", "m", "n", "k", "1")
+
+
+def sgemm_features(m, n, k):
+    """The eight monomials of the SPEC section 4 SGEMM polynomial."""
+    m, n, k = float(m), float(n), float(k)
+    return (m * n * k, m * n, m * k, n * k, m, n, k, 1.0)
+
+
+def regime_feature(name, m, n, k):
+    """Shape features the regime rules split on (log2 so thresholds read as sizes)."""
+    vals = {"m": m, "n": n, "k": k, "mn": m * n, "mk": m * k, "nk": n * k, "mnk": m * n * k,
+            "min": min(m, n, k)}
+    return math.log2(max(vals[name], 1))
+
+
+def rule_matches(rule, m, n, k):
+    for feat, op, thr in rule:
+        v = regime_feature(feat, m, n, k)
+        if (op == "<=" and not v <= thr) or (op == ">" and not v > thr):
+            return False
+    return True
+
+
+class Profile:
+    def __init__(self, data: dict, source: str = "<dict>"):
+        if not isinstance(data, dict):
+            raise TypeError("profile must be a dict")
+        self.data = data
+        self.source = source
+        self.terms = data.get("terms", {})
+        self.cores = int(data.get("cores", 1))
+
+    # -- file I/O ---------------------------------------------------------
+    @classmethod
+    def load(cls, path=None) -> "Profile":
+        """``path`` or, when None, the profile shipped with the package."""
+        if path is None:
+            text = resources.files("engine.perf").joinpath("default_profile.json").read_text()
+            return cls(json.loads(text), source="default_profile.json")
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"profile {p} does not exist")
+        return cls(json.loads(p.read_text()), source=str(p))
+
+    def save(self, path):
+        Path(path).write_text(json.dumps(self.data, indent=1, sort_keys=True))
+
+    # -- evaluation -------------------------------------------------------
+    def _term(self, name):
+        try:
+            return self.terms[name]
+        except KeyError:
+            raise ValueError(f"profile {self.source} has no fitted term {name!r}") from None
+
+    def has(self, name) -> bool:
+        return name in self.terms
+
+    def term(self, name, x) -> float:
+        """a * x + b of a linear term; zero work costs nothing."""
+        if x <= 0:
+            return 0.0
+        t = self._term(name)
+        return t["a"] * x + t["b"]
+
+    def cv(self, name) -> float:
+        """Relative spread (std/mean) measured for a term, 0 if unknown."""
+        if name == "sgemm":
+            return float(self.data.get("sgemm", {}).get("cv", 0.0))
+        return float(self.terms.get(name, {}).get("cv", 0.0))
+
+    def sgemm_regime(self, m, n, k) -> dict:
+        regs = self.data.get("sgemm", {}).get("regimes")
+        if not regs:
+            raise ValueError(f"profile {self.source} has no SGEMM fit")
+        for r in regs:
+            if rule_matches(r["rule"], m, n, k):
+                return r
+        return regs[-1]
+
+    def sgemm(self, m, n, k) -> float:
+        if min(m, n, k) <= 0:
+            return 0.0
+        coef = self.sgemm_regime(m, n, k)["coef"]
+        return sum(coef[f] * v for f, v in zip(SGEMM_FEATURES, sgemm_features(m, n, k)))
+
+    def allreduce_bw(self, n_node, n_param) -> float:
+        """Allreduce time without the barrier: (a log2 N + b) N_Param + c log2 N + d."""
+        a = self.data.get("allreduce")
+        if a is None:
+            raise ValueError(f"profile {self.source} has no allreduce fit")
+        lg = math.log2(max(n_node, 1))
+        return (a["a_log"] * lg + a["b"]) * n_param + a.get("c_log", 0.0) * lg + a.get("d", 0.0)
+
+    def slowdown(self, busy_threads: float) -> float:
+        """Compute slowdown when ``busy_threads`` compete for the host's cores."""
+        c = self.data.get("contention")
+        if not c:
+            return max(1.0, busy_threads / max(self.cores, 1))
+        th, ra = c["threads"], c["ratio"]
+        if busy_threads <= th[0]:
+            return max(1.0, ra[0])
+        for (t0, r0), (t1, r1) in zip(zip(th, ra), zip(th[1:], ra[1:])):
+            if busy_threads <= t1:
+                return r0 + (r1 - r0) * (busy_threads - t0) / (t1 - t0)
+        # Past the measured range each extra thread costs what the last one did.
+        slope = (ra[-1] - ra[-2]) / (th[-1] - th[-2]) if len(th) > 1 else 1.0 / max(self.cores, 1)
+        return ra[-1] + slope * (busy_threads - th[-1])
+
+    @classmethod
+    def synthetic(cls, sgemm_flop_s=1e10, vec_bytes_s=5e9, launch=2e-6, allreduce_bw=1e9,
+                  allreduce_lat=2e-5, cores=1, backend="gpu", load_pixel=1e-9, deform_pixel=2e-9):
+        """A made-up profile from a few rates: for tests and what-if studies."""
+        per = lambda bytes_per: {"a": bytes_per / vec_bytes_s, "b": launch, "cv": 0.0}
+        terms = {n: per(8.0) for n in ("im2col", "col2im", "bias", "bias_grad", "relu_fwd",
+                                        "relu_bwd", "pool_fwd", "pool_bwd", "softmax", "copy",
+                                        "scale", "fill")}
+        terms["axpy"] = per(12.0)
+        terms["load"] = {"a": load_pixel, "b": launch, "cv": 0.0}
+        terms["deform"] = {"a": deform_pixel, "b": launch, "cv": 0.0}
+        coef = dict.fromkeys(SGEMM_FEATURES, 0.0)
+        coef["mnk"] = 2.0 / sgemm_flop_s
+        coef["1"] = launch
+        return cls({"version": 1, "machine": "synthetic", "date": "", "backend": backend,
+                    "cores": cores, "terms": terms,
+                    "sgemm": {"regimes": [{"rule": [], "coef": coef}]},
+                    "allreduce": {"a_log": 4.0 / allreduce_bw, "b": 4.0 / allreduce_bw,
+                                  "c_log": allreduce_lat, "d": 0.0}}, source="synthetic")
+
+    def overhead(self, key) -> float:
+        return float(self.data.get("overhead", {}).get(key, 0.0))

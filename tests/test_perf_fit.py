@@ -1,0 +1,104 @@
+"""Fits recover known coefficients from synthetic sweeps."""
+import itertools
+
+import numpy as np
+import pytest
+
+from engine.perf import fit
+from engine.perf.profile import SGEMM_FEATURES, Profile, sgemm_features
+
+TRUE = {"mnk": 2e-10, "mn": 3e-9, "mk": 1e-9, "nk": 5e-10, "m": 0.0, "n": 4e-8, "k": 1e-8, "1": 3e-6}
+GRID = [2 ** e for e in range(1, 11, 1)]
+
+
+def _time(coef, m, n, k):
+    return sum(coef[f] * v for f, v in zip(SGEMM_FEATURES, sgemm_features(m, n, k)))
+
+
+def _grid(step=2):
+    es = range(1, 11, step)
+    return [(2 ** a, 2 ** b, 2 ** c) for a, b, c in itertools.product(es, es, es)]
+
+
+def test_nnls_relative_recovers_exact_linear():
+    x = np.geomspace(1e2, 1e7, 20)
+    a, b = fit.fit_linear(x, 3e-9 * x + 5e-6)
+    assert a == pytest.approx(3e-9, rel=1e-6) and b == pytest.approx(5e-6, rel=1e-6)
+
+
+def test_linear_fit_with_noise():
+    rng = np.random.default_rng(0)
+    x = np.geomspace(1e2, 1e7, 60)
+    t = (3e-9 * x + 5e-6) * (1 + 0.01 * rng.standard_normal(len(x)))
+    a, b = fit.fit_linear(x, t)
+    assert a == pytest.approx(3e-9, rel=0.02) and b == pytest.approx(5e-6, rel=0.05)
+
+
+def test_sgemm_polynomial_recovered_and_single_regime():
+    pts = _grid(1)
+    t = [_time(TRUE, *p) for p in pts]
+    regs = fit.fit_sgemm_regimes(pts, t)
+    assert len(regs) == 1
+    coef = regs[0][1]
+    for f in ("mnk", "mn", "n", "1"):       # the terms that are not drowned by others
+        assert coef[f] == pytest.approx(TRUE[f], rel=1e-3), f
+    # In-between sizes, never fitted.
+    for m, n, k in [(24, 1500, 96), (3, 5, 700), (640, 48, 320)]:
+        assert fit.predict_sgemm(regs, m, n, k) == pytest.approx(_time(TRUE, m, n, k), rel=1e-4)
+
+
+def test_sgemm_two_regimes_are_detected_from_residuals():
+    other = dict(TRUE, mnk=6e-10, **{"1": 2e-5})
+    pts = _grid(1)
+    t = [_time(TRUE if k <= 64 else other, m, n, k) for m, n, k in pts]
+    regs = fit.fit_sgemm_regimes(pts, t)
+    assert len(regs) >= 2
+    rules = [r for r, _ in regs]
+    assert any(r and r[0][0] == "k" and 6 < r[0][2] < 7 for r in rules), rules
+    for (m, n, k) in [(12, 40, 24), (300, 80, 48), (12, 40, 300), (300, 80, 900)]:
+        want = _time(TRUE if k <= 64 else other, m, n, k)
+        assert fit.predict_sgemm(regs, m, n, k) == pytest.approx(want, rel=1e-3)
+
+
+def test_allreduce_fit_recovered():
+    nn, pp = np.meshgrid([2, 3, 4, 8], np.geomspace(1e3, 1e7, 8))
+    nn, pp = nn.ravel(), pp.ravel()
+    t = (2e-9 * np.log2(nn) + 1e-9) * pp + 1e-5 * np.log2(nn) + 2e-6
+    got = fit.fit_allreduce(nn, pp, t)
+    assert got["a_log"] == pytest.approx(2e-9, rel=1e-4)
+    assert got["b"] == pytest.approx(1e-9, rel=1e-4)
+    assert got["c_log"] == pytest.approx(1e-5, rel=1e-3)
+
+
+def test_fit_profile_end_to_end_with_holdout():
+    rng = np.random.default_rng(3)
+    recs = []
+    for m, n, k in _grid(2):
+        recs.append({"kind": "sgemm", "m": m, "n": n, "k": k, "t": _time(TRUE, m, n, k), "std": 0.0})
+    for m, n, k in [(3, 12, 48), (24, 96, 6), (192, 768, 24)]:
+        recs.append({"kind": "sgemm", "m": m, "n": n, "k": k, "t": _time(TRUE, m, n, k), "holdout": True})
+    for name in fit.LINEAR_TERMS:
+        a, b = rng.uniform(1e-10, 1e-8), rng.uniform(1e-7, 1e-5)
+        for i, x in enumerate(np.geomspace(10, 1e6, 12)):
+            recs.append({"kind": name, "x": float(x), "t": a * x + b, "std": 0.05 * (a * x + b),
+                         "holdout": i % 4 == 3})
+    for n in (2, 3, 4):
+        for P in (1e3, 1e5, 1e7):
+            recs.append({"kind": "allreduce", "n_node": n, "n_param": P, "t": (1e-9 * np.log2(n) + 1e-9) * P + 1e-5})
+    prof = fit.fit_profile(recs, machine="test", cores=2)
+    assert prof["sgemm"]["error"]["holdout"]["max"] < 1e-4
+    for name in fit.LINEAR_TERMS:
+        assert prof["terms"][name]["error"]["holdout"]["max"] < 1e-6
+        assert prof["terms"][name]["cv"] == pytest.approx(0.05)
+    P = Profile(prof)
+    assert P.sgemm(100, 200, 300) == pytest.approx(_time(TRUE, 100, 200, 300), rel=1e-4)
+    # The fitted profile is complete enough to predict with.
+    from engine.perf.model import predict
+    assert predict("cifar", 2, 2, 4, P).converged
+
+
+def test_bad_times_rejected():
+    with pytest.raises(ValueError, match="positive"):
+        fit.nnls_relative(np.ones((3, 2)), [1.0, 0.0, 2.0])
+    with pytest.raises(ValueError):
+        fit.nnls_relative(np.ones((3, 2)), [1.0, 2.0])
