@@ -1,0 +1,25 @@
+"""``sprint report RUN_DIR``: registered into the top-level CLI."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(subparsers):
+    p = subparsers.add_parser("report", help="summary of a parallel run's measured ASGD/sync statistics",
+                              description="Print the step timers, T_GPU, T_Update, N_Minibatch_avg and "
+                                          "staleness of a run and plot their distributions.")
+    p.add_argument("run_dir", help="run directory holding asgd_stats.json or sync_stats.json (or the file)")
+    p.add_argument("--png", default=None, help="where to write the plot (default RUN_DIR/parallel_report.png)")
+    p.add_argument("--no-png", action="store_true", help="print the table only")
+    p.set_defaults(func=_report)
+
+
+def _report(args) -> int:
+    from .report import load_stats, plot_distributions, summary_table
+    st = load_stats(args.run_dir)
+    print(summary_table(st))
+    if not args.no_png:
+        base = Path(args.run_dir)
+        png = Path(args.png) if args.png else (base if base.is_dir() else base.parent) / "parallel_report.png"
+        print(f"plot: {plot_distributions(st, png)}")
+    return 0

@@ -1,0 +1,286 @@
+"""``run(cfg)``: a TrainConfig trained by SPRINT ASGD or synchronous SGD.
+
+Every MPI rank is a node running ``cfg.workers`` workers (each its own Net
+and data shard ``rank * workers + t`` of ``n_node * workers``). Rank 0 logs,
+draws the progress bar and writes config.json, metrics.jsonl, the checkpoint
+and the stats file; all ranks start from rank 0's weights, evaluate a shard
+of the test set each and average. Ranks that disagree on options, network
+or data refuse to start. ``cfg.batch`` is N_Subbatch, per worker.
+
+Options in ``cfg.extra``: ``min_grads`` (ASGD, default 1), ``lockstep``
+(ASGD, deterministic), ``bucket_bytes`` (sync), ``max_seconds``,
+``mpi_poll`` (seconds; poll instead of busy-waiting in MPI), ``max_samples``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import comm as _comm
+from .asgd import ASGD, ASGDConfig, Step
+from .sync import SyncConfig, SyncSGD
+from .threads import limit_this_thread, threads_per_worker
+
+STATS = {"asgd": "asgd_stats.json", "sync": "sync_stats.json"}
+# TrainConfig fields that may differ between ranks without changing the run.
+_LOCAL_FIELDS = ("progress", "verbose", "out", "resume", "device", "threads", "prefetch")
+
+
+class NetSource:
+    """Worker source over a Net and a sharded Loader: LoadImage, DeformImage
+    and ComputeGradient of one sub-batch at a time, epoch after epoch."""
+
+    def __init__(self, net, loader, epoch=0, threads=None, gpu=False):
+        self.net, self.loader = net, loader
+        self.weights = net.params
+        self.threads = threads
+        self.gpu = gpu
+        self.epoch = int(epoch)
+        self._start_epoch(self.epoch)
+
+    def _start_epoch(self, epoch):
+        self.epoch = epoch
+        self.loader.set_epoch(epoch)
+        self.idx = self.loader.indices()
+        self.pos = 0
+        self.rng = np.random.default_rng([self.loader.seed, epoch, self.loader.rank, 1])
+
+    def setup_thread(self):
+        if self.threads:
+            limit_this_thread(self.threads)
+        if self.gpu:
+            import cupy
+            # each worker its own stream: two workers overlap on one GPU
+            self._stream = cupy.cuda.Stream(non_blocking=True)
+            self._stream.use()
+
+    def load(self):
+        if self.pos >= len(self.idx):
+            self._start_epoch(self.epoch + 1)
+        sel = self.idx[self.pos:self.pos + self.loader.batch]
+        self.pos += len(sel)
+        return self.loader.load(sel)
+
+    def deform(self, batch):
+        return self.loader.deform(batch[0], batch[1], self.rng)
+
+    def compute(self, batch):
+        x, y = batch
+        loss, correct = self.net.loss_and_grad(x, y)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss}: lower --lr")
+        return Step(grad=self.net.grads, n=int(len(y)), loss=loss, correct=int(correct))
+
+
+def _data_fingerprint(ds) -> str:
+    h = _comm.hashlib.sha256()
+    h.update(repr((tuple(ds.x.shape), str(ds.x.dtype), int(ds.n_classes))).encode())
+    h.update(np.ascontiguousarray(ds.y).tobytes())
+    step = max(1, len(ds) // 64)
+    h.update(np.ascontiguousarray(ds.x[::step]).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _check_ranks_agree(comm, cfg, spec, train_ds, test_ds):
+    opts = {k: v for k, v in cfg.to_dict().items() if k not in _LOCAL_FIELDS}
+    comm.check_agreement("options", _comm.config_hash(opts))
+    comm.check_agreement("network", spec.hash())
+    comm.check_agreement("data", (_data_fingerprint(train_ds), _data_fingerprint(test_ds)))
+
+
+def _evaluate_sharded(comm, net, test_ds, cfg, deform):
+    """Mean loss and accuracy over the whole test set, each rank a shard."""
+    from engine.train import evaluate
+    idx = np.arange(comm.rank, len(test_ds), comm.size)
+    if len(idx):
+        loss, acc = evaluate(net, test_ds.subset(idx), cfg.eval_batch, deform)
+    else:
+        loss, acc = 0.0, 0.0
+    s = comm.allreduce_scalars([loss * len(idx), acc * len(idx), len(idx)]) if comm.size > 1 \
+        else [loss * len(idx), acc * len(idx), len(idx)]
+    return s[0] / s[2], s[1] / s[2]
+
+
+def _to_host(a):
+    from engine import backend
+    return backend.to_host(a)
+
+
+def run(cfg) -> dict:
+    comm = _comm.get_comm()
+    _comm.install_abort_hooks(comm)
+    with _comm.abort_on_error(comm):
+        return _run(cfg, comm)
+
+
+def _run(cfg, comm):
+    from engine import checkpoint as ckpt
+    from engine import metrics as _metrics
+    from engine.data import Loader
+    from engine.net import Net
+    from engine.optim import make_schedule
+    from engine.spec import get_spec
+    from engine.train import CHECKPOINT, CONFIG, METRICS, prepare_data, setup_device
+
+    mode = cfg.parallel
+    if mode not in STATS:
+        raise ValueError(f"parallel must be asgd or sync, got {mode!r}")
+    extra = dict(cfg.extra or {})
+    be = setup_device(cfg)
+    gpu = getattr(be, "name", "cpu") == "gpu"
+    if gpu and isinstance(comm, _comm.MPIComm):
+        comm.setup_device()
+    if "mpi_poll" in extra and isinstance(comm, _comm.MPIComm):
+        comm.poll_interval = float(extra["mpi_poll"])
+    spec = get_spec(cfg.model)
+    train_ds, test_ds, deform = prepare_data(cfg, spec)
+    _check_ranks_agree(comm, cfg, spec, train_ds, test_ds)
+    root = comm.rank == 0
+    log = (lambda msg: print(msg, flush=True)) if (root and cfg.verbose) else (lambda msg: None)
+    if comm.size > 1:
+        ranks = comm.rank_map()
+        if root:
+            print(f"sprint: {ranks}", file=sys.stderr, flush=True)
+
+    W, world = cfg.workers, comm.size * cfg.workers
+    n_file = len(train_ds)
+    nets = [Net(spec, seed=cfg.seed) for _ in range(W)]
+    state = None
+    if cfg.resume:
+        state = comm.bcast_obj(ckpt.load(Path(cfg.resume) / CHECKPOINT) if root else None)
+        if state.get("spec_hash") != spec.hash():
+            raise ValueError("checkpoint was written for another network")
+        if state.get("mode") != mode:
+            raise ValueError(f"checkpoint is from a {state.get('mode')!r} run, not {mode!r}")
+    w0 = nets[0].params
+    if state is not None:
+        nets[0].set_flat(state["params"])
+    comm.bcast_(w0)                  # every rank starts from rank 0's weights
+    start_samples = int(state["samples"]) if state else 0
+    start_epoch = start_samples // n_file
+
+    run_dir = Path(cfg.out) if cfg.out else (Path(cfg.resume) if cfg.resume else None)
+    if root and run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / CONFIG).write_text(json.dumps({"train": cfg.to_dict(), "spec": spec.to_dict(),
+                                                  "deform": deform.to_dict()}, indent=2))
+        _metrics.truncate(run_dir / METRICS, start_epoch)
+
+    per_worker = int(cfg.threads or 0) or threads_per_worker(W)
+    sources = []
+    for t, net in enumerate(nets):
+        loader = Loader(train_ds, cfg.batch, shuffle=True, seed=cfg.seed, deform=deform, prefetch=0,
+                        rank=comm.rank * W + t, world=world)
+        sources.append(NetSource(net, loader, epoch=start_epoch, threads=None if gpu else per_worker,
+                                 gpu=gpu))
+    sched = make_schedule(cfg.schedule, cfg.lr, cfg.epochs, cfg.warmup)
+    max_samples = int(extra.get("max_samples", cfg.epochs * n_file))
+    last_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
+    eval_net = Net(spec, seed=cfg.seed)
+    log(f"sprint {mode}: {comm.size} node(s) x {W} worker(s), N_Subbatch {cfg.batch}, "
+        f"{spec.name} ({nets[0].n_params:,} params), {comm.describe()}, "
+        f"{'GPU streams' if gpu else f'{per_worker} BLAS thread(s) per worker'}")
+
+    history = []
+    clock = {"t0": time.perf_counter(), "t_epoch": time.perf_counter(), "epoch": start_epoch}
+    bar = None
+    if root and cfg.progress:
+        from tqdm import tqdm
+        bar = tqdm(total=max_samples, initial=start_samples, unit="img", leave=False,
+                   file=sys.stderr, dynamic_ncols=True, desc=f"{mode}")
+
+    def checkpoint_state(trainer, epoch):
+        if mode == "asgd":
+            mom = trainer.full_delta()
+            version = trainer.version
+        else:
+            mom = _to_host(trainer.v)
+            version = trainer.steps
+        return {"params": _to_host(trainer.latest).copy(), "momentum": np.asarray(mom),
+                "mode": mode, "epoch": int(epoch), "samples": int(trainer.samples_total),
+                "step": int(version), "n_node": comm.size, "workers": W,
+                "spec": spec.to_dict(), "spec_hash": spec.hash(), "deform": deform.to_dict(),
+                "rng": {"seed": int(cfg.seed), "next_epoch": int(epoch)}}
+
+    def on_progress(trainer):
+        """After every update/step, identical on all ranks: epoch ends ->
+        evaluate, log, checkpoint. Returns True to stop."""
+        if bar is not None:
+            bar.n = min(trainer.samples_total, max_samples)
+            bar.set_postfix(loss=f"{trainer.last_loss:.4f}" if hasattr(trainer, "last_loss") else "")
+        epoch = trainer.samples_total // n_file
+        if epoch <= clock["epoch"]:
+            return False
+        clock["epoch"] = epoch
+        eval_net.set_flat(trainer.latest)
+        test_loss, test_acc = _evaluate_sharded(comm, eval_net, test_ds, cfg, deform)
+        seen, tr_loss, tr_acc = trainer.take_window()
+        now = time.perf_counter()
+        rec = {"epoch": int(epoch), "step": int(getattr(trainer, "updates", getattr(trainer, "steps", 0))),
+               "lr": float(sched(epoch)), "train_loss": tr_loss, "train_acc": tr_acc,
+               "test_loss": test_loss, "test_acc": test_acc,
+               "images_per_s": seen / (now - clock["t_epoch"]) if now > clock["t_epoch"] else 0.0,
+               "time": now - clock["t0"], "skipped": train_ds.skipped + test_ds.skipped,
+               "parallel": mode, "n_node": comm.size, "workers": W}
+        if mode == "asgd" and trainer.minibatch:
+            rec["N_Minibatch_avg"] = float(np.mean(trainer.minibatch[-max(1, trainer.updates):]))
+        clock["t_epoch"] = now
+        history.append(rec)
+        if run_dir is not None:
+            st = checkpoint_state(trainer, epoch)     # collective (ASGD gathers DeltaWeights)
+            if root:
+                _metrics.append(run_dir / METRICS, rec)
+                ckpt.save(run_dir / CHECKPOINT, st)
+        if root and cfg.verbose:
+            if bar is not None:
+                bar.clear()
+            print(f"epoch {epoch:3d}  train_loss {tr_loss:.4f}  test_loss {test_loss:.4f}  "
+                  f"test_acc {100 * test_acc:6.2f} %  {rec['images_per_s']:,.0f} img/s  "
+                  f"{rec['time']:.1f} s", flush=True)
+        return epoch >= last_epoch
+
+    if mode == "asgd":
+        acfg = ASGDConfig(lr=sched, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                          max_samples=max_samples, max_seconds=extra.get("max_seconds"),
+                          n_file=n_file, min_grads=int(extra.get("min_grads", 1)),
+                          lockstep=bool(extra.get("lockstep", False)))
+        mom0 = state["momentum"] if state is not None else None
+        trainer = ASGD(comm, w0, sources, acfg, on_update=on_progress, delta0=mom0,
+                       start_samples=start_samples, start_version=int(state["step"]) if state else 0)
+    else:
+        scfg = SyncConfig(lr=sched, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                          max_samples=max_samples, n_file=n_file,
+                          bucket_bytes=int(extra.get("bucket_bytes", 4 << 20)))
+        v0 = be.xp.asarray(state["momentum"]) if state is not None else None
+        trainer = SyncSGD(comm, w0, sources, scfg, on_step=on_progress, velocity0=v0,
+                          start_samples=start_samples)
+        if state is not None:
+            trainer.steps = int(state["step"])
+    try:
+        trainer.run()
+    finally:
+        if bar is not None:
+            bar.close()
+
+    stats = trainer.stats({"model": spec.name, "n_param": int(nets[0].n_params),
+                           "n_subbatch": int(cfg.batch), "n_file": n_file,
+                           "comm": comm.kind, "device_path": comm.device_path,
+                           "backend": getattr(be, "name", "cpu"),
+                           "threads_per_worker": None if gpu else per_worker})
+    if root and run_dir is not None:
+        (run_dir / STATS[mode]).write_text(json.dumps(stats))
+    eval_net.set_flat(trainer.latest)
+    final = history[-1] if history else {}
+    if not history:
+        final = dict(zip(("test_loss", "test_acc"), _evaluate_sharded(comm, eval_net, test_ds, cfg, deform)))
+    return {"run_dir": str(run_dir) if run_dir else None, "epochs": int(trainer.samples_total // n_file),
+            "history": history, "test_acc": final.get("test_acc"), "test_loss": final.get("test_loss"),
+            "train_loss": final.get("train_loss"), "time_s": time.perf_counter() - clock["t0"],
+            "n_params": nets[0].n_params, "net": eval_net, "stats": stats, "rank": comm.rank,
+            "n_node": comm.size}
