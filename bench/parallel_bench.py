@@ -1,0 +1,109 @@
+"""Parallel-mode benchmarks on this machine (numbers for the lead's RESULTS.md).
+
+    python bench/parallel_bench.py cifar   [--seconds 25] [--batch 16]
+        ASGD throughput on the cifar net: 1 worker (all cores) vs 2 workers
+        (cores/2 BLAS threads each), baseline = the plain single-process
+        SGD step loop measured in the same run; share of worker time waiting
+        on locks and fetches.
+    python bench/parallel_bench.py digits  [--epochs 3]
+        sync vs ASGD (1 node x 2 workers) after the same number of samples:
+        throughput and test accuracy.
+    mpiexec -n N python -m mpi4py bench/parallel_allreduce.py   (N = 1..4)
+        the updater's allreduce time for the cifar parameter vector.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def synthetic_cifar(n, seed=0):
+    from engine.data import Dataset
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 10, n)
+    x = rng.integers(0, 256, size=(n, 3, 32, 32), dtype=np.uint8)
+    return Dataset(x, y.astype(np.int64), 10, "synthetic-cifar")
+
+
+def plain_sgd_rate(ds, batch, seconds, threads):
+    """Baseline: the single-process loop (no ASGD machinery), images/s."""
+    from engine.data import DeformConfig, Loader
+    from engine.net import Net
+    from engine.optim import SGD
+    from engine.parallel.threads import limit_this_thread
+    limit_this_thread(threads)
+    net = Net("cifar", seed=0)
+    opt = SGD(net, lr=0.001, momentum=0.9)
+    loader = Loader(ds, batch, shuffle=True, deform=DeformConfig(out_hw=(32, 32)).with_stats(ds), prefetch=0)
+    seen, t0, warm = 0, None, 2
+    while True:
+        for x, y in loader:
+            net.loss_and_grad(x, y)
+            opt.step(0.0)
+            warm -= 1
+            if warm == 0:
+                t0 = time.perf_counter()
+            elif warm < 0:
+                seen += len(y)
+            if t0 is not None and time.perf_counter() - t0 > seconds:
+                return seen / (time.perf_counter() - t0)
+
+
+def asgd_rate(ds, batch, seconds, workers, threads):
+    from engine.data import DeformConfig, Loader
+    from engine.net import Net
+    from engine.parallel.asgd import ASGD, ASGDConfig
+    from engine.parallel.runner import NetSource
+    deform = DeformConfig(out_hw=(32, 32)).with_stats(ds)
+    nets = [Net("cifar", seed=0) for _ in range(workers)]
+    srcs = [NetSource(n, Loader(ds, batch, deform=deform, prefetch=0, rank=t, world=workers), threads=threads)
+            for t, n in enumerate(nets)]
+    a = ASGD(None, nets[0].params, srcs, ASGDConfig(lr=0.001, momentum=0.9, max_seconds=seconds)).run()
+    st = a.stats({"n_subbatch": batch})
+    return {"workers": workers, "threads_per_worker": threads, "images_per_s": st["samples"] / st["wall_s"],
+            "T_GPU_s": st["T_GPU"], "T_Update_s": st["T_Update"], "N_Minibatch_avg": st["N_Minibatch_avg"],
+            "staleness_mean": st["staleness_mean"], "worker_wait_share": st["worker_wait_share"],
+            "lock_wait_share": st["lock_wait_share"],
+            "fetch_share": st["timers"]["FetchWeights"]["total"] / (st["T_GPU"] * st["timers"]["ComputeGradient"]["count"]),
+            "updates": st["updates"], "samples": st["samples"]}
+
+
+def bench_cifar(args):
+    cores = os.cpu_count() or 1
+    ds = synthetic_cifar(2048)
+    out = {"bench": "asgd_cifar", "cores": cores, "batch": args.batch, "seconds": args.seconds}
+    out["plain_sgd_images_per_s"] = plain_sgd_rate(ds, args.batch, args.seconds, cores)
+    out["asgd_1w"] = asgd_rate(ds, args.batch, args.seconds, 1, cores)
+    out["asgd_2w"] = asgd_rate(ds, args.batch, args.seconds, 2, max(1, cores // 2))
+    out["speedup_2w_vs_1w"] = out["asgd_2w"]["images_per_s"] / out["asgd_1w"]["images_per_s"]
+    out["speedup_2w_vs_plain"] = out["asgd_2w"]["images_per_s"] / out["plain_sgd_images_per_s"]
+    print(json.dumps(out, indent=1))
+
+
+def bench_digits(args):
+    from engine.train import TrainConfig, train
+    rows = []
+    for mode in ("sync", "asgd"):
+        cfg = TrainConfig(model="digits", data="digits", epochs=args.epochs, batch=args.batch, lr=args.lr,
+                          parallel=mode, workers=2, progress=False, verbose=False, seed=0)
+        t0 = time.perf_counter()
+        r = train(cfg)
+        st = r["stats"]
+        rows.append({"mode": mode, "test_acc": r["test_acc"], "samples": st["samples"],
+                     "wall_s": time.perf_counter() - t0, "images_per_s": st["samples"] / st["wall_s"],
+                     "N_Minibatch_avg": st.get("N_Minibatch_avg"), "staleness_mean": st.get("staleness_mean")})
+    print(json.dumps({"bench": "sync_vs_asgd_digits", "epochs": args.epochs, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["cifar", "digits"])
+    ap.add_argument("--seconds", type=float, default=25)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=0.05)
+    a = ap.parse_args()
+    sys.exit(bench_cifar(a) if a.what == "cifar" else bench_digits(a))
