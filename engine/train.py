@@ -246,8 +246,9 @@ def train(cfg: TrainConfig | None = None, **kw) -> dict:
         history.append(rec)
         last = epoch + 1
         if run is not None:
-            _metrics.append(run / METRICS, rec)
+            # checkpoint first: every logged epoch has its checkpoint on disk
             _ckpt.save(run / CHECKPOINT, state_dict(net, opt, epoch + 1, cfg, deform))
+            _metrics.append(run / METRICS, rec)
         _report(cfg, rec)
         if cfg.stop_after is not None and epoch + 1 >= cfg.stop_after:
             break

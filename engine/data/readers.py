@@ -110,6 +110,8 @@ def load_tree(root: Path, size=None, channels=None, test_fraction=0.2, split_see
     if train_dir is None:
         classes = _class_dirs(root)
         x, y, bad = _read_tree(root, classes, size, channels)
+        if len(x) == 0:
+            raise ValueError(f"{root}: dataset is empty ({len(bad)} unreadable files skipped)")
         ds = split(x, y, len(classes), test_fraction, split_seed, root.name, classes)
         ds[0].skipped, ds[0].skipped_files = len(bad), bad
         return ds

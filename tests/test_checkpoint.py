@@ -1,0 +1,60 @@
+"""Checkpoints: nested state round trip, atomic replacement."""
+import os
+
+import numpy as np
+import pytest
+
+from engine import checkpoint
+
+
+def _state(seed):
+    rng = np.random.default_rng(seed)
+    return {"params": rng.standard_normal(100).astype(np.float32), "epoch": seed, "step": 10 * seed,
+            "optim": {"velocity": rng.standard_normal(100).astype(np.float32), "lr": 0.1,
+                      "schedule": {"kind": "cosine", "lr": 0.1, "epochs": 3.0, "final_lr": 0.0}},
+            "rng": {"seed": 7, "next_epoch": seed}, "note": None, "ids": np.arange(5, dtype=np.int64)}
+
+
+def _equal(a, b):
+    assert set(a) == set(b)
+    for k in a:
+        if isinstance(a[k], dict):
+            _equal(a[k], b[k])
+        elif isinstance(a[k], np.ndarray):
+            assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k])
+        else:
+            assert a[k] == b[k]
+
+
+def test_round_trip_nested_state(tmp_path):
+    s = _state(3)
+    checkpoint.save(tmp_path / "ck.npz", s)
+    _equal(checkpoint.load(tmp_path / "ck.npz"), s)
+    checkpoint.save(tmp_path / "checkpoint.npz", s)
+    _equal(checkpoint.load(tmp_path), s)       # a run directory
+
+
+def test_crash_while_writing_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "ck.npz"
+    checkpoint.save(path, _state(1))
+    real = np.savez
+
+    def dies_half_way(f, **arrays):
+        real(f, **{k: v for i, (k, v) in enumerate(arrays.items()) if i < 1})
+        raise KeyboardInterrupt("killed while writing")
+    monkeypatch.setattr(np, "savez", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(path, _state(2))
+    monkeypatch.undo()
+    _equal(checkpoint.load(path), _state(1))
+    assert os.listdir(tmp_path) == ["ck.npz"]   # no temporary left behind
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        checkpoint.load(tmp_path / "nope.npz")
+    np.savez(tmp_path / "other.npz", a=np.zeros(2))
+    with pytest.raises(ValueError, match="not a sprint checkpoint"):
+        checkpoint.load(tmp_path / "other.npz")
+    with pytest.raises(ValueError, match="keys"):
+        checkpoint.save(tmp_path / "x.npz", {"a.b": 1})

@@ -1,0 +1,105 @@
+"""The real ``sprint`` entry point in subprocesses, as a user runs it."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cmd():
+    exe = shutil.which("sprint")
+    return [exe] if exe else [sys.executable, "-m", "engine.cli"]
+
+
+def sprint(*args, check=True, timeout=300):
+    env = dict(os.environ, SPRINT_DEVICE="cpu")
+    p = subprocess.run(_cmd() + [str(a) for a in args], capture_output=True, text=True, cwd=ROOT,
+                       env=env, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"sprint {' '.join(map(str, args))} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """`sprint train` with the defaults (digits preset, embedded digits)."""
+    out = tmp_path_factory.mktemp("cli") / "default"
+    t = time.perf_counter()
+    p = sprint("train", "--out", out)
+    return out, p, time.perf_counter() - t
+
+
+def test_default_train_reaches_97_percent(default_run):
+    out, p, seconds = default_run
+    recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert recs[-1]["test_acc"] >= 0.97, recs[-1]
+    assert "test_acc" in p.stdout and "done:" in p.stdout
+    assert "img_s" in p.stderr and "loss" in p.stderr     # the progress bar
+    print(f"default sprint train: {100 * recs[-1]['test_acc']:.2f} % in {seconds:.1f} s")
+
+
+def test_eval_and_plot(default_run):
+    out, _, _ = default_run
+    acc = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["test_acc"]
+    p = sprint("eval", out / "checkpoint.npz", "--data", "digits")
+    assert f"accuracy {100 * acc:.2f} %" in p.stdout
+    p = sprint("plot", out, "--out", out / "png")
+    for name in ("loss.png", "accuracy.png"):
+        f = out / "png" / name
+        assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 5000
+        assert str(f) in p.stdout
+
+
+def test_sigkill_and_resume_ends_bit_identical(default_run, tmp_path):
+    ref, _, _ = default_run
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_cmd() + ["train", "--out", str(out), "--no-progress", "--quiet"], cwd=ROOT,
+                            env=dict(os.environ, SPRINT_DEVICE="cpu"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count("\n") >= 2:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    done = checkpoint.load(out)["epoch"]
+    total = json.loads((ref / "config.json").read_text())["train"]["epochs"]
+    assert 2 <= done < total   # killed after its second checkpoint, before the end
+    sprint("train", "--resume", out, "--no-progress")
+    a, b = checkpoint.load(ref), checkpoint.load(out)
+    assert b["epoch"] == total and a["step"] == b["step"]
+    assert a["params"].tobytes() == b["params"].tobytes()
+    assert a["optim"]["velocity"].tobytes() == b["optim"]["velocity"].tobytes()
+    assert len(metrics.read_text().splitlines()) == total
+
+
+def test_info_prints_the_table():
+    p = sprint("info", "cifar", "--batch", "32")
+    assert "conv2/p2" in p.stdout and "fc2" in p.stdout
+    assert "N_Param = 3,248,202 (SPEC formula: 3,248,202)" in p.stdout
+
+
+def test_errors_are_messages_not_tracebacks(tmp_path):
+    for args, msg in [(("train", "--model", "nonet"), "neither a preset"),
+                      (("train", "--data", tmp_path / "missing"), "does not exist"),
+                      (("eval", tmp_path / "nothing.npz"), "no checkpoint"),
+                      (("info", "cifar", "--batch", "0"), "--batch")]:
+        p = sprint(*args, check=False)
+        assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"train": {"epochs": 1}}))
+    p = sprint("train", "--resume", tmp_path / "run", "--lr", "0.3", check=False)
+    assert p.returncode == 2 and "--lr" in p.stderr
