@@ -15,10 +15,10 @@ PYBIND11_MODULE(_sprint_cpu, m) {
 
     bind_im2col(m);
     // ---- K2 op families: add one line each (declared in bind.h) ----
-    // bind_pool(m);
-    // bind_softmax(m);
-    // bind_elementwise(m);
-    // bind_vector(m);
-    // bind_deform(m);
+    bind_pool(m);
+    bind_softmax(m);
+    bind_elementwise(m);
+    bind_vector(m);
+    bind_deform(m);
     // ---- end K2 ----
 }

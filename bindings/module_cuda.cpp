@@ -23,10 +23,10 @@ PYBIND11_MODULE(_sprint_cuda, m) {
 
     bind_im2col_cuda(m);
     // ---- K2 op families: add one line each (declared in bind.h) ----
-    // bind_pool_cuda(m);
-    // bind_softmax_cuda(m);
-    // bind_elementwise_cuda(m);
-    // bind_vector_cuda(m);
-    // bind_deform_cuda(m);
+    bind_pool_cuda(m);
+    bind_softmax_cuda(m);
+    bind_elementwise_cuda(m);
+    bind_vector_cuda(m);
+    bind_deform_cuda(m);
     // ---- end K2 ----
 }
