@@ -86,7 +86,7 @@ def test_fit_profile_end_to_end_with_holdout():
         for P in (1e3, 1e5, 1e7):
             recs.append({"kind": "allreduce", "n_node": n, "n_param": P, "t": (1e-9 * np.log2(n) + 1e-9) * P + 1e-5})
     prof = fit.fit_profile(recs, machine="test", cores=2)
-    assert prof["sgemm"]["error"]["holdout"]["max"] < 1e-4
+    assert prof["sgemm"]["variants"]["nn"]["error"]["holdout"]["max"] < 1e-4
     for name in fit.LINEAR_TERMS:
         assert prof["terms"][name]["error"]["holdout"]["max"] < 1e-6
         assert prof["terms"][name]["cv"] == pytest.approx(0.05)

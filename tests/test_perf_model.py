@@ -77,15 +77,17 @@ def test_kernel_list_by_hand_for_a_small_net():
     fc = model.layer_kernels(geoms[1], n, False, True)
     K, cols = 9 * 1, 4 * 4 * n
     assert ("fwd", "im2col", K * cols) in conv
-    assert ("fwd", "sgemm", (2, cols, K)) in conv
-    assert ("bwd", "sgemm", (2, K, cols)) in conv
+    assert ("bwd", "im2col", K * cols) in conv                 # conv2d_backward re-gathers
+    assert ("fwd", "sgemm_nn", (2, cols, K)) in conv
+    assert ("bwd", "sgemm_nt", (2, K, cols)) in conv
     assert not any(k == "col2im" for _, k, _ in conv)          # first layer: no dX
     assert ("fwd", "pool_fwd", 2 * 16 * n) in conv
-    assert ("fwd", "sgemm", (n, 5, 2 * 2 * 2)) in fc
-    assert ("bwd", "sgemm", (n, 8, 5)) in fc                   # dX of the FC layer
+    assert ("fwd", "relu_fwd", 2 * 4 * n) in conv              # ReLU runs on the pooled map
+    assert ("fwd", "sgemm_nt", (n, 5, 2 * 2 * 2)) in fc
+    assert ("bwd", "sgemm_nn", (n, 8, 5)) in fc                # dX of the FC layer
     assert ("fwd", "softmax", 5 * n) in fc
     # FLOPs of the SGEMMs of the model agree with the spec's count.
-    gflops = sum(2 * math.prod(s) for _, k, s in conv + fc if k == "sgemm")
+    gflops = sum(2 * math.prod(s) for _, k, s in conv + fc if k.startswith("sgemm"))
     assert gflops == sum(g.flops_fwd + g.flops_bwd for g in geoms)
     assert gflops == 2 * (2 * 2 * cols * K) + 3 * (2 * n * 5 * 8)   # conv fwd+dW; fc fwd+dW+dX
 
@@ -112,7 +114,12 @@ def test_single_worker_terms_by_hand():
     p = model.predict("tiny", 1, 1, 4, PROF)
     assert p.t_barrier == 0 and p.updater["Allreduce"] == 0
     assert p.p_fetch == 1.0
-    assert p.worker["FetchWeights"] == pytest.approx(PROF.term("copy", 580))
+    assert p.worker["FetchWeights"] == pytest.approx(p.p_fetch * PROF.term("copy", 580))
+    # The updater waits for the single worker: T_Update follows T_GPU.
+    assert p.t_update == pytest.approx(p.t_gpu, rel=0.01)
+    assert p.n_minibatch_avg == pytest.approx(4, rel=0.01)
+    seed = model.predict("tiny", 1, 1, 4, PROF, impl=model.SEED_IMPL)
+    assert seed.updater["WaitGradient"] == 0 and seed.t_update < seed.t_gpu
 
 
 def test_bad_configuration_is_rejected():
@@ -139,10 +146,13 @@ def test_format_mentions_every_term():
 
 
 def test_contention_slows_compute_on_cpu_profiles():
-    data = dict(PROF.data, backend="cpu", cores=2, contention={"threads": [1, 2, 4], "ratio": [1.0, 1.0, 2.2]})
-    prof = Profile(data)
-    assert prof.slowdown(3) == pytest.approx(1.6)
-    assert prof.slowdown(6) == pytest.approx(3.4)
+    entries = [{"model": "cifar", "ranks": 1, "workers": 1, "ratio": 0.6},
+               {"model": "cifar", "ranks": 2, "workers": 1, "ratio": 1.1},
+               {"model": "tiny", "ranks": 2, "workers": 1, "ratio": 1.5}]
+    prof = Profile(dict(PROF.data, backend="cpu", cores=2, contention={"entries": entries}))
+    assert prof.slowdown(2, 1, "cifar") == pytest.approx(1.1)
+    assert prof.slowdown(2, 1, "digits") == pytest.approx(1.3)       # mean over nets
+    assert prof.slowdown(4, 1, "cifar") == pytest.approx(2.2)        # scaled by threads
     one = model.predict("cifar", 1, 1, 8, prof)
-    four = model.predict("cifar", 2, 1, 8, prof, ranks_per_host=2)
-    assert four.worker["ComputeGradient"] == pytest.approx(2.2 * one.worker["ComputeGradient"])
+    two = model.predict("cifar", 2, 1, 8, prof, ranks_per_host=2)
+    assert two.worker["ComputeGradient"] == pytest.approx(1.1 / 0.6 * one.worker["ComputeGradient"])

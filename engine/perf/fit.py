@@ -28,9 +28,9 @@ from .profile import SGEMM_FEATURES, Profile, regime_feature, rule_matches, sgem
 
 SPLIT_FEATURES = ("m", "n", "k", "mn", "mk", "nk", "mnk", "min")
 # Terms fitted as a * size + b, with the record field holding the size.
-LINEAR_TERMS = ("im2col", "col2im", "bias", "bias_grad", "relu_fwd", "relu_bwd", "pool_fwd",
-                "pool_bwd", "softmax", "copy", "axpy", "scale", "fill", "sum_into", "momentum",
-                "load", "deform")
+LINEAR_TERMS = ("im2col", "col2im", "to_nchw", "to_cnhw", "bias", "bias_grad", "relu_fwd", "relu_bwd",
+                "pool_fwd", "pool_bwd", "softmax", "copy", "add", "sub", "scale", "fill", "axpy",
+                "handover", "load", "deform")
 
 
 def nnls_relative(X, t):
@@ -158,14 +158,25 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
     prof = {"version": 1, "machine": machine or f"{platform.node()} {platform.processor() or platform.machine()}",
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "backend": backend,
             "cores": int(cores or _cores()), "terms": {}, "n_records": len(records)}
-    fit_r, hold = _split(records, "sgemm")
-    if fit_r:
-        pts = [(r["m"], r["n"], r["k"]) for r in fit_r]
-        regimes = fit_sgemm_regimes(pts, [r["t"] for r in fit_r], **sgemm_kw)
+    sg = [r for r in records if r.get("kind") == "sgemm"]
+    variants = {}
+    for var in sorted({r.get("trans", "nn") for r in sg}):
+        rs = [dict(r) for r in sg if r.get("trans", "nn") == var]
+        fit_r, hold = _split(rs, "sgemm")
+        if len(fit_r) < 8:
+            continue
+        regimes = fit_sgemm_regimes([(r["m"], r["n"], r["k"]) for r in fit_r], [r["t"] for r in fit_r],
+                                    **sgemm_kw)
         ev = lambda rs: error_summary([predict_sgemm(regimes, r["m"], r["n"], r["k"]) for r in rs],
                                       [r["t"] for r in rs])
-        prof["sgemm"] = {"regimes": [{"rule": rule, "coef": coef} for rule, coef in regimes],
-                         "cv": _cv(fit_r + hold), "error": {"fit": ev(fit_r), "holdout": ev(hold)}}
+        err = {"fit": ev(fit_r), "holdout": ev([r for r in hold if r.get("src") != "net"])}
+        net = [r for r in hold if r.get("src") == "net"]
+        if net:
+            err["net_shapes"] = ev(net)
+        variants[var] = {"regimes": [{"rule": rule, "coef": coef} for rule, coef in regimes],
+                         "cv": _cv(rs), "error": err}
+    if variants:
+        prof["sgemm"] = {"variants": variants}
     for name in LINEAR_TERMS:
         fit_r, hold = _split(records, name)
         if len(fit_r) < 2:

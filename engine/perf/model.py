@@ -27,41 +27,46 @@ N_FILE = {"cnn-a": 1281167, "cnn-b": 1281167, "cnn-c": 1281167, "cifar": 50000,
 
 WORKER_STEPS = ("LockWeights", "FetchWeights", "LoadImage", "DeformImage", "ComputeGradient",
                 "ComputeUpdateVal", "LockGradient", "UpdateGradient")
-UPDATER_STEPS = ("LockGradient", "SumGradient", "AddMomentum", "Allreduce", "UpdateMomentum",
-                 "LockWeights", "UpdateWeights")
+UPDATER_STEPS = ("WaitGradient", "LockGradient", "SumGradient", "AddMomentum", "Allreduce",
+                 "UpdateMomentum", "LockWeights", "UpdateWeights")
 
 
 def layer_kernels(g, n: int, first: bool, last: bool):
     """(pass, kernel, size) of every kernel one layer runs for its batch.
 
-    ``size`` is an (m, n, k) tuple for SGEMMs and an element count for the
-    rest. This is the contract between the model and the engine's layers:
-    conv = im2col + SGEMM + bias + ReLU (+ pool); its backward runs the
-    pool/ReLU backward, the bias row sums, the dW SGEMM and, except for the
-    first layer, the dX SGEMM + col2im.
+    ``size`` is an (m, n, k) tuple for SGEMMs (kernel ``sgemm_nn|nt|tn`` by
+    transposition) and an element count for the rest. This mirrors
+    engine.layers / engine.ops.conv: conv forward = im2col, SGEMM, the
+    CNHW->NCHW copy that adds the bias, max-pool, ReLU (on the pooled map);
+    backward = ReLU', pool', im2col again, the NCHW->CNHW copy that also
+    sums db, the dW SGEMM and, except for the first layer, the dX SGEMM and
+    col2im. FC: SGEMM + bias (+ ReLU); backward dW, db, dX SGEMMs.
     """
     ks = []
     if g.kind == "conv":
         conv_out = spec_mod._prod(g.extra["conv_out"]) * n
-        ks += [("fwd", "im2col", g.im2col_elems), ("fwd", "sgemm", g.gemm_fwd),
-               ("fwd", "bias", conv_out), ("fwd", "relu_fwd", conv_out)]
+        pooled = spec_mod._prod(g.out_shape) * n
+        ks += [("fwd", "im2col", g.im2col_elems), ("fwd", "sgemm_nn", g.gemm_fwd),
+               ("fwd", "to_nchw", conv_out)]
         if g.pool > 1:
             ks.append(("fwd", "pool_fwd", conv_out))
+        ks += [("fwd", "relu_fwd", pooled), ("bwd", "relu_bwd", pooled)]
+        if g.pool > 1:
             ks.append(("bwd", "pool_bwd", conv_out))
-        ks += [("bwd", "relu_bwd", conv_out), ("bwd", "bias_grad", conv_out),
-               ("bwd", "sgemm", g.gemm_dw)]
+        ks += [("bwd", "im2col", g.im2col_elems), ("bwd", "to_cnhw", conv_out),
+               ("bwd", "sgemm_nt", g.gemm_dw)]
         if not first:
-            ks += [("bwd", "sgemm", g.gemm_dx), ("bwd", "col2im", g.im2col_elems)]
+            ks += [("bwd", "sgemm_tn", g.gemm_dx), ("bwd", "col2im", g.im2col_elems)]
     else:
         out = g.out_shape[0] * n
-        ks += [("fwd", "sgemm", g.gemm_fwd), ("fwd", "bias", out)]
+        ks += [("fwd", "sgemm_nt", g.gemm_fwd), ("fwd", "bias", out)]
         if g.relu:
             ks += [("fwd", "relu_fwd", out), ("bwd", "relu_bwd", out)]
         if last:
             ks.append(("fwd", "softmax", out))
-        ks += [("bwd", "bias_grad", out), ("bwd", "sgemm", g.gemm_dw)]
+        ks += [("bwd", "sgemm_tn", g.gemm_dw), ("bwd", "bias_grad", out)]
         if not first:
-            ks.append(("bwd", "sgemm", g.gemm_dx))
+            ks.append(("bwd", "sgemm_nn", g.gemm_dx))
     return ks
 
 
@@ -71,7 +76,10 @@ def compute_gradient_terms(spec, n_subbatch, profile):
     rows = []
     for i, g in enumerate(geoms):
         for pas, kern, size in layer_kernels(g, n_subbatch, i == 0, i == len(geoms) - 1):
-            t = profile.sgemm(*size) if kern == "sgemm" else profile.term(kern, size)
+            if kern.startswith("sgemm"):
+                t = profile.sgemm(*size, trans=kern.split("_")[1])
+            else:
+                t = profile.term(kern, size)
             rows.append((g.name, pas, kern, size, t))
         per_layer = profile.overhead("per_layer")
         if per_layer:
@@ -174,12 +182,39 @@ def _combine_cv(parts):
     return math.sqrt(sum((m * c) ** 2 for m, c in parts)) / tot if tot > 0 else 0.0
 
 
-def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1):
+@dataclass(frozen=True)
+class Impl:
+    """How Algorithms 1 and 2 are implemented.
+
+    ``handover="copy"`` is the seed: GradBuf_t = Grad, SendBuf = GradBuf_t and
+    LatestWeights = RecvBuf are copies made under the locks.
+    ``handover="swap"`` is engine.parallel.asgd: those become pointer swaps
+    under the lock (only GradBuf_t += Grad and the fetch copy stay).
+    ``min_grads``: the updater waits for that many non-empty local buffers
+    (0: the seed's free-running updater).
+    """
+    handover: str = "swap"
+    min_grads: int = 1
+    momentum: bool = True
+    weight_decay: bool = False
+
+    def __post_init__(self):
+        if self.handover not in ("swap", "copy"):
+            raise ValueError(f"handover must be 'swap' or 'copy', got {self.handover!r}")
+        if self.min_grads not in (0, 1):
+            raise ValueError(f"min_grads must be 0 or 1, got {self.min_grads!r}")
+
+
+SEED_IMPL = Impl(handover="copy", min_grads=0)
+ENGINE_IMPL = Impl()
+
+
+def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl: Impl = ENGINE_IMPL):
     """Mean and spread of every indivisible step, lock waits and barrier excluded.
 
     The closed form and the simulator both start from these numbers.
-    Returns {step: (seconds, cv)} plus ``_layers`` (ComputeGradient rows),
-    ``_slowdown`` and ``_n_file``/``_n_param`` entries.
+    Returns {step: (seconds, cv)} plus ``_``-prefixed entries (layer rows,
+    slowdown, N_Param, N_File, the updater's spread).
     """
     for name, v in (("n_node", n_node), ("n_gpu", n_gpu), ("n_subbatch", n_subbatch),
                     ("ranks_per_host", ranks_per_host)):
@@ -188,28 +223,47 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1):
     sp = spec_mod.get_spec(spec)
     n_param = spec_mod.n_params(sp)
     cpu = profile.data.get("backend", "cpu") == "cpu"
-    # On the CPU every worker and updater thread of the ranks sharing a host
-    # competes for its cores; on GPUs each worker owns its device.
-    slow = profile.slowdown(ranks_per_host * (n_gpu + 1)) if cpu else 1.0
+    # On the CPU every worker thread of the ranks sharing a host competes for
+    # its cores; on GPUs each worker owns its device.
+    slow = profile.slowdown(ranks_per_host, n_gpu, sp.name) if cpu else 1.0
     pr = profile
-    v = lambda name, n: (slow * pr.term(name, n), pr.cv(name))
+    v = lambda name, n: (pr.term(name, n), pr.cv(name))
+    vs = lambda name, n: (slow * pr.term(name, n), pr.cv(name))
     rows = [r[:4] + (slow * r[4],) for r in compute_gradient_terms(sp, n_subbatch, pr)]
     pixels = n_subbatch * sp.m0 * sp.x0 * sp.x0
     grad = (sum(r[4] for r in rows) + slow * pr.overhead("per_step"), pr.cv("sgemm"))
-    parts = [v("load", pixels), v("deform", pixels), grad, v("scale", n_param)]
+    update_val = (slow * (pr.term("scale", n_param) + (pr.term("scale", n_param) + pr.term("sub", n_param)
+                                                         if impl.weight_decay else 0.0)), pr.cv("scale"))
+    parts = [vs("load", pixels), vs("deform", pixels), grad, update_val]
     sl = n_param / n_node
+    swap = impl.handover == "swap"
+    hand = v("handover", 1) if pr.has("handover") else (0.0, 0.0)
     c = {
-        "fetch": v("copy", n_param),
-        "load": parts[0], "deform": parts[1], "compute_gradient": grad, "update_val": parts[3],
-        "compute": (sum(m for m, _ in parts), _combine_cv(parts)),
-        "deposit_set": v("copy", n_param), "deposit_add": v("axpy", n_param),
-        "sum_first": v("copy", n_param), "sum_add": v("axpy", n_param), "sum_zero": v("fill", n_param),
-        "add_momentum": (2 * slow * pr.term("axpy", sl), pr.cv("axpy")),
-        "allreduce_bw": ((slow if cpu else 1.0) * pr.allreduce_bw(n_node, n_param) if n_node > 1 else 0.0,
+        "fetch": vs("copy", n_param),
+        "load": parts[0], "deform": parts[1], "compute_gradient": grad, "update_val": update_val,
+        "worker_loop": (slow * pr.overhead("worker_loop"), 0.0),
+        "deposit_set": hand if swap else vs("copy", n_param),
+        "deposit_add": vs("add", n_param),
+        # SumGradient per non-empty buffer: the part under its lock, then the rest.
+        "sum_cs_first": hand if swap else vs("copy", n_param),
+        "sum_cs_add": hand if swap else vs("add", n_param),
+        "sum_out_first": vs("copy", n_param) if swap else (0.0, 0.0),
+        "sum_out_add": vs("add", n_param) if swap else (0.0, 0.0),
+        "sum_zero": vs("fill", n_param),
+        "add_momentum": (slow * (pr.term("add", sl) + ((pr.term("scale", sl) + pr.term("add", sl))
+                                                       if impl.momentum else 0.0)), pr.cv("add")),
+        "allreduce_bw": (slow * pr.allreduce_bw(n_node, n_param) if n_node > 1 else 0.0,
                          float(pr.data.get("allreduce", {}).get("cv", 0.0))),
-        "update_momentum": (slow * (pr.term("copy", sl) + pr.term("axpy", sl)), pr.cv("axpy")),
-        "update_weights": v("copy", n_param),
+        "update_momentum": (slow * pr.term("sub", sl), pr.cv("sub")),
+        "update_weights": hand if swap else vs("copy", n_param),
+        "updater_loop": (slow * pr.overhead("updater_loop"), 0.0),
     }
+    for k in ("first", "add"):
+        a, b = c[f"sum_cs_{k}"], c[f"sum_out_{k}"]
+        c[f"sum_{k}"] = (a[0] + b[0], _combine_cv([a, b]) if a[0] + b[0] > 0 else 0.0)
+    c["sum_cs"] = c["sum_cs_add"]
+    parts.append(c["worker_loop"])
+    c["compute"] = (sum(m for m, _ in parts), _combine_cv(parts))
     # Spread of a node's updater cycle outside SumGradient and the allreduce:
     # it decides which node reaches the barrier last besides the buffer count.
     c["_updater_sigma"] = (math.sqrt(sum((c[k][0] * c[k][1]) ** 2 for k in
@@ -218,33 +272,81 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1):
     c["_slowdown"] = (slow, 0.0)
     c["_n_param"] = (n_param, 0.0)
     c["_n_file"] = (N_FILE.get(sp.name, 50000), 0.0)
+    c["_impl"] = (impl, 0.0)
+    c["_wait_state"] = ({}, 0.0)
     return c
 
 
+def _means(c):
+    return {k: val[0] for k, val in c.items() if not k.startswith("_")}
+
+
 def _worker_steps(c, n_gpu, t_gpu, t_update):
-    m = {k: val[0] for k, val in c.items() if not k.startswith("_")}
+    m = _means(c)
     p_fetch = min(t_gpu / t_update, 1.0) if t_update > 0 else 1.0
     p_ne = min(t_update / t_gpu, 1.0) if t_gpu > 0 else 1.0
     s = {}
-    # LatestWeights: held by the updater for UpdateWeights once per T_Update
-    # and by each other worker for its copy when it fetches.
+    # LatestWeights: held by the updater to publish once per T_Update and by
+    # each other worker for its copy when it fetches.
     s["LockWeights"] = lock_wait(m["update_weights"], t_update) + \
         (n_gpu - 1) * p_fetch * lock_wait(m["fetch"], t_gpu)
     s["FetchWeights"] = p_fetch * m["fetch"]
     s["LoadImage"] = m["load"]
     s["DeformImage"] = m["deform"]
     s["ComputeGradient"] = m["compute_gradient"]
-    s["ComputeUpdateVal"] = m["update_val"]
-    # GradBuf_t: held by the updater while it sums this buffer (when non-empty).
-    s["LockGradient"] = p_ne * lock_wait(m["sum_add"], t_update)
+    s["ComputeUpdateVal"] = m["update_val"] + m["worker_loop"]
+    # GradBuf_t: held by the updater while it takes this buffer (when non-empty).
+    s["LockGradient"] = p_ne * lock_wait(m["sum_cs"], t_update)
     # The updater empties the buffer once per T_Update: a worker slower than
     # the updater always finds it empty (set), a faster one accumulates.
     s["UpdateGradient"] = p_fetch * m["deposit_set"] + (1 - p_fetch) * m["deposit_add"]
     return s, p_fetch
 
 
+def _first_deposit_wait(w, t_gpu, n_gpu, n_node, state=None, points=1201, tol=1e-9):
+    """(own wait, extra barrier) of updaters that wait for one local gradient.
+
+    Mean-field model of one cycle, which starts when the allreduce releases
+    every node. A node whose previous sum waited for a deposit took it right
+    as it came: that worker deposits again T_GPU after the sum, the other
+    N_GPU-1 at uniform phases; L_w (sum -> cycle start) = T_Update - its
+    wait. A node that did not wait summed at the cycle start, L = T_Update,
+    all N_GPU workers at uniform phases. So the time D to the first deposit
+    survives x with
+
+        S(x) = pi 1{L_w+x < T} (1-(L_w+x)/T)^(N_GPU-1) + (1-pi) (1-(T_Update+x)/T)^N_GPU
+
+    pi = S(0) (the share of nodes that wait), own wait = int S, and the
+    allreduce ends after the slowest node: T_Update = W + int 1-(1-S)^N_Node.
+    The three unknowns are iterated to their fixed point; ``state`` carries
+    the last solution between calls (the outer fixed point calls this often).
+    """
+    T = t_gpu
+    if T <= 0:
+        return 0.0, 0.0
+    st = state if state is not None else {}
+    U, pi, dw = st.get("U", w + T / 2), st.get("pi", 1.0), st.get("dw", T / 2)
+    x = np.linspace(0.0, T, points)
+    own = emax = 0.0
+    for _ in range(2000):
+        lw = max(U - dw, 0.0)
+        sw = np.where(lw + x < T, np.clip(1 - (lw + x) / T, 0, 1) ** (n_gpu - 1), 0.0)
+        sn = np.clip(1 - (U + x) / T, 0, 1) ** n_gpu
+        S = pi * sw + (1 - pi) * sn
+        own = float(np.trapezoid(S, x))
+        emax = float(np.trapezoid(1 - (1 - S) ** n_node, x)) if n_node > 1 else own
+        new = (w + emax, float(S[0]), own / S[0] if S[0] > 0 else 0.0)
+        diff = max(abs(new[0] - U) / max(U, 1e-300), abs(new[1] - pi), abs(new[2] - dw) / T)
+        U, pi, dw = 0.5 * (U + new[0]), 0.5 * (pi + new[1]), 0.5 * (dw + new[2])
+        if diff < tol:
+            break
+    st.update(U=U, pi=pi, dw=dw)
+    return own, max(emax - own, 0.0)
+
+
 def _updater_steps(c, n_gpu, n_node, t_gpu, t_update):
-    m = {k: val[0] for k, val in c.items() if not k.startswith("_")}
+    m = _means(c)
+    impl = c["_impl"][0]
     p_ne = min(t_update / t_gpu, 1.0) if t_gpu > 0 else 1.0
     p_fetch = min(t_gpu / t_update, 1.0) if t_update > 0 else 1.0
     G = n_gpu
@@ -263,10 +365,17 @@ def _updater_steps(c, n_gpu, n_node, t_gpu, t_update):
     var_lock = G * (q * cs * cs / 3 - (q * cs / 2) ** 2)
     sigma = math.sqrt(c["_updater_sigma"][0] ** 2 + max(var_lock, 0.0))
     barrier = barrier_wait(cost, G, n_node, p_ne, sigma)
-    s["Allreduce"] = barrier + m["allreduce_bw"]
+    s["Allreduce"] = m["allreduce_bw"]
     s["UpdateMomentum"] = m["update_momentum"]
     s["LockWeights"] = G * p_fetch * lock_wait(m["fetch"], t_gpu)
-    s["UpdateWeights"] = m["update_weights"]
+    s["UpdateWeights"] = m["update_weights"] + m["updater_loop"]
+    wait = 0.0
+    if impl.min_grads:
+        work = sum(s.values())
+        wait, extra = _first_deposit_wait(work, t_gpu, G, n_node, c["_wait_state"][0])
+        barrier += extra
+    s["Allreduce"] += barrier
+    s = {"WaitGradient": wait, **s}
     return s, barrier, p_ne
 
 
@@ -279,42 +388,38 @@ def expected_staleness(w, u, n_gpu, t_gpu, t_update, offset=1.0):
     (a pickup arriving during the deposit waits for it): G later. A periodic
     updater of random phase publishes G/T_Update times in that span on
     average, plus ``offset`` (one) more unless the updater reaches the
-    buffer before its next publish (delta into its cycle: lock waits and the
-    buffers before it). A worker that arrives while UpdateWeights holds the
-    lock (probability q) reads right after a publish instead of at a random
-    phase, which saves half an update on average.
+    buffer before its next publish: it is idle waiting for a gradient
+    (WaitGradient of T_Update), or the buffer is reached delta into the
+    cycle (lock waits and the buffers before it). A worker that arrives
+    while the publish holds the lock (probability q) reads right after a
+    publish instead of at a random phase, which saves half an update.
     """
     g = t_gpu - w["LockWeights"] - w["LockGradient"] - w["UpdateGradient"]
     delta = u["LockGradient"] / 2 + u["SumGradient"] * (n_gpu - 1) / (2 * n_gpu)
     q = min(u["UpdateWeights"] / t_update, 1.0)
-    return (g - delta) / t_update + offset - q / 2
+    idle = u.get("WaitGradient", 0.0) / t_update
+    return (g - delta) / t_update + offset * (1 - idle) - q / 2
 
 
 def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None,
-            ranks_per_host: int = 1, staleness_offset: float = 1.0, tol: float = 1e-10,
-            max_iter: int = 1000) -> Prediction:
+            ranks_per_host: int = 1, impl: Impl = ENGINE_IMPL, staleness_offset: float = 1.0,
+            tol: float = 1e-10, max_iter: int = 1000) -> Prediction:
     """Solve the model for one configuration.
 
     ``ranks_per_host``: how many of the N_Node ranks share one host's cores
     (1 on a real cluster; N_Node when validating on one machine).
-
-    ``staleness_offset``: staleness counts the updates published between a
-    worker's fetch and the update that applies its gradient; with a periodic
-    updater of random phase that is G/T_Update + 1 (G: fetch to deposit).
+    ``impl``: ENGINE_IMPL (engine.parallel.asgd) or SEED_IMPL (the seed's
+    copies and free-running updater).
     """
-    c = step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host)
+    c = step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host, impl)
     sp = spec_mod.get_spec(spec)
     n_param = c["_n_param"][0]
     if n_file is None:
         n_file = c["_n_file"][0]
-    t_gpu = t_update = None
+    t_gpu = sum(_worker_steps(c, n_gpu, 1.0, 1.0)[0].values())
+    t_update = sum(_updater_steps(c, n_gpu, n_node, 1.0, 1.0)[0].values())
     converged, it = False, 0
-    w = u = None
     for it in range(1, max_iter + 1):
-        if t_gpu is None:
-            # Start from the step sums with every probability at 1.
-            t_gpu = sum(_worker_steps(c, n_gpu, 1.0, 1.0)[0].values())
-            t_update = sum(_updater_steps(c, n_gpu, n_node, 1.0, 1.0)[0].values())
         w, _ = _worker_steps(c, n_gpu, t_gpu, t_update)
         u, _, _ = _updater_steps(c, n_gpu, n_node, t_gpu, t_update)
         new_gpu, new_upd = sum(w.values()), sum(u.values())
@@ -336,7 +441,8 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None
                       n_param=n_param, n_file=n_file, worker=w, updater=u, layers=c["_layers"][0],
                       t_gpu=t_gpu, t_update=t_update, p_fetch=p_fetch, p_nonempty=p_ne,
                       t_barrier=barrier, n_minibatch_avg=nmb, staleness=stal,
-                      t_epoch=t_epoch, iterations=it, converged=converged, slowdown=c["_slowdown"][0])
+                      t_epoch=t_epoch, iterations=it, converged=converged, slowdown=c["_slowdown"][0],
+                      extra={"impl": impl.__dict__ if hasattr(impl, "__dict__") else str(impl)})
 
 
 def _fmt_t(s):

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import math
+
+import numpy as np
 from importlib import resources
 from pathlib import Path
 
@@ -89,11 +91,23 @@ class Profile:
     def cv(self, name) -> float:
         """Relative spread (std/mean) measured for a term, 0 if unknown."""
         if name == "sgemm":
-            return float(self.data.get("sgemm", {}).get("cv", 0.0))
+            sg = self.data.get("sgemm", {})
+            if "variants" in sg:
+                return float(np.median([v.get("cv", 0.0) for v in sg["variants"].values()]))
+            return float(sg.get("cv", 0.0))
         return float(self.terms.get(name, {}).get("cv", 0.0))
 
-    def sgemm_regime(self, m, n, k) -> dict:
-        regs = self.data.get("sgemm", {}).get("regimes")
+    def _sgemm_fit(self, trans):
+        sg = self.data.get("sgemm")
+        if not sg:
+            raise ValueError(f"profile {self.source} has no SGEMM fit")
+        variants = sg.get("variants")
+        if variants is None:
+            return sg
+        return variants.get(trans) or variants.get("nn") or next(iter(variants.values()))
+
+    def sgemm_regime(self, m, n, k, trans="nn") -> dict:
+        regs = self._sgemm_fit(trans).get("regimes")
         if not regs:
             raise ValueError(f"profile {self.source} has no SGEMM fit")
         for r in regs:
@@ -101,10 +115,11 @@ class Profile:
                 return r
         return regs[-1]
 
-    def sgemm(self, m, n, k) -> float:
+    def sgemm(self, m, n, k, trans="nn") -> float:
+        """Fitted SGEMM time; ``trans`` in nn|nt|tn picks the variant's fit."""
         if min(m, n, k) <= 0:
             return 0.0
-        coef = self.sgemm_regime(m, n, k)["coef"]
+        coef = self.sgemm_regime(m, n, k, trans)["coef"]
         return sum(coef[f] * v for f, v in zip(SGEMM_FEATURES, sgemm_features(m, n, k)))
 
     def allreduce_bw(self, n_node, n_param) -> float:
@@ -115,20 +130,24 @@ class Profile:
         lg = math.log2(max(n_node, 1))
         return (a["a_log"] * lg + a["b"]) * n_param + a.get("c_log", 0.0) * lg + a.get("d", 0.0)
 
-    def slowdown(self, busy_threads: float) -> float:
-        """Compute slowdown when ``busy_threads`` compete for the host's cores."""
-        c = self.data.get("contention")
-        if not c:
-            return max(1.0, busy_threads / max(self.cores, 1))
-        th, ra = c["threads"], c["ratio"]
-        if busy_threads <= th[0]:
-            return max(1.0, ra[0])
-        for (t0, r0), (t1, r1) in zip(zip(th, ra), zip(th[1:], ra[1:])):
-            if busy_threads <= t1:
-                return r0 + (r1 - r0) * (busy_threads - t0) / (t1 - t0)
-        # Past the measured range each extra thread costs what the last one did.
-        slope = (ra[-1] - ra[-2]) / (th[-1] - th[-2]) if len(th) > 1 else 1.0 / max(self.cores, 1)
-        return ra[-1] + slope * (busy_threads - th[-1])
+    def slowdown(self, ranks_per_host: int, n_gpu: int, model: str = "") -> float:
+        """Per-step time factor when ``ranks_per_host`` processes of ``n_gpu``
+        worker threads share the host, relative to the profile's own sweeps.
+
+        Measured by the contention sweep for (ranks, workers) pairs and
+        nets; the nearest net by name, else the mean over nets; unmeasured
+        pairs scale the nearest measured one by the thread count.
+        """
+        entries = self.data.get("contention", {}).get("entries", [])
+        threads = ranks_per_host * n_gpu
+        if not entries:
+            return max(1.0, threads / max(self.cores, 1))
+        same = [e for e in entries if e["ranks"] == ranks_per_host and e["workers"] == n_gpu]
+        if same:
+            mine = [e["ratio"] for e in same if e.get("model") == model]
+            return float(np.mean(mine or [e["ratio"] for e in same]))
+        near = min(entries, key=lambda e: (abs(e["ranks"] * e["workers"] - threads), e.get("model") != model))
+        return near["ratio"] * max(1.0, threads / max(near["ranks"] * near["workers"], 1))
 
     @classmethod
     def synthetic(cls, sgemm_flop_s=1e10, vec_bytes_s=5e9, launch=2e-6, allreduce_bw=1e9,
@@ -137,8 +156,9 @@ class Profile:
         per = lambda bytes_per: {"a": bytes_per / vec_bytes_s, "b": launch, "cv": 0.0}
         terms = {n: per(8.0) for n in ("im2col", "col2im", "bias", "bias_grad", "relu_fwd",
                                         "relu_bwd", "pool_fwd", "pool_bwd", "softmax", "copy",
-                                        "scale", "fill")}
-        terms["axpy"] = per(12.0)
+                                        "scale", "fill", "to_nchw", "to_cnhw")}
+        terms.update({n: per(12.0) for n in ("axpy", "add", "sub")})
+        terms["handover"] = {"a": 0.0, "b": 2 * launch, "cv": 0.0}
         terms["load"] = {"a": load_pixel, "b": launch, "cv": 0.0}
         terms["deform"] = {"a": deform_pixel, "b": launch, "cv": 0.0}
         coef = dict.fromkeys(SGEMM_FEATURES, 0.0)

@@ -1,0 +1,440 @@
+"""Measurement harness: time the engine's kernels over size grids.
+
+Each ``sweep_*`` function returns records ``{"kind", <size fields>, "t":
+median seconds per call, "std": seconds, "n": calls timed, "holdout": bool}``
+that ``fit.fit_profile`` turns into a machine profile. The same functions
+serve ``sprint profile`` (quick/full) and the pytest-benchmark sweeps in
+``bench/``. Kernels are called through the public ``engine.ops`` API and the
+numpy operations the ASGD runner itself uses, so the profile prices what a
+training step actually executes; kernels that are not built yet are skipped
+(listed in ``skipped``) rather than faked.
+
+Allreduce is timed in separate processes under ``mpiexec`` (``python -m
+engine.perf.sweep --allreduce ...``), one job per rank count.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from engine import spec as spec_mod
+
+QUICK = {"repeats": 5, "min_time": 2e-3, "sgemm_exp": (0, 2, 4, 6, 8, 9), "sgemm_nexp": (0, 2, 4, 6, 8, 10, 12, 14),
+         "sgemm_kexp": (2, 4, 6, 8, 10, 11), "sgemm_max": 2 ** 30, "sgemm_mid": 24, "batches": (1, 4, 16),
+         "vec_exp": range(8, 25, 2), "data_batches": (1, 2, 4, 8, 16, 32, 64), "ranks": (2, 3, 4),
+         "allreduce_exp": range(10, 24, 3), "nets": ("tiny", "digits", "cifar"), "net_batches": (1, 4, 16), "im2col_max": 2 ** 25}
+FULL = {"repeats": 9, "min_time": 5e-3, "sgemm_exp": tuple(range(0, 10)), "sgemm_nexp": tuple(range(0, 16)),
+        "sgemm_kexp": tuple(range(1, 13)), "sgemm_max": 2 ** 31, "sgemm_mid": 80, "batches": (1, 2, 4, 8, 16, 32),
+        "vec_exp": range(6, 26), "data_batches": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), "ranks": (2, 3, 4),
+        "allreduce_exp": range(8, 25, 2), "nets": ("tiny", "digits", "cifar"),
+        "net_batches": (1, 2, 4, 8, 16, 32), "im2col_max": 2 ** 26}
+TRANS = {"nn": (False, False), "nt": (False, True), "tn": (True, False)}
+# Conv layer shapes for the im2col family: the small presets whole, the big
+# ones' early layers (their later layers have the same K x P products).
+LAYER_NETS = ("tiny", "digits", "cifar", "cnn-a")
+
+
+def mode_config(quick: bool) -> dict:
+    return dict(QUICK if quick else FULL)
+
+
+# -- timing ---------------------------------------------------------------------
+
+def _sync():
+    from engine import backend
+    be = backend.get_backend()
+    if be.name == "gpu":
+        be.xp.cuda.Device().synchronize()
+
+
+def time_call(fn, repeats=5, min_time=2e-3):
+    """(median, std) seconds per call of ``fn()``, batching calls so each
+    sample lasts at least ``min_time`` (timer resolution, launch jitter)."""
+    fn()
+    _sync()
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    one = max(time.perf_counter() - t0, 1e-7)
+    inner = max(1, int(math.ceil(min_time / one)))
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        _sync()
+        samples.append((time.perf_counter() - t0) / inner)
+    return float(np.median(samples)), float(np.std(samples))
+
+
+def _rec(kind, fn, cfg, **fields):
+    t, s = time_call(fn, cfg["repeats"], cfg["min_time"])
+    return dict(kind=kind, t=t, std=s, **fields)
+
+
+def _xp():
+    from engine import backend
+    return backend.get_backend().xp
+
+
+def _rand(shape, seed=0):
+    xp = _xp()
+    return xp.asarray(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+# -- SGEMM ----------------------------------------------------------------------
+
+def sgemm_grid(cfg, rng=None):
+    """(m, n, k, holdout) points: powers of two to fit, in-between sizes held out."""
+    pts = [(2 ** a, 2 ** b, 2 ** c, False) for a, b, c in
+           itertools.product(cfg["sgemm_exp"], cfg["sgemm_nexp"], cfg["sgemm_kexp"])
+           if 2 ** (a + b + c) <= cfg["sgemm_max"]]
+    rng = rng or np.random.default_rng(0)
+    mid = []
+    while len(mid) < cfg["sgemm_mid"]:
+        e = [rng.uniform(min(x), max(x)) for x in (cfg["sgemm_exp"], cfg["sgemm_nexp"], cfg["sgemm_kexp"])]
+        m, n, k = (max(1, int(round(2 ** v))) for v in e)
+        if m * n * k <= cfg["sgemm_max"]:
+            mid.append((m, n, k, True))
+    return pts + mid
+
+
+def net_gemm_shapes(nets=("tiny", "digits", "cifar"), batches=(1, 4, 16)):
+    """(m, n, k, trans) of every SGEMM the presets run: held-out checks."""
+    from .model import layer_kernels
+    out = set()
+    for name in nets:
+        sp = spec_mod.get_spec(name)
+        for n in batches:
+            geoms = spec_mod.layers(sp, n)
+            for i, g in enumerate(geoms):
+                for _, kern, size in layer_kernels(g, n, i == 0, i == len(geoms) - 1):
+                    if kern.startswith("sgemm"):
+                        out.add(tuple(size) + (kern.split("_")[1],))
+    return sorted(out)
+
+
+def sweep_sgemm(cfg, variants=("nn", "nt", "tn"), extra_shapes=(), progress=None):
+    from engine import ops
+    recs = []
+    pts = sgemm_grid(cfg)
+    for var in variants:
+        ta, tb = TRANS[var]
+        todo = [(m, n, k, h, "grid") for m, n, k, h in pts] + \
+               [(m, n, k, True, "net") for m, n, k, v in extra_shapes if v == var]
+        for m, n, k, hold, src in todo:
+            a = _rand((k, m) if ta else (m, k), 1)
+            b = _rand((n, k) if tb else (k, n), 2)
+            c = _xp().empty((m, n), np.float32)
+            recs.append(_rec("sgemm", lambda: ops.gemm(a, b, trans_a=ta, trans_b=tb, out=c), cfg,
+                             m=m, n=n, k=k, trans=var, holdout=hold, src=src))
+            if progress:
+                progress(1)
+    return recs
+
+
+# -- the im2col family and the layer kernels -----------------------------------
+
+def conv_shapes(cfg):
+    """(C, H, c, M, pool, N) of the preset conv layers, batch sizes from cfg."""
+    out = set()
+    for name in LAYER_NETS:
+        sp = spec_mod.get_spec(name)
+        for g in spec_mod.layers(sp, 1):
+            if g.kind != "conv":
+                continue
+            C, H, _ = g.in_shape
+            for n in cfg["batches"]:
+                if g.im2col_elems * n <= cfg["im2col_max"]:
+                    out.add((C, H, sp.c, g.w_shape[0], g.pool, n))
+    return sorted(out)
+
+
+def _private_conv_kernels():
+    """The layout kernels conv2d runs between im2col and SGEMM (engine.ops.conv)."""
+    try:
+        from engine.backend import get_backend
+        from engine.ops import conv as conv_mod
+        return get_backend(), conv_mod
+    except Exception:  # pragma: no cover - only while the kernels are being built
+        return None, None
+
+
+def sweep_layers(cfg, skipped=None):
+    """im2col, col2im, layout/bias, pooling, ReLU over the presets' conv shapes."""
+    from engine import ops
+    skipped = skipped if skipped is not None else []
+    be, conv_mod = _private_conv_kernels()
+    recs = []
+    for i, (C, H, c, M, p, n) in enumerate(conv_shapes(cfg)):
+        hold = i % 4 == 3
+        pad = (c - 1) // 2
+        x = _rand((n, C, H, H), 3)
+        cols = ops.im2col(x, c, c, (1, 1), (pad, pad))
+        K = C * c * c
+        recs.append(_rec("im2col", lambda: ops.im2col(x, c, c, (1, 1), (pad, pad), out=cols), cfg,
+                         x=K * H * H * n, holdout=hold))
+        xo = _xp().empty_like(x)
+        recs.append(_rec("col2im", lambda: ops.col2im(cols, x.shape, c, c, (1, 1), (pad, pad), out=xo), cfg,
+                         x=K * H * H * n, holdout=hold))
+        y = _rand((n, M, H, H), 4)
+        elems = n * M * H * H
+        if conv_mod is not None:
+            g = conv_mod.Geom(n, M, H, H, 1, 1, 1, 1, 0, 0, H, H)
+            yt = _rand((M, n * H * H), 5)
+            b = _rand((M,), 6)
+            db = _xp().empty(M, np.float32)
+            y3 = y.reshape(n, M, H * H)
+            recs.append(_rec("to_nchw", lambda: conv_mod._k_cnhw_to_nchw(be, yt, b, y3), cfg, x=elems, holdout=hold))
+            recs.append(_rec("to_cnhw", lambda: conv_mod._k_nchw_to_cnhw(be, y3, yt, db, False), cfg,
+                             x=elems, holdout=hold))
+            del g
+        for name, fn in _elementwise_fns(ops, y, p, skipped):
+            recs.append(_rec(name, fn, cfg, x=elems, holdout=hold))
+    return recs
+
+
+def _elementwise_fns(ops, y, p, skipped):
+    """(kind, callable) of pooling and ReLU on a conv output, where the ops exist."""
+    fns = []
+    if hasattr(ops, "maxpool_forward") and p > 1:
+        yp, am = ops.maxpool_forward(y, p)
+        fns.append(("pool_fwd", lambda: ops.maxpool_forward(y, p)))
+        fns.append(("pool_bwd", lambda: ops.maxpool_backward(yp, am, y.shape, p)))
+    elif p > 1:
+        skipped.append("maxpool")
+    if hasattr(ops, "relu_forward"):
+        r = ops.relu_forward(y)
+        out = _xp().empty_like(y)
+        fns.append(("relu_fwd", lambda: ops.relu_forward(y, out=out)))
+        fns.append(("relu_bwd", lambda: ops.relu_backward(r, y, out=out)))
+    else:
+        skipped.append("relu")
+    return fns
+
+
+def sweep_fc_softmax(cfg, skipped=None):
+    """The FC layer's bias add and row sum (numpy, as linear_* run them) and softmax."""
+    from engine import ops
+    skipped = skipped if skipped is not None else []
+    xp = _xp()
+    recs = []
+    i = 0
+    for n in (1, 2, 4, 8, 16, 32, 64):
+        for width in (3, 10, 64, 256, 1000, 4096):
+            hold = i % 4 == 3
+            i += 1
+            y = _rand((n, width), 7)
+            b = _rand((width,), 8)
+            db = xp.empty(width, np.float32)
+            recs.append(_rec("bias", lambda: y.__iadd__(b), cfg, x=n * width, holdout=hold))
+            recs.append(_rec("bias_grad", lambda: xp.sum(y, axis=0, out=db), cfg, x=n * width, holdout=hold))
+            if hasattr(ops, "softmax_xent"):
+                lab = xp.asarray(np.random.default_rng(0).integers(0, width, n))
+                recs.append(_rec("softmax", lambda: ops.softmax_xent(y, lab), cfg, x=n * width, holdout=hold))
+    if not hasattr(ops, "softmax_xent"):
+        skipped.append("softmax_xent")
+    return recs
+
+
+# -- flat-vector work of the ASGD worker and updater ----------------------------
+
+def sweep_vectors(cfg, skipped=None):
+    """The flat-buffer operations Algorithms 1 and 2 run, over N_Param."""
+    from engine import ops
+    skipped = skipped if skipped is not None else []
+    xp = _xp()
+    recs = []
+    for i, e in enumerate(cfg["vec_exp"]):
+        n = 2 ** e + (0 if i % 2 else 2 ** (e - 1))   # powers of two and 1.5x in between
+        hold = i % 4 == 3
+        a, b, c = _rand((n,), 1), _rand((n,), 2), xp.empty(n, np.float32)
+        fns = {"copy": lambda: xp.copyto(c, a), "add": lambda: c.__iadd__(a),
+               "scale": lambda: xp.multiply(a, 0.5, out=c), "sub": lambda: xp.subtract(a, b, out=c),
+               "fill": lambda: c.fill(0)}
+        if hasattr(ops, "axpy"):
+            fns["axpy"] = lambda: ops.axpy(0.5, a, c)
+        for name, fn in fns.items():
+            recs.append(_rec(name, fn, cfg, x=n, holdout=hold))
+    if not hasattr(ops, "axpy"):
+        skipped.append("axpy")
+    return recs
+
+
+def sweep_handover(cfg):
+    """A lock round trip with a pointer swap: the O(1) critical sections of the runner."""
+    import threading
+    lock = threading.Lock()
+    box = [np.zeros(1), np.zeros(1)]
+
+    def swap():
+        with lock:
+            box[0], box[1] = box[1], box[0]
+    t, s = time_call(swap, cfg["repeats"], cfg["min_time"])
+    return [{"kind": "handover", "x": 1, "t": t, "std": s}, {"kind": "handover", "x": 2, "t": t, "std": s}]
+
+
+# -- data -------------------------------------------------------------------------
+
+def sweep_data(cfg, skipped=None):
+    """LoadImage (gather N_Subbatch samples) and DeformImage over N_Subbatch."""
+    from engine.data import Loader
+    from engine.data.dataset import Dataset
+    from engine.data.deform import DeformConfig
+    skipped = skipped if skipped is not None else []
+    recs = []
+    rng = np.random.default_rng(0)
+    for shape in ((1, 8, 8), (2, 8, 8), (3, 32, 32)):
+        ds = Dataset(rng.integers(0, 256, (2048,) + shape, dtype=np.uint8), rng.integers(0, 3, 2048), 3)
+        dc = DeformConfig(crop_pad=2, flip=True, mean=(0.5,) * shape[0], std=(0.25,) * shape[0],
+                          out_hw=shape[1:])
+        for i, n in enumerate(cfg["data_batches"]):
+            hold = i % 4 == 3
+            loader = Loader(ds, n, prefetch=0, deform=dc)
+            idx = rng.permutation(len(ds))[:n]
+            px = n * int(np.prod(shape))
+            recs.append(_rec("load", lambda: loader.load(idx), cfg, x=px, holdout=hold))
+            x, y = loader.load(idx)
+            r = np.random.default_rng(1)
+            try:
+                recs.append(_rec("deform", lambda: loader.deform(x, y, r), cfg, x=px, holdout=hold))
+            except (AttributeError, ImportError):
+                if "deform" not in skipped:
+                    skipped.append("deform")
+    return recs
+
+
+# -- whole steps: what the kernels do not explain ----------------------------------
+
+def sweep_net_steps(cfg, skipped=None):
+    """Net.loss_and_grad of the presets: the framework overhead fit and a check."""
+    from engine.net import Net
+    recs = []
+    for name in cfg["nets"]:
+        sp = spec_mod.get_spec(name)
+        try:
+            net = Net(sp, seed=0)
+        except Exception as e:  # kernels still missing
+            (skipped if skipped is not None else []).append(f"net {name}: {type(e).__name__}")
+            continue
+        for i, n in enumerate(cfg["net_batches"]):
+            x = _rand((n,) + sp.input_shape, 9)
+            y = _xp().asarray(np.random.default_rng(0).integers(0, sp.n_classes, n))
+            try:
+                recs.append(_rec("net_step", lambda: net.loss_and_grad(x, y), cfg, model=name,
+                                 n_subbatch=n, holdout=i % 3 == 2))
+            except Exception as e:
+                (skipped if skipped is not None else []).append(f"net {name}: {type(e).__name__}: {e}")
+                break
+    return recs
+
+
+# -- allreduce under mpiexec ---------------------------------------------------
+
+def _allreduce_child(sizes, repeats, min_time):
+    from engine.parallel import comm as comm_mod
+    comm = comm_mod.get_comm()
+    out = []
+    for n in sizes:
+        buf = np.ones(n, np.float32)
+        comm.barrier()
+        # All ranks must run the same number of calls: agree on one count.
+        comm.allreduce_(buf)
+        t0 = time.perf_counter()
+        comm.allreduce_(buf)
+        one = comm.allreduce_scalars([time.perf_counter() - t0], op="max")[0]
+        inner = max(1, int(math.ceil(min_time / max(one, 1e-7))))
+        samples = []
+        for _ in range(repeats):
+            comm.barrier()
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                comm.allreduce_(buf)
+            samples.append((time.perf_counter() - t0) / inner)
+        # The slowest rank's time is the collective's time.
+        med = comm.allreduce_scalars([float(np.median(samples))], op="max")[0]
+        out.append({"kind": "allreduce", "n_node": comm.size, "n_param": n, "t": med,
+                    "std": float(np.std(samples))})
+    if comm.rank == 0:
+        print("SPRINT_SWEEP_JSON " + json.dumps(out), flush=True)
+
+
+def sweep_allreduce(cfg, ranks=None, timeout=300):
+    """Allreduce over message size x rank count, one mpiexec job per rank count."""
+    recs = []
+    sizes = [2 ** e for e in cfg["allreduce_exp"]]
+    for i, r in enumerate(ranks or cfg["ranks"]):
+        cmd = ["mpiexec", "-n", str(r), sys.executable, "-m", "mpi4py", "-m", "engine.perf.sweep",
+               "--allreduce-child", json.dumps(sizes), "--repeats", str(cfg["repeats"]),
+               "--min-time", str(cfg["min_time"])]
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env)
+        line = [ln for ln in res.stdout.splitlines() if ln.startswith("SPRINT_SWEEP_JSON ")]
+        if res.returncode or not line:
+            raise RuntimeError(f"allreduce sweep with {r} ranks failed (rc {res.returncode}): "
+                               f"{res.stderr.strip()[-800:]}")
+        got = json.loads(line[0].split(" ", 1)[1])
+        for j, rec in enumerate(got):
+            rec["holdout"] = (i + j) % 4 == 3
+        recs += got
+    return recs
+
+
+# -- everything -----------------------------------------------------------------
+
+def run_all(quick=True, threads=None, allreduce=True, progress=False, log=print) -> dict:
+    """All sweeps; returns {"records", "skipped", "meta"}."""
+    cfg = mode_config(quick)
+    applied = []
+    if threads:
+        from engine.parallel.threads import limit_this_thread
+        applied = limit_this_thread(int(threads))
+    skipped = []
+    from engine import backend
+    be = backend.get_backend()
+    recs = []
+    t0 = time.perf_counter()
+    steps = [("sgemm", lambda: sweep_sgemm(cfg, extra_shapes=net_gemm_shapes(batches=cfg["net_batches"]))),
+             ("layers", lambda: sweep_layers(cfg, skipped)), ("fc+softmax", lambda: sweep_fc_softmax(cfg, skipped)),
+             ("vectors", lambda: sweep_vectors(cfg, skipped)), ("handover", lambda: sweep_handover(cfg)),
+             ("data", lambda: sweep_data(cfg, skipped)), ("net steps", lambda: sweep_net_steps(cfg, skipped))]
+    if allreduce:
+        steps.append(("allreduce", lambda: sweep_allreduce(cfg)))
+    for name, fn in steps:
+        t1 = time.perf_counter()
+        try:
+            got = fn()
+        except Exception as e:
+            skipped.append(f"{name}: {type(e).__name__}: {e}")
+            got = []
+        recs += got
+        if log:
+            log(f"sweep {name}: {len(got)} points in {time.perf_counter() - t1:.1f} s")
+    meta = {"quick": quick, "threads": threads, "threads_applied": applied, "backend": be.name,
+            "seconds": time.perf_counter() - t0, "repeats": cfg["repeats"], "min_time": cfg["min_time"]}
+    return {"records": recs, "skipped": skipped, "meta": meta}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--allreduce-child", default=None)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--min-time", type=float, default=2e-3)
+    a = p.parse_args(argv)
+    if a.allreduce_child:
+        _allreduce_child(json.loads(a.allreduce_child), a.repeats, a.min_time)
+        return 0
+    p.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
