@@ -120,3 +120,17 @@ def check_no_alias(name_a: str, a: Any, name_b: str, b: Any) -> None:
     may_share = getattr(xp, "may_share_memory", None) or np.may_share_memory
     if may_share(a, b):
         raise ValueError(f"{name_a} and {name_b} must not overlap")
+
+
+def _data_ptr(a) -> int:
+    data = getattr(a, "data", None)
+    ptr = getattr(data, "ptr", None)  # cupy
+    return int(ptr) if ptr is not None else int(a.__array_interface__["data"][0])
+
+
+def check_same_or_disjoint(name_a: str, a: Any, name_b: str, b: Any) -> None:
+    """Allow b to be the very buffer of a (an in-place op), refuse any other
+    overlap (a shifted view would read values already written)."""
+    if a is b or (a.shape == b.shape and a.strides == b.strides and _data_ptr(a) == _data_ptr(b)):
+        return
+    check_no_alias(name_a, a, name_b, b)
