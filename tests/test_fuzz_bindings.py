@@ -272,9 +272,9 @@ import numpy as np
 from engine import _sprint_cpu as m
 rng = np.random.default_rng(7)
 for _ in range(3000):
-    B, C, H, W = rng.integers(1, 5, 4)
-    kh, kw, sh, sw = rng.integers(1, 7, 4)
-    ph, pw = rng.choice([0, 1, 2, 5, 1 << 20, 1 << 31, 1 << 33, -1], 2)
+    B, C, H, W = (int(v) for v in rng.integers(1, 5, 4))
+    kh, kw, sh, sw = (int(v) for v in rng.integers(1, 7, 4))
+    ph, pw = (int(v) for v in rng.choice([0, 1, 2, 5, 1 << 20, 1 << 31, 1 << 33, -1], 2))
     x = np.ones((B, C, H, W), np.float32)
     OH = (H + 2 * ph - kh) // sh + 1 if H + 2 * ph >= kh else 1
     OW = (W + 2 * pw - kw) // sw + 1 if W + 2 * pw >= kw else 1
