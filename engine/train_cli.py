@@ -25,7 +25,7 @@ def register(sub):
     p.add_argument("--weight-decay", type=float, default=None, help=f"default {d.weight_decay}")
     p.add_argument("--schedule", choices=["constant", "step", "cosine"], default=None,
                    help=f"learning-rate schedule (default {d.schedule})")
-    p.add_argument("--warmup", type=float, default=None, help="epochs of linear warm-up (default 0)")
+    p.add_argument("--warmup", type=float, default=None, help=f"epochs of linear warm-up (default {d.warmup})")
     p.add_argument("--seed", type=int, default=None, help="default 0")
     p.add_argument("--device", dest="sub_device", choices=["auto", "cpu", "gpu"], default=None)
     p.add_argument("--out", default=None, help="run directory (default runs/MODEL-TIMESTAMP)")
@@ -34,8 +34,9 @@ def register(sub):
                         "--epochs may extend it)")
     p.add_argument("--parallel", choices=["none", "asgd", "sync"], default=None)
     p.add_argument("--workers", type=int, default=None, help="workers per process (parallel modes)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the kernels")
-    p.add_argument("--crop-pad", type=int, default=None, help="random crop padding in pixels")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for the kernels (default: 1 for nets under 20 MFLOP per image, else all)")
+    p.add_argument("--crop-pad", type=int, default=None, help=f"random crop padding in pixels (default {d.crop_pad})")
     p.add_argument("--flip", action="store_true", default=None, help="random horizontal flips")
     p.add_argument("--scale-jitter", type=float, default=None, help="random zoom in [1-j, 1+j]")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -70,16 +71,8 @@ def _device(args):
     return args.sub_device or getattr(args, "device", None) or "auto"
 
 
-def _threads(n):
-    if n:
-        # read by OpenMP/BLAS when they start; the backend may also set them live
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[var] = str(n)
-
-
 def cmd_train(args) -> int:
     from .train import TrainConfig, resume_config, train
-    _threads(args.threads)
     given = {k: getattr(args, k) for k in _TRAIN_KEYS if getattr(args, k) is not None}
     common = dict(device=_device(args), progress=not args.no_progress, verbose=not args.quiet)
     if args.resume:

@@ -45,7 +45,8 @@ def test_learns_and_writes_the_run_directory(tmp_path):
     assert state["epoch"] == 4 and state["step"] == recs[-1]["step"]
     assert np.array_equal(state["params"], res["net"].params)
     assert np.array_equal(state["optim"]["velocity"], res["optimizer"].velocity)
-    assert state["optim"]["schedule"]["kind"] == "cosine" and state["rng"]["seed"] == 0
+    sched = state["optim"]["schedule"]
+    assert sched["kind"] == "warmup" and sched["after"]["kind"] == "cosine" and state["rng"]["seed"] == 0
     # evaluate() from the checkpoint reproduces the logged accuracy
     net, st = load_checkpoint(run)
     from engine.data import DeformConfig, load_dataset

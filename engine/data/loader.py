@@ -18,7 +18,7 @@ from .deform import DeformConfig, NO_DEFORM
 
 class Loader:
     def __init__(self, dataset, batch, shuffle=True, seed=0, deform=None, prefetch=2,
-                 drop_last=False, rank=0, world=1):
+                 drop_last=False, rank=0, world=1, threads=1):
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
         if not (isinstance(world, int) and world >= 1 and 0 <= rank < world):
@@ -35,6 +35,7 @@ class Loader:
         self.prefetch = prefetch
         self.drop_last = drop_last
         self.rank, self.world = rank, world
+        self.threads = threads   # of the prefetch thread, which runs beside the compute
         self.epoch = 0
         c, h, w = dataset.shape
         self.in_hw = (h, w)
@@ -73,7 +74,7 @@ class Loader:
         params = (self.deform_cfg.draw(rng, len(x), self.in_hw, self.out_hw) if self.deform_cfg.augments
                   else _identity(len(x), self.in_hw, self.out_hw))
         be = backend.get_backend()
-        xd = ops.deform(backend.asarray(x), backend.asarray(params), self.out_hw,
+        xd = ops.deform(backend.asarray(x, dtype=x.dtype), backend.asarray(params), self.out_hw,
                         backend.asarray(self.mean), backend.asarray(self.std))
         yd = be.xp.asarray(y)
         self.times["DeformImage"] += time.perf_counter() - t
@@ -97,6 +98,9 @@ class Loader:
 
         def produce():
             try:
+                if self.threads:
+                    from engine.parallel.threads import limit_this_thread
+                    limit_this_thread(self.threads)
                 for item in self.batches():
                     while not halt.is_set():
                         try:

@@ -1,0 +1,252 @@
+"""Full training step (forward, backward, SGD update) of the `cifar` reference
+net at batch 32 and 128, side by side with PyTorch CPU (same shapes, same
+threads) measured in the same run; peak memory of both in fresh
+subprocesses; and where the engine's step time goes.
+
+    pytest bench/test_bench_train.py --benchmark-only -s
+
+Threads: $SPRINT_BENCH_THREADS (default: all cores) for both BLAS and torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+THREADS = int(os.environ.get("SPRINT_BENCH_THREADS", os.cpu_count() or 1))
+ROOT = Path(__file__).resolve().parents[1]
+BATCHES = (32, 128)
+
+
+def _limit_threads():
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(THREADS)
+    except ImportError:  # BLAS keeps its own default (all cores)
+        pass
+
+
+def _batch(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, n)
+
+
+def engine_step_fn(n):
+    from engine.net import Net
+    from engine.optim import SGD
+    from engine import backend
+    net = Net("cifar", seed=0)
+    opt = SGD(net, lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    x, y = _batch(n)
+    x, y = backend.asarray(x), backend.get_backend().xp.asarray(y)
+
+    def step():
+        net.loss_and_grad(x, y)
+        opt.step()
+    return step
+
+
+def torch_step_fn(n):
+    import torch
+    from torch import nn
+    from engine.spec import get_spec
+    torch.set_num_threads(THREADS)
+    spec = get_spec("cifar")
+    mods, ch, side = [], spec.m0, spec.x0
+    for m, p in spec.convs:
+        mods += [nn.Conv2d(ch, m, spec.c, padding=spec.pad), nn.ReLU()]
+        if p > 1:
+            mods.append(nn.MaxPool2d(p))
+        ch, side = m, side // p
+    mods.append(nn.Flatten())
+    fin = ch * side * side
+    for j, m in enumerate(spec.fcs):
+        mods.append(nn.Linear(fin, m))
+        if j < len(spec.fcs) - 1:
+            mods.append(nn.ReLU())
+        fin = m
+    model = nn.Sequential(*mods)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    loss_fn = nn.CrossEntropyLoss()
+    xn, yn = _batch(n)
+    x, y = torch.from_numpy(xn), torch.from_numpy(yn)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss_fn(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def _median_time(step, rounds, warmup=2):
+    for _ in range(warmup):
+        step()
+    ts = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        step()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def _has_torch():
+    try:
+        import torch  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@pytest.mark.parametrize("n", BATCHES)
+def test_train_step_vs_torch(benchmark, n):
+    """images/s of one full step; PyTorch measured right before, same shapes and threads."""
+    _limit_threads()
+    rounds = 8 if n == 32 else 4
+    torch_s = _median_time(torch_step_fn(n), rounds) if _has_torch() else None
+    step = engine_step_fn(n)
+    benchmark.pedantic(step, rounds=rounds, warmup_rounds=2, iterations=1)
+    eng_s = benchmark.stats.stats.median
+    info = {"batch": n, "threads": THREADS, "engine_img_s": n / eng_s}
+    if torch_s:
+        info.update(torch_img_s=n / torch_s, ratio_vs_torch=torch_s / eng_s)
+    benchmark.extra_info.update(info)
+    print(f"\ncifar step batch {n}, {THREADS} threads: engine {n / eng_s:,.0f} img/s"
+          + (f", torch {n / torch_s:,.0f} img/s, ratio {torch_s / eng_s:.2f}x" if torch_s else ", torch absent"))
+
+
+_MEM_SCRIPT = r"""
+import json, resource, sys, tracemalloc
+sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
+which, n = sys.argv[1], int(sys.argv[2])
+import test_bench_train as B
+B._limit_threads()
+if which == "torch":
+    import torch
+else:
+    import engine.ops, engine.net
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+tracemalloc.start()
+step = (B.torch_step_fn if which == "torch" else B.engine_step_fn)(n)
+for _ in range(3):
+    step()
+peak = tracemalloc.get_traced_memory()[1]
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({{"maxrss_mib": rss / 1024, "maxrss_after_import_mib": base / 1024,
+                  "step_rss_mib": (rss - base) / 1024, "tracemalloc_peak_mib": peak / 2**20}}))
+"""
+
+
+def peak_memory(which, n):
+    code = _MEM_SCRIPT.format(root=str(ROOT), bench=str(Path(__file__).parent))
+    env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), OPENBLAS_NUM_THREADS=str(THREADS))
+    p = subprocess.run([sys.executable, "-c", code, which, str(n)], capture_output=True, text=True,
+                       env=env, timeout=600)
+    if p.returncode:
+        raise RuntimeError(p.stderr[-2000:])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("n", BATCHES)
+def test_peak_memory(benchmark, n):
+    """ru_maxrss of a fresh process doing 3 steps, over its size after imports;
+    tracemalloc sees NumPy buffers, not torch's own allocator."""
+    res = {"engine": benchmark.pedantic(peak_memory, args=("engine", n), rounds=1, iterations=1)}
+    if _has_torch():
+        res["torch"] = peak_memory("torch", n)
+    benchmark.extra_info.update({f"{k}_{m}": v for k, d in res.items() for m, v in d.items()})
+    for k, d in res.items():
+        print(f"\npeak memory batch {n} {k}: step RSS {d['step_rss_mib']:.0f} MiB "
+              f"(process {d['maxrss_mib']:.0f} MiB), tracemalloc {d['tracemalloc_peak_mib']:.0f} MiB")
+
+
+# ---- breakdown ------------------------------------------------------------------------
+# (category, module, function): wrapped with timers while real steps run.  Inner
+# functions are timed separately so their time is taken out of the outer op's.
+_TIMED = [
+    ("im2col/col2im", "engine.ops.conv", "_k_im2col"),
+    ("im2col/col2im", "engine.ops.conv", "_k_col2im"),
+    ("sgemm", "engine.ops.conv", "gemm"),
+    ("conv/fc other (bias, layout)", "engine.ops", "conv2d_forward"),
+    ("conv/fc other (bias, layout)", "engine.ops", "conv2d_backward"),
+    ("conv/fc other (bias, layout)", "engine.ops", "linear_forward"),
+    ("conv/fc other (bias, layout)", "engine.ops", "linear_backward"),
+    ("pooling", "engine.ops", "maxpool_forward"),
+    ("pooling", "engine.ops", "maxpool_backward"),
+    ("relu", "engine.ops", "relu_forward"),
+    ("relu", "engine.ops", "relu_backward"),
+    ("softmax+xent", "engine.ops", "softmax_xent"),
+    ("update (sgd_update)", "engine.ops", "sgd_update"),
+]
+
+
+class _Timers:
+    def __init__(self):
+        self.total = defaultdict(float)
+        self.stack = []
+
+    def wrap(self, cat, fn):
+        def timed(*a, **k):
+            self.stack.append(0.0)
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                dt = time.perf_counter() - t
+                inner = self.stack.pop()
+                self.total[cat] += dt - inner     # exclusive time
+                if self.stack:
+                    self.stack[-1] += dt
+        return timed
+
+
+def breakdown(n, steps=4):
+    import importlib
+    _limit_threads()
+    timers, patched = _Timers(), []
+    for cat, mod, name in _TIMED:
+        m = importlib.import_module(mod)
+        if hasattr(m, name):
+            patched.append((m, name, getattr(m, name)))
+            setattr(m, name, timers.wrap(cat, getattr(m, name)))
+    try:
+        step = engine_step_fn(n)
+        step()
+        timers.total.clear()
+        t = time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = (time.perf_counter() - t) / steps
+    finally:
+        for m, name, fn in reversed(patched):
+            setattr(m, name, fn)
+    out = {k: v / steps for k, v in timers.total.items()}
+    out["python/rest"] = wall - sum(out.values())
+    out["data (deform, loader thread)"] = _data_time(n)
+    return wall, out
+
+
+def _data_time(n, rounds=5):
+    """DeformImage of one uint8 CIFAR batch (crop 4, flip): runs in the loader
+    thread, overlapped with the step, so it is listed beside it, not in it."""
+    from engine.data import Dataset, DeformConfig, Loader
+    rng = np.random.default_rng(0)
+    ds = Dataset(rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8), np.zeros(n), 10)
+    ld = Loader(ds, n, deform=DeformConfig(crop_pad=4, flip=True).with_stats(ds), prefetch=0)
+    return _median_time(lambda: next(iter(ld.batches())), rounds, warmup=1)
+
+
+@pytest.mark.parametrize("n", BATCHES)
+def test_step_breakdown(benchmark, n):
+    wall, parts = benchmark.pedantic(breakdown, args=(n,), rounds=1, iterations=1)
+    benchmark.extra_info.update({"step_ms": 1e3 * wall, **{f"{k}_ms": 1e3 * v for k, v in parts.items()}})
+    print(f"\nwhere the time goes, cifar batch {n} ({1e3 * wall:.1f} ms/step, {THREADS} threads):")
+    for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:32s} {1e3 * v:8.2f} ms  {100 * v / wall:5.1f} %")
