@@ -124,10 +124,59 @@ BAD = [
 ]
 
 
+def _emulated_gpu():
+    """A backend that takes the GPU (RawModule) code path of the ops with NumPy
+    arrays, the kernels emulated in NumPy: runs the Python-side validation and
+    the launch arguments (sum_into's 8-buffer passes) without a GPU."""
+    from engine import backend
+
+    def launch(kernel, args, n=None, grid=None, block=256):
+        if kernel == "sprint_sum_into_f32":
+            out, bufs, k = args[0], args[1:9], args[9]
+            assert args[10] == n == out.size and 1 <= k <= 8
+            acc = np.zeros_like(out)
+            for b in bufs[:k]:
+                acc += b
+            out[...] = acc
+        elif kernel == "sprint_axpy_f32":
+            y, x, alpha, _ = args
+            y += np.float32(alpha) * x
+        else:
+            raise AssertionError(f"unexpected kernel {kernel}")
+
+    be = backend.Backend("gpu", np, None, "rawmodule")
+    be.raw_launch = launch
+    return be
+
+
+@pytest.mark.parametrize("path", ["cpp", "gpu-python-checks"])
 @pytest.mark.parametrize("call,exc,name", BAD)
-def test_bad_input_names_the_argument(call, exc, name):
-    with pytest.raises(exc, match=name):
-        call()
+def test_bad_input_names_the_argument(call, exc, name, path):
+    with using(cpu() if path == "cpp" else _emulated_gpu()):
+        with pytest.raises(exc, match=name):
+            call()
+
+
+def test_gpu_code_path_sums_in_passes_of_eight_left_to_right():
+    bufs = [_vec(1001, s) * 10 ** (s % 4) for s in range(19)]
+    want = bufs[0].copy()
+    for b in bufs[1:]:
+        want = want + b
+    with using(_emulated_gpu()):
+        out = poison(1001)
+        ops.sum_into(out, bufs)
+        assert np.array_equal(out, want)
+        ops.sum_into(bufs[0], bufs)  # accumulate into bufs[0]
+        assert np.array_equal(bufs[0], want)
+        y = _vec(1001, 1)
+        want = y + np.float32(2) * bufs[1]
+        ops.axpy(2.0, bufs[1], y)
+        assert np.array_equal(y, want)
+        a = np.zeros(16, np.float32)
+        with pytest.raises(ValueError, match="overlap"):
+            ops.axpy(1.0, a[:8], a[4:12])
+        with pytest.raises(ValueError, match="overlap"):
+            ops.sum_into(a[:8], [_f(), a[:8]])
 
 
 def test_aliasing_is_refused_except_accumulating_into_bufs0():

@@ -2,7 +2,11 @@
 SPRINT's updater (SumGradient, AddMomentum, UpdateWeights) on the flat
 parameter vector (kernels/vector.cu, CPU twin csrc/vector.cpp). Every buffer
 is 1-D float32 C-contiguous, all of the same length; scalars must be finite.
-Each op returns the buffer it updated."""
+Each op returns the buffer it updated.
+
+On the CPU the arrays are validated by the C++ binding itself (same rules,
+errors naming the argument): these ops run on every update of SPRINT's
+updater, and the Python checks would cost 4x the kernel on small vectors."""
 from __future__ import annotations
 
 import numpy as np
@@ -43,12 +47,13 @@ def axpy(alpha, x, y):
     """y += alpha * x."""
     be = get_backend()
     alpha = _scalar("alpha", alpha)
+    if be.kernels == "cpp":
+        be.ext.axpy(alpha, x, y)
+        return y
     n = _flat("x", x).shape[0]
     _flat("y", y, n, writable=True)
     _disjoint(("x", x), ("y", y))
-    if be.kernels == "cpp":
-        be.ext.axpy(alpha, x, y)
-    elif be.kernels == "compiled":
+    if be.kernels == "compiled":
         be.ext.axpy(alpha, be.ptr(x), be.ptr(y), n, stream=be.stream_ptr())
     elif n:
         be.raw_launch("sprint_axpy_f32", (y, x, alpha, n), n=n)
@@ -59,10 +64,11 @@ def scale(alpha, x):
     """x *= alpha."""
     be = get_backend()
     alpha = _scalar("alpha", alpha)
-    n = _flat("x", x, writable=True).shape[0]
     if be.kernels == "cpp":
         be.ext.scale(alpha, x)
-    elif be.kernels == "compiled":
+        return x
+    n = _flat("x", x, writable=True).shape[0]
+    if be.kernels == "compiled":
         be.ext.scale(alpha, be.ptr(x), n, stream=be.stream_ptr())
     elif n:
         be.raw_launch("sprint_scale_f32", (x, alpha, n), n=n)
@@ -73,19 +79,19 @@ def sum_into(out, bufs):
     """out = bufs[0] + bufs[1] + ..., summed left to right (deterministic).
     out may be bufs[0] itself (accumulate in place); no other overlap."""
     be = get_backend()
-    n = _flat("out", out, writable=True).shape[0]
-    if isinstance(bufs, (str, bytes)) or not hasattr(bufs, "__len__"):
+    if not isinstance(bufs, (list, tuple)):
         raise TypeError(f"bufs must be a list or tuple of arrays, got {type(bufs).__name__}")
-    bufs = list(bufs)
+    if be.kernels == "cpp":
+        be.ext.sum_into(out, bufs)
+        return out
+    n = _flat("out", out, writable=True).shape[0]
     if not bufs:
         raise ValueError("bufs must hold at least one buffer")
     for i, b in enumerate(bufs):
         _flat(f"bufs[{i}]", b, n)
         if i > 0 or b is not out:
             check_no_alias("out", out, f"bufs[{i}]", b)
-    if be.kernels == "cpp":
-        be.ext.sum_into(out, bufs)
-    elif be.kernels == "compiled":
+    if be.kernels == "compiled":
         be.ext.sum_into(be.ptr(out), [be.ptr(b) for b in bufs], n, stream=be.stream_ptr())
     elif n:
         _sum_into_raw(be, out, bufs, n)
@@ -110,13 +116,14 @@ def momentum_step(w, delta, upd, nu):
     """delta = nu * delta + upd; w += delta   (SPRINT's AddMomentum + UpdateWeights)."""
     be = get_backend()
     nu = _scalar("nu", nu)
+    if be.kernels == "cpp":
+        be.ext.momentum_step(w, delta, upd, nu)
+        return w
     n = _flat("w", w, writable=True).shape[0]
     _flat("delta", delta, n, writable=True)
     _flat("upd", upd, n)
     _disjoint(("w", w), ("delta", delta), ("upd", upd))
-    if be.kernels == "cpp":
-        be.ext.momentum_step(w, delta, upd, nu)
-    elif be.kernels == "compiled":
+    if be.kernels == "compiled":
         be.ext.momentum_step(be.ptr(w), be.ptr(delta), be.ptr(upd), nu, n, stream=be.stream_ptr())
     elif n:
         be.raw_launch("sprint_momentum_step_f32", (w, delta, upd, nu, n), n=n)
@@ -129,13 +136,14 @@ def sgd_update(w, v, g, lr, momentum, weight_decay):
     lr = _scalar("lr", lr)
     momentum = _scalar("momentum", momentum)
     weight_decay = _scalar("weight_decay", weight_decay)
+    if be.kernels == "cpp":
+        be.ext.sgd_update(w, v, g, lr, momentum, weight_decay)
+        return w
     n = _flat("w", w, writable=True).shape[0]
     _flat("v", v, n, writable=True)
     _flat("g", g, n)
     _disjoint(("w", w), ("v", v), ("g", g))
-    if be.kernels == "cpp":
-        be.ext.sgd_update(w, v, g, lr, momentum, weight_decay)
-    elif be.kernels == "compiled":
+    if be.kernels == "compiled":
         be.ext.sgd_update(be.ptr(w), be.ptr(v), be.ptr(g), lr, momentum, weight_decay, n,
                           stream=be.stream_ptr())
     elif n:
