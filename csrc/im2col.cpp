@@ -21,67 +21,79 @@ inline void valid_range(i64 W, i64 OW, i64 s, i64 p, i64 j, i64& lo, i64& hi) {
 
 }  // namespace
 
+// Threads only pay off above this many floats moved: below it the fork/join
+// (and, on a busy machine, waking a descheduled worker) costs more than the copy.
+constexpr i64 kParallelMin = i64(1) << 16;
+
+// Each task is one (n, c) input plane: it is read kh*kw times from cache and
+// written to kh*kw rows of cols at column offset n*P.
 void im2col(const float* x, float* cols, const ConvGeom& g) {
-    const i64 K = g.K(), P = g.P(), BP = g.B * P, HW = g.H * g.W;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (i64 k = 0; k < K; ++k) {
-        for (i64 n = 0; n < g.B; ++n) {
-            const i64 j = k % g.kw, i = (k / g.kw) % g.kh, c = k / (g.kw * g.kh);
-            const float* plane = x + (n * g.C + c) * HW;
-            float* dst = cols + k * BP + n * P;
-            i64 lo, hi;
-            valid_range(g.W, g.OW, g.sw, g.pw, j, lo, hi);
-            for (i64 oh = 0; oh < g.OH; ++oh, dst += g.OW) {
-                const i64 h = oh * g.sh - g.ph + i;
-                if (h < 0 || h >= g.H || lo == hi) {
-                    std::memset(dst, 0, sizeof(float) * g.OW);
-                    continue;
+    const i64 P = g.P(), BP = g.B * P, HW = g.H * g.W;
+    const i64 planes = g.B * g.C;
+#pragma omp parallel for schedule(static) if (planes * g.kh * g.kw * P > kParallelMin)
+    for (i64 t = 0; t < planes; ++t) {
+        const i64 n = t / g.C, c = t % g.C;
+        const float* plane = x + t * HW;
+        for (i64 i = 0; i < g.kh; ++i) {
+            for (i64 j = 0; j < g.kw; ++j) {
+                float* dst = cols + ((c * g.kh + i) * g.kw + j) * BP + n * P;
+                i64 lo, hi;
+                valid_range(g.W, g.OW, g.sw, g.pw, j, lo, hi);
+                for (i64 oh = 0; oh < g.OH; ++oh, dst += g.OW) {
+                    const i64 h = oh * g.sh - g.ph + i;
+                    if (h < 0 || h >= g.H || lo == hi) {
+                        for (i64 q = 0; q < g.OW; ++q) dst[q] = 0.0f;
+                        continue;
+                    }
+                    // src[q] is input column (lo+q)*sw - pw + j
+                    const float* src = plane + h * g.W + lo * g.sw - g.pw + j;
+                    for (i64 q = 0; q < lo; ++q) dst[q] = 0.0f;
+                    float* d = dst + lo;
+                    const i64 len = hi - lo;
+                    if (g.sw == 1) {
+#pragma omp simd
+                        for (i64 q = 0; q < len; ++q) d[q] = src[q];
+                    } else {
+                        for (i64 q = 0; q < len; ++q) d[q] = src[q * g.sw];
+                    }
+                    for (i64 q = hi; q < g.OW; ++q) dst[q] = 0.0f;
                 }
-                // src[q] is input column (lo+q)*sw - pw + j
-                const float* src = plane + h * g.W + lo * g.sw - g.pw + j;
-                if (lo) std::memset(dst, 0, sizeof(float) * lo);
-                if (g.sw == 1) {
-                    std::memcpy(dst + lo, src, sizeof(float) * (hi - lo));
-                } else {
-                    for (i64 q = 0; q < hi - lo; ++q) dst[lo + q] = src[q * g.sw];
-                }
-                if (hi < g.OW) std::memset(dst + hi, 0, sizeof(float) * (g.OW - hi));
             }
         }
     }
 }
 
+// The adjoint of im2col, computed by the owner of each (n, c) plane: the
+// plane is zeroed, then every cols entry that im2col copied from it is added
+// back, in (i, j, oh, ow) order. Each pixel thus sums its contributions in a
+// fixed order (kernel row, then column) with no atomics and no sharing between
+// threads: deterministic whatever the thread count. cols rows are streamed
+// sequentially while the plane stays in cache.
 void col2im(const float* cols, float* x, const ConvGeom& g) {
-    const i64 P = g.P(), BP = g.B * P;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (i64 n = 0; n < g.B; ++n) {
-        for (i64 c = 0; c < g.C; ++c) {
-            float* plane = x + (n * g.C + c) * g.H * g.W;
-            for (i64 h = 0; h < g.H; ++h) {
-                float* dst = plane + h * g.W;
-                std::memset(dst, 0, sizeof(float) * g.W);
-                // Contributions to row h come from kernel rows i with
-                // h = oh*sh - ph + i for some output row oh.
-                for (i64 i = 0; i < g.kh; ++i) {
-                    const i64 t = h + g.ph - i;
-                    if (t < 0) break;
-                    if (t % g.sh) continue;
-                    const i64 oh = t / g.sh;
-                    if (oh >= g.OH) continue;
-                    for (i64 j = 0; j < g.kw; ++j) {
-                        const float* src = cols + ((c * g.kh + i) * g.kw + j) * BP + n * P + oh * g.OW;
-                        i64 lo, hi;
-                        valid_range(g.W, g.OW, g.sw, g.pw, j, lo, hi);
-                        if (lo == hi) continue;
-                        float* d = dst + lo * g.sw - g.pw + j;  // d[q*sw] is input column (lo+q)*sw-pw+j
-                        const float* s = src + lo;
-                        const i64 len = hi - lo;
-                        if (g.sw == 1) {
+    const i64 P = g.P(), BP = g.B * P, HW = g.H * g.W;
+    const i64 planes = g.B * g.C;
+#pragma omp parallel for schedule(static) if (planes * g.kh * g.kw * P > kParallelMin)
+    for (i64 t = 0; t < planes; ++t) {
+        const i64 n = t / g.C, c = t % g.C;
+        float* plane = x + t * HW;
+        std::memset(plane, 0, sizeof(float) * HW);
+        for (i64 i = 0; i < g.kh; ++i) {
+            for (i64 j = 0; j < g.kw; ++j) {
+                const float* src = cols + ((c * g.kh + i) * g.kw + j) * BP + n * P;
+                i64 lo, hi;
+                valid_range(g.W, g.OW, g.sw, g.pw, j, lo, hi);
+                const i64 len = hi - lo;
+                if (len == 0) continue;
+                for (i64 oh = 0; oh < g.OH; ++oh) {
+                    const i64 h = oh * g.sh - g.ph + i;
+                    if (h < 0 || h >= g.H) continue;
+                    float* d = plane + h * g.W + lo * g.sw - g.pw + j;  // d[q*sw] is column (lo+q)*sw-pw+j
+                    const float* s = src + oh * g.OW + lo;
+                    if (g.sw == 1) {
 #pragma omp simd
-                            for (i64 q = 0; q < len; ++q) d[q] += s[q];
-                        } else {
-                            for (i64 q = 0; q < len; ++q) d[q * g.sw] += s[q];
-                        }
+                        for (i64 q = 0; q < len; ++q) d[q] += s[q];
+                    } else {
+                        for (i64 q = 0; q < len; ++q) d[q * g.sw] += s[q];
                     }
                 }
             }
@@ -90,7 +102,7 @@ void col2im(const float* cols, float* x, const ConvGeom& g) {
 }
 
 void cnhw_to_nchw(const float* yt, const float* bias, float* y, i64 B, i64 M, i64 P) {
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * M * P > kParallelMin)
     for (i64 n = 0; n < B; ++n) {
         for (i64 m = 0; m < M; ++m) {
             const float* src = yt + m * B * P + n * P;
@@ -114,7 +126,7 @@ inline float row_sum(const float* r, i64 P) {
 }  // namespace
 
 void nchw_to_cnhw(const float* y, float* out, float* db, bool accumulate, i64 B, i64 M, i64 P) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * M * P > kParallelMin)
     for (i64 m = 0; m < M; ++m) {
         double s = 0.0;
         for (i64 n = 0; n < B; ++n) {
@@ -127,7 +139,7 @@ void nchw_to_cnhw(const float* y, float* out, float* db, bool accumulate, i64 B,
 }
 
 void channel_sum(const float* y, float* db, bool accumulate, i64 B, i64 M, i64 P) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * M * P > kParallelMin)
     for (i64 m = 0; m < M; ++m) {
         double s = 0.0;
         for (i64 n = 0; n < B; ++n) s += row_sum(y + (n * M + m) * P, P);
@@ -136,7 +148,7 @@ void channel_sum(const float* y, float* db, bool accumulate, i64 B, i64 M, i64 P
 }
 
 void add_channel_bias(float* y, const float* bias, i64 B, i64 M, i64 P) {
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * M * P > kParallelMin)
     for (i64 n = 0; n < B; ++n) {
         for (i64 m = 0; m < M; ++m) {
             float* r = y + (n * M + m) * P;

@@ -271,7 +271,7 @@ def test_fuzz_valid_geometry_im2col_family():
 import numpy as np
 from engine import _sprint_cpu as m
 rng = np.random.default_rng(7)
-for _ in range(3000):
+for _ in range(1500):
     B, C, H, W = (int(v) for v in rng.integers(1, 5, 4))
     kh, kw, sh, sw = (int(v) for v in rng.integers(1, 7, 4))
     ph, pw = (int(v) for v in rng.choice([0, 1, 2, 5, 1 << 20, 1 << 31, 1 << 33, -1], 2))
@@ -279,7 +279,7 @@ for _ in range(3000):
     OH = (H + 2 * ph - kh) // sh + 1 if H + 2 * ph >= kh else 1
     OW = (W + 2 * pw - kw) // sw + 1 if W + 2 * pw >= kw else 1
     K = C * kh * kw
-    if B * K * OH * OW > 1 << 22:
+    if B * K * OH * OW > 1 << 16:
         continue
     cols = np.zeros((K, B * OH * OW), np.float32)
     for f, a, b in ((m.im2col, x, cols), (m.col2im, cols, x)):

@@ -1,0 +1,106 @@
+"""Shared benchmark helpers. Ratios are measured in the same run: the
+candidates are timed round-robin (interleaved), so a change in machine load
+hits all of them alike, and medians are compared.
+
+Run: pytest bench/ --benchmark-only  (results JSON in bench/results/)."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+RESULTS = Path(__file__).resolve().parent / "results"
+_SUMMARY: list[str] = []
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU and CuPy (skipped with the reason otherwise)")
+    config.addinivalue_line("markers", "mpi: starts MPI processes (mpiexec)")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [it for it in items if it.get_closest_marker("gpu")]
+    if gpu_items:
+        from engine.backend import _gpu_unavailable_reason
+        reason = _gpu_unavailable_reason()
+        if reason:
+            for it in gpu_items:
+                it.add_marker(pytest.mark.skip(reason=f"no GPU: {reason}"))
+
+
+def interleaved(fns: dict[str, Callable[[], object]], reps: int = 7, warmup: int = 1,
+                sync: Callable[[], object] | None = None) -> dict[str, float]:
+    """Median seconds of each fn, timed round-robin. sync() (e.g. a device
+    synchronize) is called before reading the clock."""
+    for f in fns.values():
+        for _ in range(warmup):
+            f()
+    if sync:
+        sync()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            if sync:
+                sync()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def adaptive_median(f: Callable[[], object], min_time: float = 0.05, min_reps: int = 3,
+                    max_reps: int = 50, sync: Callable[[], object] | None = None) -> float:
+    """Median of repeated timings: at least min_reps and about min_time in all."""
+    f()
+    if sync:
+        sync()
+    ts: list[float] = []
+    while len(ts) < min_reps or (sum(ts) < min_time and len(ts) < max_reps):
+        t0 = time.perf_counter()
+        f()
+        if sync:
+            sync()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def save_json(name: str, payload) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def machine_info() -> dict:
+    import platform
+
+    import numpy as np
+    info = {"machine": platform.node(), "cpu_count": os.cpu_count(), "numpy": np.__version__,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    try:
+        from engine import _sprint_cpu
+        info["omp_threads"] = _sprint_cpu.get_num_threads()
+    except ImportError:
+        pass
+    return info
+
+
+@pytest.fixture
+def summary():
+    """summary(line): printed in the terminal summary at the end of the run."""
+    return _SUMMARY.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SUMMARY:
+        terminalreporter.section("SPRINT kernel benchmarks (ratios measured in the same run)")
+        for line in _SUMMARY:
+            terminalreporter.write_line(line)
