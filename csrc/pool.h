@@ -39,8 +39,8 @@ inline const char* pool_geom_make(int64_t planes, int64_t H, int64_t W, int64_t 
 namespace cpu {
 
 void maxpool_fwd_f32(const float* x, float* y, int32_t* argmax, const PoolGeom& g);
-// Gather: dx[p, i] = sum of dy[p, o] over windows o whose argmax is i, in
-// ascending o (the order of the CUDA kernel: bit-identical results).
+// dx[p, i] = sum of dy[p, o] over windows o whose argmax is i, in ascending o
+// (the order of the CUDA kernel's gather: bit-identical results).
 void maxpool_bwd_f32(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g);
 
 }  // namespace cpu

@@ -73,6 +73,18 @@ def test_forward_and_backward_match_reference(g, seed):
     assert_close(dx, ref_pool_backward(dy, am_ref, shape), tol=1e-6, what="dx")
 
 
+def test_backward_sums_in_ascending_output_order_bit_for_bit():
+    """The CPU scatter and the CUDA gather both add each pixel's dy in
+    ascending output order from 0: float32 np.add.at (sequential) does too."""
+    x = np.random.default_rng(2).integers(0, 3, (2, 3, 9, 10)).astype(np.float32)  # many ties
+    y, am = ops.maxpool_forward(x, 3, 1, 1)
+    dy = (np.random.default_rng(3).standard_normal(y.shape) * 10 ** np.arange(y.shape[-1])).astype(np.float32)
+    want = np.zeros((6, 90), np.float32)
+    for p in range(6):
+        np.add.at(want[p], am.reshape(6, -1)[p], dy.reshape(6, -1)[p])
+    assert np.array_equal(ops.maxpool_backward(dy, am, x.shape, 3, 1, 1), want.reshape(x.shape))
+
+
 def test_ties_pick_the_first_maximum_and_nan_propagates():
     x = np.zeros((1, 1, 2, 4), np.float32)
     x[0, 0, 1, 2] = np.nan
