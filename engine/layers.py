@@ -4,7 +4,8 @@ A layer owns no parameters: it reads W and b as views of the network's flat
 parameter vector and its backward writes dW and db straight into views of the
 flat gradient vector (the ``dw_out``/``db_out`` arguments of the ops), so
 the optimizer, the ASGD buffers and the allreduce only ever see two vectors.
-No arithmetic happens here -- every number is computed by an op.
+No arithmetic happens here -- every number is computed by an op.  ReLU runs
+in place on buffers the layer owns; ``backward`` may overwrite its ``dy``.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class Conv:
             y, argmax = ops.maxpool_forward(y, self.pool)
         else:
             conv_shape = None
-        y = ops.relu_forward(y)
+        y = ops.relu_forward(y, out=y)   # y is ours: in place saves a buffer
         self._cache = (x, w, y, argmax, conv_shape) if train else None
         return y
 
@@ -45,7 +46,7 @@ class Conv:
             raise RuntimeError(f"{self.name}: backward() needs a forward(train=True) first")
         x, w, y, argmax, conv_shape = self._cache
         ops = self.ops
-        d = ops.relu_backward(y, dy)
+        d = ops.relu_backward(y, dy, out=dy)   # dy comes from the layer above: ours
         if self.pool > 1:
             d = ops.maxpool_backward(d, argmax, conv_shape, self.pool)
         dx, _, _ = ops.conv2d_backward(x, w, d, stride=1, pad=self.pad,
@@ -70,7 +71,7 @@ class FC:
         x2 = x.reshape(x.shape[0], -1)
         y = self.ops.linear_forward(x2, w, b)
         if self.relu:
-            y = self.ops.relu_forward(y)
+            y = self.ops.relu_forward(y, out=y)
         self._cache = (x, x2, w, y) if train else None
         return y
 
@@ -79,7 +80,7 @@ class FC:
             raise RuntimeError(f"{self.name}: backward() needs a forward(train=True) first")
         x, x2, w, y = self._cache
         if self.relu:
-            dy = self.ops.relu_backward(y, dy)
+            dy = self.ops.relu_backward(y, dy, out=dy)
         dx, _, _ = self.ops.linear_backward(x2, w, dy, dw_out=dw_out, db_out=db_out,
                                             need_dx=need_dx)
         self._cache = None

@@ -48,7 +48,7 @@ def test_conv_layer_forward_backward(n, cin, m, side, c, pool, seed):
 
     dy = rng.standard_normal(y.shape).astype(np.float32)
     flat, (dw, db) = _flat_views([g.w_shape, g.b_shape])
-    dx = layer.backward(dy, dw, db, need_dx=True)
+    dx = layer.backward(dy.copy(), dw, db, need_dx=True)   # backward may overwrite dy
     assert np.isfinite(flat).all(), "dW/db views not fully written"
     # reference backward through SPEC's order (ReLU before pool)
     conv = R.conv2d_forward(x64, w64, b64, 1, (c - 1) // 2)
@@ -80,7 +80,7 @@ def test_fc_layer_flattens_nchw_and_writes_views(relu):
     np.testing.assert_allclose(y, np.maximum(pre, 0) if relu else pre, rtol=1e-5, atol=1e-5)
     dy = rng.standard_normal(y.shape).astype(np.float32)
     flat, (dw, db) = _flat_views([g.w_shape, g.b_shape])
-    dx = layer.backward(dy, dw, db)
+    dx = layer.backward(dy.copy(), dw, db)
     d = np.where(pre > 0, dy, 0) if relu else dy.astype(np.float64)
     assert np.isfinite(flat).all()
     np.testing.assert_allclose(dw, d.T @ x.reshape(6, -1), rtol=1e-4, atol=1e-4)
