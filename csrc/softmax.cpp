@@ -5,6 +5,7 @@
 namespace sprint {
 namespace cpu {
 
+
 template <typename L>
 double softmax_xent_f32(const float* logits, const L* labels, float* probs, float* dlogits,
                         float* row_loss, int64_t N, int K, float inv_n) {
@@ -15,7 +16,8 @@ double softmax_xent_f32(const float* logits, const L* labels, float* probs, floa
         float* p = probs + r * K;
         float* d = dlogits + r * K;
         float m = -3.402823466e38f;
-        for (int j = 0; j < K; ++j) m = std::fmax(m, x[j]);
+#pragma omp simd reduction(max : m)
+        for (int j = 0; j < K; ++j) m = x[j] > m ? x[j] : m;  // NaN skipped, like fmaxf
         float s = 0.0f;
         for (int j = 0; j < K; ++j) {  // max subtracted: exp() stays in [0, 1]
             const float e = std::exp(x[j] - m);
@@ -28,8 +30,9 @@ double softmax_xent_f32(const float* logits, const L* labels, float* probs, floa
         for (int j = 0; j < K; ++j) {
             const float pj = p[j] * inv_s;
             p[j] = pj;
-            d[j] = (pj - (j == lab ? 1.0f : 0.0f)) * inv_n;
+            d[j] = pj * inv_n;
         }
+        d[lab] = (p[lab] - 1.0f) * inv_n;
         const float loss = std::log(s) - (x[lab] - m);
         row_loss[r] = loss;
         total += loss;
