@@ -1,6 +1,7 @@
 #include "deform.h"
 
 #include <cmath>
+#include <vector>
 
 namespace sprint {
 namespace cpu {
@@ -8,17 +9,30 @@ namespace cpu {
 namespace {
 
 template <typename T>
-inline float px(const T* plane, int H, int W, int y, int x) {
-    return (y >= 0 && y < H && x >= 0 && x < W) ? float(plane[int64_t(y) * W + x]) : 0.0f;
-}
-
-template <typename T>
 constexpr float in_div() { return 1.0f; }
 template <>
 constexpr float in_div<uint8_t>() { return 255.0f; }
 
+// Bilinear taps along one axis for sample coordinate s in [0, L): the two
+// neighbours (clamped into range) and their weights, zero for a neighbour
+// outside the image (so "zero outside" needs no branch in the pixel loop).
+struct Tap {
+    int a, b;
+    float wa, wb;
+};
+
+inline Tap tap(float s, int L) {
+    const float f0 = std::floor(s), t = s - f0;
+    if (!(f0 > -2.0f && f0 < float(L))) return Tap{0, 0, 0.0f, 0.0f};  // far outside (or NaN)
+    const int i0 = int(f0), i1 = i0 + 1;
+    return Tap{i0 < 0 ? 0 : i0, i1 >= L ? L - 1 : i1, i0 >= 0 ? 1.0f - t : 0.0f, i1 < L ? t : 0.0f};
+}
+
 }  // namespace
 
+// Per plane: the row taps and column taps are computed once (the sample
+// coordinates are separable), then each pixel is four loads and a blend. Same
+// mapping and formula as the CUDA kernel, blended as rows of columns.
 template <typename T>
 void deform(const T* x, const float* params, const float* mean, const float* stdv, float* out,
             const DeformGeom& g) {
@@ -26,35 +40,32 @@ void deform(const T* x, const float* params, const float* mean, const float* std
     const float cy = 0.5f * (H - 1), cx = 0.5f * (W - 1);
     const float ocy = 0.5f * (OH - 1), ocx = 0.5f * (OW - 1);
     const float div = in_div<T>();
-    const int64_t rows = g.N * C * OH;
-#pragma omp parallel for schedule(static) if (rows * OW >= 16384)
-    for (int64_t row = 0; row < rows; ++row) {
-        const int64_t plane = row / OH;
-        const int i = int(row - plane * OH);
+    const int64_t planes = g.N * C;
+#pragma omp parallel for schedule(static) if (planes * OH * OW >= 16384)
+    for (int64_t plane = 0; plane < planes; ++plane) {
         const int64_t n = plane / C;
         const int c = int(plane - n * C);
         const float* prm = params + 4 * n;
         const float scale = prm[0];
-        const bool flip = prm[3] > 0.5f;
-        const float sy = cy + (float(i) - ocy) / scale + prm[1];
-        const float fy0 = std::floor(sy), ty = sy - fy0;
-        const T* pl = x + plane * H * W;
-        float* o = out + row * OW;
-        const float mc = mean[c], sc = stdv[c];
+        std::vector<Tap> cols(OW);
         for (int j = 0; j < OW; ++j) {
             float sx = cx + (float(j) - ocx) / scale + prm[2];
-            if (flip) sx = float(W - 1) - sx;
-            const float fx0 = std::floor(sx), tx = sx - fx0;
-            float v = 0.0f;
-            // far outside would overflow int: zero anyway
-            if (fy0 > -2.0f && fy0 < float(H) && fx0 > -2.0f && fx0 < float(W)) {
-                const int y0 = int(fy0), x0 = int(fx0);
-                v = px(pl, H, W, y0, x0) * ((1.0f - ty) * (1.0f - tx)) +
-                    px(pl, H, W, y0, x0 + 1) * ((1.0f - ty) * tx) +
-                    px(pl, H, W, y0 + 1, x0) * (ty * (1.0f - tx)) +
-                    px(pl, H, W, y0 + 1, x0 + 1) * (ty * tx);
+            if (prm[3] > 0.5f) sx = float(W - 1) - sx;
+            cols[j] = tap(sx, W);
+        }
+        const T* pl = x + plane * H * W;
+        const float mc = mean[c], sc = stdv[c];
+        for (int i = 0; i < OH; ++i) {
+            const Tap r = tap(cy + (float(i) - ocy) / scale + prm[1], H);
+            const T* ra = pl + int64_t(r.a) * W;
+            const T* rb = pl + int64_t(r.b) * W;
+            float* o = out + (plane * OH + i) * OW;
+            for (int j = 0; j < OW; ++j) {
+                const Tap& t = cols[j];
+                const float v = r.wa * (t.wa * float(ra[t.a]) + t.wb * float(ra[t.b])) +
+                                r.wb * (t.wa * float(rb[t.a]) + t.wb * float(rb[t.b]));
+                o[j] = (v / div - mc) / sc;
             }
-            o[j] = (v / div - mc) / sc;
         }
     }
 }

@@ -4,14 +4,34 @@
 //   sy = (H-1)/2 + (i - (OH-1)/2) / scale + dy
 //   sx = (W-1)/2 + (j - (OW-1)/2) / scale + dx,  sx = (W-1) - sx if flip > 0.5
 // With identity params and OH == H, OW == W, sy == i and sx == j exactly, the
-// bilinear weights are 1 and 0, so the input comes back unchanged.
+// bilinear weights are 1 and 0, so the input comes back unchanged. The blend
+// (rows of columns) is the CPU twin's, so both round alike.
 // In-plane arithmetic is 32-bit (planes < 2^31 pixels), plane offsets 64-bit.
 // CPU twin: csrc/deform.cpp.
 #include "common.cuh"
 
-template <typename T>
-__device__ __forceinline__ float sprint_deform_px(const T* plane, int H, int W, int y, int x) {
-    return (y >= 0 && y < H && x >= 0 && x < W) ? (float)plane[(i64)y * W + x] : 0.0f;
+// Bilinear taps along one axis (as csrc/deform.cpp): the two neighbours of
+// coordinate s clamped into [0, L) and their weights, zero for a neighbour
+// outside (or for s far outside / NaN).
+struct SprintTap {
+    int a, b;
+    float wa, wb;
+};
+
+__device__ __forceinline__ SprintTap sprint_tap(float s, int L) {
+    SprintTap t;
+    const float f0 = floorf(s), w = s - f0;
+    if (!(f0 > -2.0f && f0 < (float)L)) {
+        t.a = t.b = 0;
+        t.wa = t.wb = 0.0f;
+        return t;
+    }
+    const int i0 = (int)f0, i1 = i0 + 1;
+    t.a = i0 < 0 ? 0 : i0;
+    t.b = i1 >= L ? L - 1 : i1;
+    t.wa = i0 >= 0 ? 1.0f - w : 0.0f;
+    t.wb = i1 < L ? w : 0.0f;
+    return t;
 }
 
 template <typename T>
@@ -24,8 +44,8 @@ __device__ void sprint_deform(const T* __restrict__ x, const float* __restrict__
     const float ocy = 0.5f * (OH - 1), ocx = 0.5f * (OW - 1);
     SPRINT_FOR(o, N * C * plane_out) {
         const i64 plane = o / plane_out;
-        const int r = (int)(o - plane * plane_out);
-        const int i = r / OW, j = r - (r / OW) * OW;
+        const int rem = (int)(o - plane * plane_out);
+        const int i = rem / OW, j = rem - (rem / OW) * OW;
         const i64 n = plane / C;
         const int c = (int)(plane - n * C);
         const float* prm = params + 4 * n;
@@ -33,18 +53,11 @@ __device__ void sprint_deform(const T* __restrict__ x, const float* __restrict__
         const float sy = cy + ((float)i - ocy) / scale + prm[1];
         float sx = cx + ((float)j - ocx) / scale + prm[2];
         if (prm[3] > 0.5f) sx = (float)(W - 1) - sx;
-        const float fy0 = floorf(sy), fx0 = floorf(sx);
-        const float ty = sy - fy0, tx = sx - fx0;
-        float v = 0.0f;
-        // a sample far outside would overflow int: it is zero anyway
-        if (fy0 > -2.0f && fy0 < (float)H && fx0 > -2.0f && fx0 < (float)W) {
-            const int y0 = (int)fy0, x0 = (int)fx0;
-            const T* pl = x + plane * H * W;
-            v = sprint_deform_px(pl, H, W, y0, x0) * ((1.0f - ty) * (1.0f - tx)) +
-                sprint_deform_px(pl, H, W, y0, x0 + 1) * ((1.0f - ty) * tx) +
-                sprint_deform_px(pl, H, W, y0 + 1, x0) * (ty * (1.0f - tx)) +
-                sprint_deform_px(pl, H, W, y0 + 1, x0 + 1) * (ty * tx);
-        }
+        const SprintTap r = sprint_tap(sy, H), t = sprint_tap(sx, W);
+        const T* ra = x + plane * H * W + (i64)r.a * W;
+        const T* rb = x + plane * H * W + (i64)r.b * W;
+        const float v = r.wa * (t.wa * (float)ra[t.a] + t.wb * (float)ra[t.b]) +
+                        r.wb * (t.wa * (float)rb[t.a] + t.wb * (float)rb[t.b]);
         out[o] = (v / in_div - mean[c]) / stdv[c];
     }
 }
