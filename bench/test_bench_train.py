@@ -123,24 +123,30 @@ def test_train_step_vs_torch(benchmark, n):
 
 
 _MEM_SCRIPT = r"""
-import json, resource, sys, tracemalloc
+import json, sys, tracemalloc
 sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
 which, n = sys.argv[1], int(sys.argv[2])
+
+def hwm_mib():  # peak RSS of this process image (ru_maxrss would include the parent's, kept over exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
 import test_bench_train as B
 B._limit_threads()
 if which == "torch":
     import torch
 else:
     import engine.ops, engine.net
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = hwm_mib()
 tracemalloc.start()
 step = (B.torch_step_fn if which == "torch" else B.engine_step_fn)(n)
 for _ in range(3):
     step()
 peak = tracemalloc.get_traced_memory()[1]
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({{"maxrss_mib": rss / 1024, "maxrss_after_import_mib": base / 1024,
-                  "step_rss_mib": (rss - base) / 1024, "tracemalloc_peak_mib": peak / 2**20}}))
+rss = hwm_mib()
+print(json.dumps({{"maxrss_mib": rss, "maxrss_after_import_mib": base, "step_rss_mib": rss - base,
+                  "tracemalloc_peak_mib": peak / 2**20}}))
 """
 
 
@@ -156,8 +162,8 @@ def peak_memory(which, n):
 
 @pytest.mark.parametrize("n", BATCHES)
 def test_peak_memory(benchmark, n):
-    """ru_maxrss of a fresh process doing 3 steps, over its size after imports;
-    tracemalloc sees NumPy buffers, not torch's own allocator."""
+    """Peak RSS (VmHWM) of a fresh process doing 3 steps, over its size after
+    imports; tracemalloc sees NumPy buffers, not torch's own allocator."""
     res = {"engine": benchmark.pedantic(peak_memory, args=("engine", n), rounds=1, iterations=1)}
     if _has_torch():
         res["torch"] = peak_memory("torch", n)

@@ -152,13 +152,16 @@ def evaluate(net, dataset, batch=256, deform=None):
         from .data import DeformConfig
         deform = DeformConfig(out_hw=(net.spec.x0, net.spec.x0))
     loader = Loader(dataset, batch, shuffle=False, deform=deform.eval(), prefetch=1)
-    loss_sum, correct = 0.0, 0
+    loss_sum, correct, seen = 0.0, 0, 0
     for x, y in loader:
         logits = net.forward(x)
         loss, _, _ = net.ops.softmax_xent(logits, y)
         loss_sum += float(loss) * len(y)
         correct += int((logits.argmax(axis=1) == y).sum())
-    return loss_sum / len(dataset), correct / len(dataset)
+        seen += len(y)   # (a lazy image tree may drop unreadable files)
+    if seen == 0:
+        raise ValueError(f"{getattr(dataset, 'name', 'dataset')}: no readable samples to evaluate")
+    return loss_sum / seen, correct / seen
 
 
 def build(cfg: TrainConfig, spec, dtype=np.float32):

@@ -86,6 +86,29 @@ def test_sigkill_and_resume_ends_bit_identical(default_run, tmp_path):
     assert len(metrics.read_text().splitlines()) == total
 
 
+def test_train_a_spec_file_on_an_image_tree_reports_the_corrupt_file(tmp_path):
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for part in ("train", "val"):
+        for k, cls in enumerate(("a", "b")):
+            d = tmp_path / "tree" / part / cls
+            d.mkdir(parents=True)
+            for i in range(4):
+                img = rng.integers(0, 60, (10, 10, 3)) + 150 * k
+                Image.fromarray(img.astype(np.uint8)).save(d / f"{i}.jpg")
+    (tmp_path / "tree" / "train" / "a" / "bad.jpg").write_bytes(b"\xff\xd8 truncated")
+    spec = tmp_path / "net.json"
+    spec.write_text(json.dumps({"x0": 8, "m0": 3, "c": 3, "convs": [[4, 2]], "fcs": [2]}))
+    p = sprint("info", spec)
+    assert "net: input 3x8x8" in p.stdout
+    out = tmp_path / "run"
+    p = sprint("train", "--model", spec, "--data", tmp_path / "tree", "--epochs", "2", "--out", out,
+               "--no-progress", "--flip", "--lr", "0.02")
+    lines = [l for l in p.stdout.splitlines() if l.startswith("epoch")]
+    assert len(lines) == 2 and all("(1 unreadable files skipped)" in l for l in lines)
+    assert [json.loads(l)["skipped"] for l in (out / "metrics.jsonl").read_text().splitlines()] == [1, 1]
+
+
 def test_info_prints_the_table():
     p = sprint("info", "cifar", "--batch", "32")
     assert "conv2/p2" in p.stdout and "fc2" in p.stdout

@@ -56,6 +56,24 @@ def test_image_tree_resizes_labels_and_counts_the_corrupt_jpeg(tmp_path):
     assert g.x.shape == (6, 1, 5, 5)
 
 
+def test_lazy_image_tree_decodes_per_batch_and_counts_once(tmp_path):
+    root = _tree(tmp_path / "imgs")
+    eager, _ = load_dataset(root, size=8)
+    tr, te = load_dataset(root, size=8, lazy=True)
+    assert len(tr) == 7 and tr.skipped == 0 and tr.shape == (3, 8, 8)   # nothing decoded yet
+    ld = Loader(tr, 3, shuffle=False, prefetch=0)
+    for epoch in range(2):
+        ld.set_epoch(epoch)
+        xs = [np.asarray(x) for x, _ in ld]
+        assert sum(map(len, xs)) == 6 and tr.skipped == 1 and tr.skipped_files[0].endswith("broken.jpg")
+    got = np.concatenate(xs)
+    np.testing.assert_allclose(got, eager.x / 255.0, atol=1e-6)   # same pixels as the eager reader
+    mean, std = tr.channel_stats()
+    np.testing.assert_allclose(mean, eager.channel_stats()[0], rtol=1e-5)
+    sub = load_dataset(tmp_path / "imgs" / "train", size=8, lazy=True, test_fraction=0.3)
+    assert [type(d).__name__ for d in sub] == ["FileDataset"] * 2 and len(sub[0]) + len(sub[1]) == 7
+
+
 def test_image_tree_without_split_dirs_is_split_deterministically(tmp_path):
     root = _tree(tmp_path / "flat", parts=("",), per_class=5, corrupt=False)
     a_tr, a_te = load_dataset(root, size=6, test_fraction=0.3)

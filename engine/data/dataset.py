@@ -41,6 +41,10 @@ class Dataset:
     def shape(self):
         return tuple(self.x.shape[1:])
 
+    def take(self, idx):
+        """LoadImage: (x, y) of the samples ``idx``."""
+        return self.x[idx], self.y[idx]
+
     def subset(self, idx, name=None) -> "Dataset":
         return Dataset(self.x[idx], self.y[idx], self.n_classes, name or self.name,
                        classes=list(self.classes))
@@ -53,3 +57,66 @@ class Dataset:
         mean = x.mean(axis=(0, 2, 3))
         std = x.std(axis=(0, 2, 3))
         return mean.astype(np.float32), np.maximum(std, 1e-6).astype(np.float32)
+
+
+class FileDataset:
+    """A class-per-folder image set too large for memory: images are decoded
+    (and resized) when a batch is taken.  A file that fails to decode is left
+    out of its batch and counted once in ``skipped``."""
+
+    def __init__(self, files, y, n_classes, size, channels=3, name="", classes=()):
+        self.files = [str(f) for f in files]
+        self.y = np.ascontiguousarray(y, dtype=np.int64)
+        self.n_classes = int(n_classes)
+        self.name = name
+        self.classes = list(classes)
+        self.size = int(size)
+        self.mode = {1: "L", 3: "RGB"}[channels]
+        self._bad = {}
+        if not self.files:
+            raise ValueError(f"{name or 'dataset'}: dataset is empty")
+        if self.y.shape != (len(self.files),):
+            raise ValueError(f"{name}: {len(self.files)} files but labels of shape {self.y.shape}")
+        bad = (self.y < 0) | (self.y >= self.n_classes)
+        if bad.any():
+            raise ValueError(f"{name}: label {int(self.y[bad][0])} outside the {self.n_classes} classes")
+
+    def __len__(self):
+        return len(self.files)
+
+    @property
+    def shape(self):
+        return (1 if self.mode == "L" else 3, self.size, self.size)
+
+    @property
+    def skipped(self):
+        return len(self._bad)
+
+    @property
+    def skipped_files(self):
+        return sorted(self._bad.values())
+
+    def take(self, idx):
+        from .readers import decode_many
+        idx = np.asarray(idx)
+        imgs = decode_many([self.files[i] for i in idx], self.size, self.mode)
+        ok = [j for j, im in enumerate(imgs) if im is not None]
+        for j, im in enumerate(imgs):
+            if im is None:
+                self._bad[int(idx[j])] = self.files[idx[j]]
+        x = np.zeros((len(ok),) + self.shape, np.uint8)
+        for k, j in enumerate(ok):
+            x[k] = imgs[j].transpose(2, 0, 1) if imgs[j].ndim == 3 else imgs[j][None]
+        return x, self.y[idx[ok]]
+
+    def subset(self, idx, name=None) -> "FileDataset":
+        return FileDataset([self.files[i] for i in idx], self.y[idx], self.n_classes, self.size,
+                           self.shape[0], name or self.name, self.classes)
+
+    def channel_stats(self, sample=512):
+        """Mean/std estimated on a fixed sample of the images."""
+        idx = np.random.default_rng(0).permutation(len(self))[:sample]
+        x, _ = self.take(np.sort(idx))
+        if len(x) == 0:
+            raise ValueError(f"{self.name}: none of {len(idx)} sampled images could be read")
+        return Dataset(x, np.zeros(len(x)), 1).channel_stats()

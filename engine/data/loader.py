@@ -63,7 +63,7 @@ class Loader:
     def load(self, idx):
         """LoadImage: the host arrays of the samples ``idx``."""
         t = time.perf_counter()
-        x, y = self.dataset.x[idx], self.dataset.y[idx]
+        x, y = self.dataset.take(idx)
         self.times["LoadImage"] += time.perf_counter() - t
         return x, y
 
@@ -86,7 +86,9 @@ class Loader:
         rng = np.random.default_rng([self.seed, self.epoch, self.rank, 1])
         stop = len(idx) - (len(idx) % self.batch if self.drop_last else 0)
         for i in range(0, stop, self.batch):
-            yield self.deform(*self.load(idx[i:i + self.batch]), rng)
+            x, y = self.load(idx[i:i + self.batch])
+            if len(y):   # a lazy tree drops unreadable files: a batch may come out empty
+                yield self.deform(x, y, rng)
 
     def __iter__(self):
         if self.prefetch == 0:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .dataset import Dataset
+from .dataset import Dataset, FileDataset
 
 FORMATS = ("digits", "tree", "mnist", "cifar", "npz")
 _ALIASES = {"folder": "tree", "imagefolder": "tree", "dir": "tree", "idx": "mnist",
@@ -22,11 +22,12 @@ DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
 
 
 def load_dataset(source="digits", fmt=None, size=None, channels=None, test_fraction=0.2,
-                 split_seed=0):
+                 split_seed=0, lazy=None):
     """(train, test) Datasets from ``source``.
 
     ``fmt`` is one of FORMATS (guessed from the source when None).  ``size`` and
-    ``channels`` only matter for image trees, whose files differ in size and mode.
+    ``channels`` only matter for image trees, whose files differ in size and mode;
+    ``lazy`` makes a tree decode its images batch by batch (see load_tree).
     Sources without their own test set are split deterministically
     (``test_fraction``, ``split_seed``).
     """
@@ -40,7 +41,7 @@ def load_dataset(source="digits", fmt=None, size=None, channels=None, test_fract
         raise FileNotFoundError(f"data source {str(source)!r} does not exist")
     if fmt == "tree":
         return load_tree(path, size=size, channels=channels, test_fraction=test_fraction,
-                         split_seed=split_seed)
+                         split_seed=split_seed, lazy=lazy)
     if fmt == "mnist":
         return load_mnist(path)
     if fmt == "cifar":
@@ -72,15 +73,19 @@ def detect_format(source) -> str:
     raise ValueError(f"cannot tell the format of directory {p}; pass fmt= one of {FORMATS}")
 
 
-def split(x, y, n_classes, test_fraction, seed, name, classes=()):
-    """Deterministic shuffled train/test split of one labelled array."""
+def _split_indices(n, test_fraction, seed, name):
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    if len(x) < 2:
-        raise ValueError(f"{name}: {len(x)} samples cannot be split into train and test")
-    perm = np.random.default_rng(seed).permutation(len(x))
-    n_test = min(max(1, int(round(len(x) * test_fraction))), len(x) - 1)
-    te, tr = perm[:n_test], perm[n_test:]
+    if n < 2:
+        raise ValueError(f"{name}: {n} samples cannot be split into train and test")
+    perm = np.random.default_rng(seed).permutation(n)
+    n_test = min(max(1, int(round(n * test_fraction))), n - 1)
+    return perm[n_test:], perm[:n_test]
+
+
+def split(x, y, n_classes, test_fraction, seed, name, classes=()):
+    """Deterministic shuffled train/test split of one labelled array."""
+    tr, te = _split_indices(len(x), test_fraction, seed, name)
     return (Dataset(x[tr], y[tr], n_classes, f"{name}/train", classes=list(classes)),
             Dataset(x[te], y[te], n_classes, f"{name}/test", classes=list(classes)))
 
@@ -100,32 +105,53 @@ _TRAIN_DIRS = ("train",)
 _TEST_DIRS = ("val", "test", "valid", "validation")
 
 
-def load_tree(root: Path, size=None, channels=None, test_fraction=0.2, split_seed=0):
+LAZY_FILES = 20000   # trees with more files are decoded batch by batch
+
+
+def load_tree(root: Path, size=None, channels=None, test_fraction=0.2, split_seed=0, lazy=None):
     """``root/train/<class>/*`` + ``root/val|test/<class>/*``, or ``root/<class>/*``
     split deterministically.  Images are decoded with Pillow and resized to
-    ``size`` x ``size`` (default: the first image's size)."""
+    ``size`` x ``size`` (default: the first image's size): all at once, or per
+    batch when ``lazy`` (default: more than LAZY_FILES files)."""
     root = Path(root)
+    mode = {None: "RGB", 3: "RGB", 1: "L"}.get(channels)
+    if mode is None:
+        raise ValueError(f"channels must be 1 or 3 for an image tree, got {channels}")
     train_dir = next((root / d for d in _TRAIN_DIRS if (root / d).is_dir()), None)
     test_dir = next((root / d for d in _TEST_DIRS if (root / d).is_dir()), None)
-    if train_dir is None:
-        classes = _class_dirs(root)
-        x, y, bad = _read_tree(root, classes, size, channels)
-        if len(x) == 0:
-            raise ValueError(f"{root}: dataset is empty ({len(bad)} unreadable files skipped)")
-        ds = split(x, y, len(classes), test_fraction, split_seed, root.name, classes)
-        ds[0].skipped, ds[0].skipped_files = len(bad), bad
-        return ds
-    classes = _class_dirs(train_dir)
-    out = []
-    for d in (train_dir, test_dir):
-        if d is None:
-            raise ValueError(f"{root}: has train/ but no val/ or test/ directory")
+    if train_dir is not None and test_dir is None:
+        raise ValueError(f"{root}: has train/ but no val/ or test/ directory")
+    parts = [(root, root.name)] if train_dir is None else [(train_dir, f"{root.name}/train"),
+                                                           (test_dir, f"{root.name}/{test_dir.name}")]
+    classes = _class_dirs(parts[0][0])
+    listed = []
+    for d, name in parts:
         extra = sorted(set(_class_dirs(d, allow_empty=True)) - set(classes))
         if extra:
             raise ValueError(f"{d}: classes {extra} are not among the {len(classes)} training classes")
-        x, y, bad = _read_tree(d, classes, size or (out[0].x.shape[-1] if out else None), channels)
-        out.append(Dataset(x, y, len(classes), f"{root.name}/{d.name}", skipped=len(bad),
-                           classes=classes, skipped_files=bad))
+        listed.append(_list_tree(d, classes))
+    if size is None:
+        size = _first_size(listed[0][0])
+    if size is None:
+        raise ValueError(f"{parts[0][0]}: dataset is empty (no readable image)")
+    if lazy is None:
+        lazy = sum(len(f) for f, _ in listed) > LAZY_FILES
+    out = []
+    for (d, name), (files, labels) in zip(parts, listed):
+        if lazy:
+            out.append(FileDataset(files, labels, len(classes), size, 1 if mode == "L" else 3, name, classes))
+            continue
+        x, y, bad = _decode_tree(files, labels, size, mode)
+        if len(x) == 0:
+            raise ValueError(f"{name}: dataset is empty ({len(bad)} unreadable files skipped)")
+        out.append(Dataset(x, y, len(classes), name, skipped=len(bad), classes=classes, skipped_files=bad))
+    if len(out) == 1:
+        tr, te = _split_indices(len(out[0]), test_fraction, split_seed, root.name)
+        ds = out[0]
+        train, test = ds.subset(tr, f"{root.name}/train"), ds.subset(te, f"{root.name}/test")
+        if not lazy:
+            train.skipped, train.skipped_files = ds.skipped, ds.skipped_files
+        return train, test
     return out[0], out[1]
 
 
@@ -136,32 +162,40 @@ def _class_dirs(d: Path, allow_empty=False):
     return classes
 
 
-def _read_tree(d: Path, classes, size, channels):
-    from concurrent.futures import ThreadPoolExecutor
+def _list_tree(d: Path, classes):
     files, labels = [], []
     for k, c in enumerate(classes):
         sub = d / c
-        if not sub.is_dir():
-            continue
-        for f in sorted(sub.iterdir()):
-            if f.is_file() and not f.name.startswith("."):
-                files.append(f)
-                labels.append(k)
-    if size is None and files:
-        size = _first_size(files)
-    mode = {None: "RGB", 3: "RGB", 1: "L"}.get(channels)
-    if mode is None:
-        raise ValueError(f"channels must be 1 or 3 for an image tree, got {channels}")
-    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) * 2)) as ex:
-        imgs = list(ex.map(lambda f: _decode(f, size, mode), files))
+        if sub.is_dir():
+            for f in sorted(sub.iterdir()):
+                if f.is_file() and not f.name.startswith("."):
+                    files.append(f)
+                    labels.append(k)
+    return files, np.asarray(labels, np.int64)
+
+
+def _decode_tree(files, labels, size, mode):
+    imgs = decode_many(files, size, mode)
     ok = [i for i, im in enumerate(imgs) if im is not None]
     bad = [str(files[i]) for i, im in enumerate(imgs) if im is None]
-    c = 3 if mode == "RGB" else 1
-    x = np.zeros((len(ok), c, size or 1, size or 1), np.uint8)
+    x = np.zeros((len(ok), 3 if mode == "RGB" else 1, size, size), np.uint8)
     for j, i in enumerate(ok):
-        a = imgs[i]
-        x[j] = a.transpose(2, 0, 1) if a.ndim == 3 else a[None]
-    return x, np.asarray([labels[i] for i in ok], np.int64), bad
+        x[j] = imgs[i].transpose(2, 0, 1) if imgs[i].ndim == 3 else imgs[i][None]
+    return x, labels[ok], bad
+
+
+_POOL = None
+
+
+def decode_many(files, size, mode):
+    """Decode and resize in a thread pool (Pillow releases the GIL); None for
+    each file that cannot be read."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL = ThreadPoolExecutor(max_workers=min(8, 2 * (os.cpu_count() or 1)),
+                                   thread_name_prefix="sprint-decode")
+    return list(_POOL.map(lambda f: _decode(f, size, mode), files))
 
 
 def _first_size(files):
