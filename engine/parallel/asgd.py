@@ -28,6 +28,7 @@ momentum term even when no gradient arrived.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -103,7 +104,7 @@ class _GradBuf:
 
 class ASGD:
     def __init__(self, comm: Comm | None, w0, sources: Sequence, cfg: ASGDConfig,
-                 on_update: Callable[["ASGD"], None] | None = None,
+                 on_update: Callable[["ASGD"], bool | None] | None = None,
                  delta0=None, start_samples: int = 0, start_version: int = 0):
         self.comm = comm if comm is not None else LocalComm()
         if not sources:
@@ -139,6 +140,8 @@ class ASGD:
         self._spares = [xp.empty(n, dtype=dt) for _ in sources]
         self._has_grad = threading.Event()
         self._stop = threading.Event()
+        self._running = threading.Event()
+        self._running.set()
         self._errors: list[tuple[int, BaseException]] = []
 
         self.samples_total = int(start_samples)
@@ -172,6 +175,9 @@ class ASGD:
             upd = xp.empty(self.n_param, dtype=self.latest.dtype)
             my_version = None
             while not self._stop.is_set():
+                if not self._running.is_set():
+                    self._running.wait()     # paused (evaluation, checkpoint)
+                    continue
                 it0 = _now()
                 # FetchWeights (Algorithm 1, lines 2-6): only when LatestWeights changed.
                 if self.version != my_version:
@@ -340,6 +346,17 @@ class ASGD:
                     or (cfg.max_samples is not None and self.samples_total >= cfg.max_samples)
                     or (cfg.max_updates is not None and self.updates >= cfg.max_updates))
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Hold the workers (after their current gradient) while the updater
+        does something else -- evaluation, checkpoints -- so that gradients do
+        not pile up into one oversized update meanwhile."""
+        self._running.clear()
+        try:
+            yield self
+        finally:
+            self._running.set()
+
     def take_window(self):
         """(samples, mean loss, accuracy) of the updates since the last call,
         over all nodes; resets the window."""
@@ -365,12 +382,15 @@ class ASGD:
                 it0 = _now()
                 stop_flag = self._update()
                 self.updater_timers.add("Iteration", _now() - it0)
-                if self.on_update is not None:
-                    self.on_update(self)
+                # A true return from on_update stops the run; it is computed from
+                # global counts, so every node stops after the same update.
+                if self.on_update is not None and self.on_update(self):
+                    break
                 if self._done(stop_flag):
                     break
         finally:
             self._stop.set()
+            self._running.set()
             with self._published:
                 self._published.notify_all()
             for th in threads:

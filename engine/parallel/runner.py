@@ -9,14 +9,18 @@ or data refuse to start. ``cfg.batch`` is N_Subbatch, per worker.
 
 Options in ``cfg.extra``: ``min_grads`` (ASGD, default 1), ``lockstep``
 (ASGD, deterministic), ``bucket_bytes`` (sync), ``max_seconds``,
-``mpi_poll`` (seconds; poll instead of busy-waiting in MPI), ``max_samples``.
+``mpi_poll`` (seconds; poll instead of busy-waiting in MPI), ``max_samples``,
+``worker_nice`` (CPU: niceness added to worker threads so the updater is
+scheduled first; default 10).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,8 +40,9 @@ class NetSource:
     """Worker source over a Net and a sharded Loader: LoadImage, DeformImage
     and ComputeGradient of one sub-batch at a time, epoch after epoch."""
 
-    def __init__(self, net, loader, epoch=0, threads=None, gpu=False):
+    def __init__(self, net, loader, epoch=0, threads=None, gpu=False, nice=0):
         self.net, self.loader = net, loader
+        self.nice = int(nice)
         self.weights = net.params
         self.threads = threads
         self.gpu = gpu
@@ -54,6 +59,13 @@ class NetSource:
     def setup_thread(self):
         if self.threads:
             limit_this_thread(self.threads)
+        if self.nice:
+            # Workers yield to the updater thread (and its MPI progress) when
+            # they share cores with it: a late allreduce grows the minibatch.
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+            except (OSError, AttributeError):
+                pass
         if self.gpu:
             import cupy
             # each worker its own stream: two workers overlap on one GPU
@@ -136,12 +148,22 @@ def _run(cfg, comm):
     gpu = getattr(be, "name", "cpu") == "gpu"
     if gpu and isinstance(comm, _comm.MPIComm):
         comm.setup_device()
-    if "mpi_poll" in extra and isinstance(comm, _comm.MPIComm):
-        comm.poll_interval = float(extra["mpi_poll"])
+    if isinstance(comm, _comm.MPIComm) and comm.size > 1:
+        # On CPU the updater shares cores with the workers: wait for the
+        # allreduce by polling with sleeps, not by MPICH's busy loop.
+        comm.poll_interval = float(extra.get("mpi_poll", 0.0 if gpu else 2e-4))
     spec = get_spec(cfg.model)
     train_ds, test_ds, deform = prepare_data(cfg, spec)
-    _check_ranks_agree(comm, cfg, spec, train_ds, test_ds)
     root = comm.rank == 0
+    try:
+        _check_ranks_agree(comm, cfg, spec, train_ds, test_ds)
+    except _comm.ConfigMismatch as e:
+        # every rank sees the mismatch; make sure the message is out before
+        # any rank's exit can take the job down
+        if root:
+            print(f"sprint: {e}", file=sys.stderr, flush=True)
+        comm.barrier()
+        raise
     log = (lambda msg: print(msg, flush=True)) if (root and cfg.verbose) else (lambda msg: None)
     if comm.size > 1:
         ranks = comm.rank_map()
@@ -178,7 +200,7 @@ def _run(cfg, comm):
         loader = Loader(train_ds, cfg.batch, shuffle=True, seed=cfg.seed, deform=deform, prefetch=0,
                         rank=comm.rank * W + t, world=world)
         sources.append(NetSource(net, loader, epoch=start_epoch, threads=None if gpu else per_worker,
-                                 gpu=gpu))
+                                 gpu=gpu, nice=int(extra.get("worker_nice", 0 if gpu else 10))))
     sched = make_schedule(cfg.schedule, cfg.lr, cfg.epochs, cfg.warmup)
     max_samples = int(extra.get("max_samples", cfg.epochs * n_file))
     last_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
@@ -188,7 +210,7 @@ def _run(cfg, comm):
         f"{'GPU streams' if gpu else f'{per_worker} BLAS thread(s) per worker'}")
 
     history = []
-    clock = {"t0": time.perf_counter(), "t_epoch": time.perf_counter(), "epoch": start_epoch}
+    clock = {"t0": time.perf_counter(), "t_epoch": time.perf_counter(), "epoch": start_epoch, "upd0": 0}
     bar = None
     if root and cfg.progress:
         from tqdm import tqdm
@@ -218,10 +240,17 @@ def _run(cfg, comm):
         if epoch <= clock["epoch"]:
             return False
         clock["epoch"] = epoch
-        eval_net.set_flat(trainer.latest)
-        test_loss, test_acc = _evaluate_sharded(comm, eval_net, test_ds, cfg, deform)
         seen, tr_loss, tr_acc = trainer.take_window()
         now = time.perf_counter()
+        pause = trainer.paused() if hasattr(trainer, "paused") else contextlib.nullcontext()
+        with pause:
+            _end_of_epoch(trainer, epoch, seen, tr_loss, tr_acc, now)
+        clock["t_epoch"] = time.perf_counter()
+        return epoch >= last_epoch
+
+    def _end_of_epoch(trainer, epoch, seen, tr_loss, tr_acc, now):
+        eval_net.set_flat(trainer.latest)
+        test_loss, test_acc = _evaluate_sharded(comm, eval_net, test_ds, cfg, deform)
         rec = {"epoch": int(epoch), "step": int(getattr(trainer, "updates", getattr(trainer, "steps", 0))),
                "lr": float(sched(epoch)), "train_loss": tr_loss, "train_acc": tr_acc,
                "test_loss": test_loss, "test_acc": test_acc,
@@ -229,8 +258,8 @@ def _run(cfg, comm):
                "time": now - clock["t0"], "skipped": train_ds.skipped + test_ds.skipped,
                "parallel": mode, "n_node": comm.size, "workers": W}
         if mode == "asgd" and trainer.minibatch:
-            rec["N_Minibatch_avg"] = float(np.mean(trainer.minibatch[-max(1, trainer.updates):]))
-        clock["t_epoch"] = now
+            rec["N_Minibatch_avg"] = float(np.mean(trainer.minibatch[clock["upd0"]:]))
+            clock["upd0"] = len(trainer.minibatch)
         history.append(rec)
         if run_dir is not None:
             st = checkpoint_state(trainer, epoch)     # collective (ASGD gathers DeltaWeights)
@@ -243,7 +272,6 @@ def _run(cfg, comm):
             print(f"epoch {epoch:3d}  train_loss {tr_loss:.4f}  test_loss {test_loss:.4f}  "
                   f"test_acc {100 * test_acc:6.2f} %  {rec['images_per_s']:,.0f} img/s  "
                   f"{rec['time']:.1f} s", flush=True)
-        return epoch >= last_epoch
 
     if mode == "asgd":
         acfg = ASGDConfig(lr=sched, momentum=cfg.momentum, weight_decay=cfg.weight_decay,

@@ -65,7 +65,7 @@ def bucket_bounds(n: int, itemsize: int, bucket_bytes: int):
 
 class SyncSGD:
     def __init__(self, comm: Comm | None, w0, sources: Sequence, cfg: SyncConfig,
-                 on_step: Callable[["SyncSGD"], None] | None = None,
+                 on_step: Callable[["SyncSGD"], bool | None] | None = None,
                  velocity0=None, start_samples: int = 0):
         if not sources:
             raise ValueError("sources must hold at least one worker source")
@@ -189,8 +189,8 @@ class SyncSGD:
         try:
             while not self._done():
                 self.step()
-                if self.on_step is not None:
-                    self.on_step(self)
+                if self.on_step is not None and self.on_step(self):
+                    break
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)

@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from toy import SoftmaxSource, init_weights, make_data  # noqa: E402
 from engine.parallel.asgd import ASGD, ASGDConfig  # noqa: E402
-from engine.parallel.comm import abort_on_error, config_hash, get_comm  # noqa: E402
+from engine.parallel.comm import ConfigMismatch, abort_on_error, config_hash, get_comm  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--mode", required=True, choices=["raise", "raise-main", "kill", "mismatch"])
@@ -41,7 +41,13 @@ with abort_on_error(comm):
     ranks = comm.rank_map()
     if comm.rank == 0:
         print(f"sprint: {ranks}", flush=True)
-    comm.check_agreement("config hash", config_hash({"model": "toy", "lr": lr}))
+    try:
+        comm.check_agreement("config hash", config_hash({"model": "toy", "lr": lr}))
+    except ConfigMismatch as e:
+        if comm.rank == 0:
+            print(f"sprint: {e}", file=sys.stderr, flush=True)
+        comm.barrier()
+        raise
     x, y, k = make_data(n=400, d=5, k=4)
     cls = Faulty if comm.rank == args.rank else SoftmaxSource
     srcs = [cls(x, y, k, 4, shard=(comm.rank * 2 + t, comm.size * 2), delay=0.002) for t in range(2)]
