@@ -34,6 +34,15 @@ def _limit_threads():
         pass
 
 
+def _blas_arch():
+    """OpenBLAS kernel set in use ($OPENBLAS_CORETYPE may pin an older one than the CPU has)."""
+    try:
+        from threadpoolctl import threadpool_info
+        return ",".join(str(i.get("architecture")) for i in threadpool_info() if i.get("internal_api") == "openblas")
+    except ImportError:
+        return "unknown"
+
+
 def _batch(n, seed=0):
     rng = np.random.default_rng(seed)
     return rng.standard_normal((n, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, n)
@@ -114,11 +123,11 @@ def test_train_step_vs_torch(benchmark, n):
     step = engine_step_fn(n)
     benchmark.pedantic(step, rounds=rounds, warmup_rounds=2, iterations=1)
     eng_s = benchmark.stats.stats.median
-    info = {"batch": n, "threads": THREADS, "engine_img_s": n / eng_s}
+    info = {"batch": n, "threads": THREADS, "engine_img_s": n / eng_s, "openblas": _blas_arch()}
     if torch_s:
         info.update(torch_img_s=n / torch_s, ratio_vs_torch=torch_s / eng_s)
     benchmark.extra_info.update(info)
-    print(f"\ncifar step batch {n}, {THREADS} threads: engine {n / eng_s:,.0f} img/s"
+    print(f"\ncifar step batch {n}, {THREADS} threads, OpenBLAS {info['openblas']}: engine {n / eng_s:,.0f} img/s"
           + (f", torch {n / torch_s:,.0f} img/s, ratio {torch_s / eng_s:.2f}x" if torch_s else ", torch absent"))
 
 
