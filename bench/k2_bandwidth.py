@@ -1,60 +1,53 @@
 """Shared by the K2 kernel benchmarks (pool, softmax, vector): effective
-memory bandwidth of an op against a memcpy (numpy.copyto) of the same buffer
-measured in the same run, so the ratio carries across machines."""
+memory bandwidth of an op against a memcpy (numpy.copyto) of a reference
+buffer, the two timed round-robin (conftest.interleaved) so that both see the
+same machine load; the ratio carries across machines. Calls shorter than
+~20 us are batched so that each timed sample is well above the clock's
+resolution and the loop overhead."""
 from __future__ import annotations
 
-import statistics
 import time
 
 import numpy as np
 
+from conftest import interleaved
 
-def median_seconds(fn, repeats=7, min_time=0.05):
-    """Median seconds per call, each repeat batching enough calls to last
-    min_time (one warm-up call first: page faults, thread start)."""
-    fn()
+_SAMPLE_S = 2e-5
+
+
+def _batched(fn):
+    fn()  # warm-up: page faults, thread start
     t = time.perf_counter()
     fn()
-    one = max(time.perf_counter() - t, 1e-7)
-    loops = max(1, int(min_time / one))
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+    loops = max(1, int(_SAMPLE_S / max(time.perf_counter() - t, 1e-8)))
+    if loops == 1:
+        return fn, 1
+
+    def run():
         for _ in range(loops):
             fn()
-        times.append((time.perf_counter() - t) / loops)
-    return statistics.median(times)
+    return run, loops
 
 
-_memcpy_cache: dict[int, float] = {}
-
-
-def memcpy_gbps(nbytes: int) -> float:
-    """GB/s of numpy.copyto of an nbytes buffer (read + write = 2 * nbytes moved)."""
-    if nbytes not in _memcpy_cache:
-        src = np.ones(max(nbytes // 4, 1), np.float32)
-        dst = np.empty_like(src)
-        _memcpy_cache[nbytes] = 2 * src.nbytes / median_seconds(lambda: np.copyto(dst, src)) / 1e9
-    return _memcpy_cache[nbytes]
-
-
-def op_seconds(benchmark, fn):
-    """Run fn under pytest-benchmark; its median (or our own timing when
-    benchmarks are disabled, e.g. a plain `pytest` run)."""
+def measure(benchmark, fn, moved_bytes, base_bytes, summary=None, reps=15, **info):
+    """pytest-benchmark's run of fn (its table), then fn and a memcpy of
+    base_bytes timed round-robin: median seconds per call, GB/s of fn
+    (moved_bytes per call) and of memcpy (2 * base_bytes) and their ratio,
+    attached as extra_info (and a line for the terminal summary)."""
     benchmark(fn)
-    stats = getattr(benchmark, "stats", None)
-    if stats is not None and getattr(stats, "stats", None) is not None and stats.stats.rounds > 1:
-        return stats.stats.median
-    return median_seconds(fn, repeats=3, min_time=0.01)
-
-
-def record(benchmark, seconds, moved_bytes, base_bytes, **info):
-    """Attach GB/s and the ratio to memcpy to the benchmark; return them."""
-    gbps = moved_bytes / seconds / 1e9
-    base = memcpy_gbps(base_bytes)
-    out = {"seconds": seconds, "gbps": round(gbps, 3), "memcpy_gbps": round(base, 3),
-           "ratio_vs_memcpy": round(gbps / base, 3), **info}
-    benchmark.extra_info.update(out)
-    print(f"\n  {info}: {seconds * 1e6:10.1f} us  {gbps:7.2f} GB/s  memcpy {base:7.2f} GB/s  "
-          f"ratio {gbps / base:5.2f}")
+    src = np.ones(max(base_bytes // 4, 1), np.float32)
+    dst = np.empty_like(src)
+    op, n_op = _batched(fn)
+    cp, n_cp = _batched(lambda: np.copyto(dst, src))
+    med = interleaved({"op": op, "copy": cp}, reps=reps)
+    s_op, s_cp = med["op"] / n_op, med["copy"] / n_cp
+    gbps, base = moved_bytes / s_op / 1e9, 2 * src.nbytes / s_cp / 1e9
+    out = {"seconds": s_op, "gbps": round(gbps, 3), "memcpy_gbps": round(base, 3),
+           "ratio_vs_memcpy": round(gbps / base, 3)}
+    benchmark.extra_info.update({**info, **out})
+    line = (f"{' '.join(f'{k}={v}' for k, v in info.items())}: {s_op * 1e6:9.1f} us  "
+            f"{gbps:7.2f} GB/s  memcpy {base:7.2f} GB/s  ratio {gbps / base:5.2f}")
+    if summary is not None:
+        summary(line)
+    print("\n  " + line)
     return out

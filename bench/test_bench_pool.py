@@ -1,7 +1,7 @@
 """Max pooling forward (values + argmax) and backward on the pooled layers
 of the reference net (batch 32; 2x2 stride 2) and an overlapping 3x3/2
-window, as GB/s against a numpy.copyto of the input measured in the same
-run; PyTorch CPU max_pool2d (with indices) on the same shapes when
+window, as GB/s against a numpy.copyto of the input timed interleaved with
+it; PyTorch CPU max_pool2d (with indices) on the same shapes when
 installed (optional, never required).
 
     pytest bench/test_bench_pool.py --benchmark-only -s
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine import backend, ops
-from k2_bandwidth import op_seconds, record
+from k2_bandwidth import measure
 
 # (N, C, H, W) of the conv outputs that are pooled in the `cifar` reference net
 SHAPES = [(32, 64, 32, 32), (32, 128, 16, 16), (32, 256, 8, 8)]
@@ -35,7 +35,7 @@ def _traffic(shape, k, s, p):
 @pytest.mark.parametrize("window", WINDOWS, ids=lambda w: "k{}s{}p{}".format(*w))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("direction", ["forward", "backward"])
-def test_maxpool(benchmark, direction, shape, window):
+def test_maxpool(benchmark, summary, direction, shape, window):
     k, s, p = window
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     y, am = ops.maxpool_forward(x, k, s, p)
@@ -47,16 +47,16 @@ def test_maxpool(benchmark, direction, shape, window):
         fn = lambda: ops.maxpool_backward(dy, am, shape, k, s, p, out=dx)  # noqa: E731
     benchmark.group = f"maxpool {direction}"
     x_bytes, moved = _traffic(shape, k, s, p)
-    record(benchmark, op_seconds(benchmark, fn), moved, x_bytes, op=f"maxpool_{direction}",
+    measure(benchmark, fn, moved, x_bytes, summary=summary, op=f"maxpool_{direction}",
            shape=shape, window=window)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_maxpool_torch_reference(benchmark, shape):
+def test_maxpool_torch_reference(benchmark, summary, shape):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(backend.get_backend().ext.get_num_threads())
     x = torch.from_numpy(np.random.default_rng(0).standard_normal(shape).astype(np.float32))
     benchmark.group = "maxpool forward"
     x_bytes, moved = _traffic(shape, 2, 2, 0)
-    s = op_seconds(benchmark, lambda: torch.nn.functional.max_pool2d(x, 2, 2, return_indices=True))
-    record(benchmark, s, moved, x_bytes, op="torch_max_pool2d", shape=shape)
+    measure(benchmark, lambda: torch.nn.functional.max_pool2d(x, 2, 2, return_indices=True), moved, x_bytes,
+            summary=summary, op="torch_max_pool2d", shape=shape)

@@ -1,6 +1,6 @@
 """Softmax + cross-entropy + gradient over (N, K): classifier heads of the
 presets (K = 10) and ImageNet-sized ones (K = 1000), as GB/s against a
-numpy.copyto of the logits measured in the same run; NumPy's own
+numpy.copyto of the logits timed interleaved with it; NumPy's own
 vectorised softmax on the same shapes for reference.
 
     pytest bench/test_bench_softmax.py --benchmark-only -s
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine import backend, ops
-from k2_bandwidth import op_seconds, record
+from k2_bandwidth import measure
 
 SHAPES = [(32, 10), (128, 10), (1024, 10), (32, 1000), (256, 1000), (1024, 1000)]
 
@@ -40,7 +40,7 @@ def _numpy_softmax_xent(z, y):
 
 @pytest.mark.parametrize("impl", ["engine", "numpy"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_softmax_xent(benchmark, shape, impl):
+def test_softmax_xent(benchmark, summary, shape, impl):
     z, y = _case(*shape)
     if impl == "engine":
         d, p = np.empty_like(z), np.empty_like(z)
@@ -49,4 +49,5 @@ def test_softmax_xent(benchmark, shape, impl):
         fn = lambda: _numpy_softmax_xent(z, y)  # noqa: E731
     benchmark.group = f"softmax_xent {shape[0]}x{shape[1]}"
     # reads logits, writes probs and dlogits
-    record(benchmark, op_seconds(benchmark, fn), 3 * z.nbytes, z.nbytes, op=f"softmax_xent_{impl}", shape=shape)
+    measure(benchmark, fn, 3 * z.nbytes, z.nbytes, summary=summary, op=f"softmax_xent_{impl}",
+            shape=shape)

@@ -1,25 +1,22 @@
 """Vector ops of the optimizer and SPRINT's updater over N_Param sizes, as
-GB/s against a numpy.copyto of one buffer measured in the same run. The
-medians go to bench/results/vector_sweep.json as {op, n, seconds, ...}
-records for the performance model (T_Update terms).
+GB/s against a numpy.copyto of one buffer timed interleaved with it. The
+medians go to bench/results/vector_sweep.json ({"machine", "backend",
+"records": [{op, n, seconds, gbps, memcpy_gbps, ratio_vs_memcpy}]}, the
+layout of the other sweeps) for the performance model (T_Update terms).
 
     pytest bench/test_bench_vector.py --benchmark-only -s
 """
 from __future__ import annotations
-
-import json
-import os
-import platform
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from engine import backend, ops
 from engine.spec import get_spec, n_params
-from k2_bandwidth import memcpy_gbps, op_seconds, record
+from conftest import machine_info, save_json
+from k2_bandwidth import measure
 
-RESULTS = Path(__file__).resolve().parent / "results" / "vector_sweep.json"
+RESULTS = "vector_sweep.json"  # in bench/results/
 # powers of 4 from 1K to 16M floats, plus the N_Param of two presets
 SIZES = sorted({4 ** e for e in range(5, 13)} | {n_params(get_spec("digits")), n_params(get_spec("cifar"))})
 N_SUM = 4  # buffers summed by sum_into (SPRINT's SumGradient over 4 workers)
@@ -35,10 +32,7 @@ def _write_sweep():
     backend.set_backend("cpu")
     yield
     if _records:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"machine": platform.node(), "cpus": os.cpu_count(), "backend": "cpu",
-                "threads": backend.get_backend().ext.get_num_threads()}
-        RESULTS.write_text(json.dumps([{**meta, **r} for r in _records], indent=1))
+        save_json(RESULTS, {"machine": machine_info(), "backend": "cpu", "records": _records})
 
 
 def _case(op, n):
@@ -55,10 +49,7 @@ def _case(op, n):
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("op", list(TRAFFIC))
-def test_vector_op(benchmark, op, n):
+def test_vector_op(benchmark, summary, op, n):
     benchmark.group = f"vector {op}"
-    s = op_seconds(benchmark, _case(op, n))
-    r = record(benchmark, s, TRAFFIC[op] * 4 * n, 4 * n, op=op, n=n)
-    _records.append({"op": op, "n": n, "seconds": s, "gbps": r["gbps"],
-                     "ratio_vs_memcpy": r["ratio_vs_memcpy"]})
-    assert memcpy_gbps(4 * n) > 0
+    r = measure(benchmark, _case(op, n), TRAFFIC[op] * 4 * n, 4 * n, summary=summary, op=op, n=n)
+    _records.append({"op": op, "n": n, **r})
