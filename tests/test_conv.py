@@ -285,3 +285,28 @@ def test_gpu_conv_matches_cpu(kernels, monkeypatch):
             np.testing.assert_allclose(a.get(), r, rtol=1e-4, atol=1e-4)
     finally:
         backend.set_backend("cpu")
+
+
+def test_workspace_is_bounded(monkeypatch):
+    """Scratch buffers stay within workspace_bytes whenever one image fits."""
+    from engine import backend
+    be = backend.get_backend()
+    real = be.workspace.__func__
+    sizes = {}
+
+    def spy(self, key, n, dtype=np.float32):
+        if key.startswith("conv_"):
+            sizes[key] = max(sizes.get(key, 0), n)
+        return real(self, key, n, dtype)
+
+    monkeypatch.setattr(type(be), "workspace", spy)
+    x, w, b = _data((9, 4, 10, 10), (6, 4, 3, 3), True, 13)
+    dy = np.ones((9, 6, 10, 10), np.float32)
+    per_image = 4 * (4 * 9 + 6) * 100
+    for images in (1, 2, 4, 9):
+        sizes.clear()
+        ws = images * per_image
+        ops.conv2d_forward(x, w, b, pad=1, workspace_bytes=ws)
+        ops.conv2d_backward(x, w, dy, pad=1, workspace_bytes=ws)
+        assert 4 * sum(sizes.values()) <= ws, (images, sizes)
+        assert sizes["conv_cols"] == 4 * 9 * 100 * images  # the chunk is as large as allowed
