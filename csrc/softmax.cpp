@@ -9,8 +9,7 @@ namespace cpu {
 template <typename L>
 double softmax_xent_f32(const float* logits, const L* labels, float* probs, float* dlogits,
                         float* row_loss, int64_t N, int K, float inv_n) {
-    double total = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : total) if (N * K >= 16384)
+#pragma omp parallel for schedule(static) if (N * K >= 16384)
     for (int64_t r = 0; r < N; ++r) {
         const float* x = logits + r * K;
         float* p = probs + r * K;
@@ -35,8 +34,9 @@ double softmax_xent_f32(const float* logits, const L* labels, float* probs, floa
         d[lab] = (p[lab] - 1.0f) * inv_n;
         const float loss = std::log(s) - (x[lab] - m);
         row_loss[r] = loss;
-        total += loss;
     }
+    double total = 0.0;  // summed in row order: the same bits for any thread count
+    for (int64_t r = 0; r < N; ++r) total += row_loss[r];
     return total / double(N);
 }
 

@@ -76,12 +76,21 @@ def test_stable_for_huge_logits():
     np.testing.assert_allclose(p.sum(axis=1), 1, rtol=1e-6)
 
 
-def test_large_batch_parallel_rows():
+def test_large_batch_parallel_rows_deterministic():
+    from engine import backend
     z, y = _case(4096, 10, 3)
     loss, d, p = ops.softmax_xent(z, y)
     rl, rd, rp = ref_softmax_xent(z, y)
     assert abs(loss - rl) <= 1e-5 * abs(rl)
     assert_close(d, rd, tol=1e-9, eps=1e-5, what="dlogits")
+    ext = backend.get_backend().ext
+    n = ext.get_num_threads()
+    try:
+        ext.set_num_threads(1)
+        loss1, d1, _ = ops.softmax_xent(z, y)
+    finally:
+        ext.set_num_threads(n)
+    assert loss1 == loss and np.array_equal(d1, d)
 
 
 def _z(n=4, k=3):
