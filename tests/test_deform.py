@@ -133,6 +133,12 @@ def test_scale_zooms_about_the_center():
     np.testing.assert_allclose(out[0, 0, 0], (W - 1) / 2 + (np.arange(W) - (W - 1) / 2) / 2, atol=1e-5)
 
 
+def test_empty_batch():
+    m, s = _norm(3)
+    out = ops.deform(_img((0, 3, 8, 8), np.uint8, 0), np.zeros((0, 4), np.float32), (6, 6), m, s)
+    assert out.shape == (0, 3, 6, 6) and out.dtype == np.float32
+
+
 def test_big_batch_parallel_path():
     x = _img((64, 3, 32, 32), np.uint8, 5)
     rng = np.random.default_rng(6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
@@ -138,6 +138,12 @@ def test_out_of_window_argmax_is_ignored_not_a_crash():
     am[0, 1, 1, 1] = -5
     dx = ops.maxpool_backward(np.ones_like(y), am, x.shape, 2)
     assert dx[0, 0].sum() == 3 and dx[0, 1].sum() == 3
+
+
+def test_empty_batch():
+    y, am = ops.maxpool_forward(np.zeros((0, 3, 6, 6), np.float32), 2)
+    assert y.shape == am.shape == (0, 3, 3, 3)
+    assert ops.maxpool_backward(y, am, (0, 3, 6, 6), 2).shape == (0, 3, 6, 6)
 
 
 def test_pool_out_shape():
