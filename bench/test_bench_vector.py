@@ -13,7 +13,7 @@ import pytest
 
 from engine import backend, ops
 from engine.spec import get_spec, n_params
-from conftest import machine_info, save_json
+from conftest import interleaved, machine_info, save_json
 from k2_bandwidth import measure
 
 RESULTS = "vector_sweep.json"  # in bench/results/
@@ -35,11 +35,11 @@ def _write_sweep():
         save_json(RESULTS, {"machine": machine_info(), "backend": "cpu", "records": _records})
 
 
-def _case(op, n):
+def _case(op, n, xp=np):
     rng = np.random.default_rng(n)
-    bufs = [rng.standard_normal(n).astype(np.float32) for _ in range(N_SUM + 1)]
+    bufs = [xp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(N_SUM + 1)]
     if op == "memcpy":
-        return lambda: np.copyto(bufs[1], bufs[0])
+        return lambda: xp.copyto(bufs[1], bufs[0])
     if op == "axpy":
         return lambda: ops.axpy(1e-3, bufs[0], bufs[1])
     if op == "momentum_step":
@@ -53,3 +53,32 @@ def test_vector_op(benchmark, summary, op, n):
     benchmark.group = f"vector {op}"
     r = measure(benchmark, _case(op, n), TRAFFIC[op] * 4 * n, 4 * n, summary=summary, op=op, n=n)
     _records.append({"op": op, "n": n, **r})
+
+
+@pytest.mark.gpu
+def test_gpu_vector_sweep(benchmark, summary):
+    """The same ops on the GPU (device-to-device copy as the baseline), timed
+    with a stream synchronize; saved as bench/results/vector_sweep_gpu.json."""
+    import cupy
+    sync = cupy.cuda.get_current_stream().synchronize
+
+    def sweep():
+        recs = []
+        for n in SIZES + [1 << 26]:
+            fns = {op: _case(op, n, cupy) for op in TRAFFIC}
+            t = interleaved(fns, reps=15, sync=sync)
+            for op, s in t.items():
+                gbps = TRAFFIC[op] * 4 * n / s / 1e9
+                recs.append({"op": op, "n": n, "seconds": s, "gbps": round(gbps, 2),
+                             "ratio_vs_memcpy": round(t["memcpy"] / s * TRAFFIC[op] / 2, 3)})
+        return recs
+
+    try:
+        backend.set_backend("gpu")
+        recs = benchmark.pedantic(sweep, rounds=1, iterations=1)
+        save_json("vector_sweep_gpu.json", {"machine": machine_info(), "backend": "gpu", "records": recs})
+        big = {r["op"]: r for r in recs if r["n"] == 1 << 26}
+        summary("GPU vector ops at 64M floats: " + ", ".join(
+            f"{op} {r['gbps']:.0f} GB/s ({r['ratio_vs_memcpy']:.2f} of copy)" for op, r in big.items()))
+    finally:
+        backend.set_backend("cpu")
