@@ -42,6 +42,12 @@ def test_thread_stress_no_lost_update_no_deadlock(n, workers):
     assert rc == 0 and "CONSERVATION OK" in out, out[-3000:]
 
 
+def test_bounded_accumulation_no_deadlock_and_bound_holds():
+    rc, out, _ = run_mpi(2, "asgd_conservation.py", "--workers", 3, "--batch", 1, "--samples", 6000,
+                         "--max-pending", 1)
+    assert rc == 0 and "CONSERVATION OK" in out, out[-3000:]
+
+
 def test_free_running_updater_applies_momentum_only_updates():
     rc, out, _ = run_mpi(2, "asgd_conservation.py", "--workers", 2, "--delay", 0.002,
                          "--samples", 1500, "--min-grads", 0)

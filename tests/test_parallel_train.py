@@ -43,7 +43,11 @@ def read_metrics(d):
 
 
 def test_asgd_2_ranks_x_2_workers_reaches_95_percent(tmp_path):
-    rc, out, res = train(2, {**ASGD, "epochs": 12, "out": str(tmp_path)})
+    # max_pending=2: on this loaded 2-core machine the updater is sometimes
+    # descheduled for 100+ ms and the seed's unbounded accumulation then
+    # applies 800-sample updates (measured); two pending gradients per
+    # worker bound that at 224 samples and keep the run asynchronous.
+    rc, out, res = train(2, {**ASGD, "epochs": 12, "out": str(tmp_path), "extra": {"max_pending": 2}})
     assert rc == 0 and res, out[-3000:]
     assert res["test_acc"] >= 0.95, res
     st = json.loads((tmp_path / "asgd_stats.json").read_text())
@@ -55,6 +59,7 @@ def test_asgd_2_ranks_x_2_workers_reaches_95_percent(tmp_path):
                  "LockGradient", "UpdateGradient", "SumGradient", "AddMomentum", "Allreduce", "UpdateWeights"):
         assert st["timers"][name]["count"] > 0 and st["timers"][name]["mean"] >= 0, name
     assert st["T_GPU"] > 0 and st["T_Update"] > 0
+    assert max(st["minibatch"]) <= 2 * 2 * 2 * 32
     recs = read_metrics(tmp_path)
     assert [r["epoch"] for r in recs] == list(range(1, 13))
     assert recs[-1]["test_acc"] == pytest.approx(res["test_acc"])

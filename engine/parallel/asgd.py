@@ -72,6 +72,9 @@ class ASGDConfig:
     min_grads: int = 1                 # local non-empty buffers the updater waits for
     lockstep: bool = False             # deterministic mode: updater waits for every worker,
                                        # workers wait for the update (tests: ASGD == SGD)
+    max_pending: int = 0               # >0: a worker whose buffer holds this many gradients
+                                       # waits for the updater (bounds minibatch and staleness
+                                       # when the updater is starved); 0: the seed's unbounded
     trace: bool = False                # keep weights + gradient tags of every update (tests)
     wait_timeout: float = 0.05         # seconds between liveness checks while waiting
 
@@ -231,6 +234,13 @@ class ASGD:
                     with self._published:
                         while self.version == my_version and not self._stop.is_set():
                             self._published.wait(self.cfg.wait_timeout)
+                elif self.cfg.max_pending and buf.grads >= self.cfg.max_pending:
+                    # bounded accumulation: wait until the updater took the buffer
+                    t0 = _now()
+                    with self._published:
+                        while buf.grads >= self.cfg.max_pending and not self._stop.is_set():
+                            self._published.wait(self.cfg.wait_timeout)
+                    T.add("WaitPending", _now() - t0)
         except BaseException as e:  # reported by the updater, which owns MPI
             self._errors.append((t, e))
             self._stop.set()

@@ -8,7 +8,7 @@ of the test set each and average. Ranks that disagree on options, network
 or data refuse to start. ``cfg.batch`` is N_Subbatch, per worker.
 
 Options in ``cfg.extra``: ``min_grads`` (ASGD, default 1), ``lockstep``
-(ASGD, deterministic), ``bucket_bytes`` (sync), ``max_seconds``,
+(ASGD, deterministic), ``max_pending`` (ASGD, bounded accumulation, default 0 = off), ``bucket_bytes`` (sync), ``max_seconds``,
 ``mpi_poll`` (seconds; poll instead of busy-waiting in MPI), ``max_samples``,
 ``worker_nice`` (CPU: niceness added to worker threads so the updater is
 scheduled first; default 10).
@@ -277,7 +277,8 @@ def _run(cfg, comm):
         acfg = ASGDConfig(lr=sched, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                           max_samples=max_samples, max_seconds=extra.get("max_seconds"),
                           n_file=n_file, min_grads=int(extra.get("min_grads", 1)),
-                          lockstep=bool(extra.get("lockstep", False)))
+                          lockstep=bool(extra.get("lockstep", False)),
+                          max_pending=int(extra.get("max_pending", 0)))
         mom0 = state["momentum"] if state is not None else None
         trainer = ASGD(comm, w0, sources, acfg, on_update=on_progress, delta0=mom0,
                        start_samples=start_samples, start_version=int(state["step"]) if state else 0)

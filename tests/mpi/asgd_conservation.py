@@ -28,6 +28,7 @@ ap.add_argument("--lr", type=float, default=0.05)
 ap.add_argument("--momentum", type=float, default=0.9)
 ap.add_argument("--wd", type=float, default=1e-3)
 ap.add_argument("--min-grads", type=int, default=1)
+ap.add_argument("--max-pending", type=int, default=0)
 ap.add_argument("--tol", type=float, default=None)
 ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
 ap.add_argument("--delay", type=float, default=0.0, help="seconds of sleep per gradient")
@@ -45,7 +46,8 @@ with abort_on_error(comm):
                           tag_prefix=(comm.rank, t), record=True,
                           delay=args.delay, dtype=dtype) for t in range(W)]
     cfg = ASGDConfig(lr=args.lr, momentum=args.momentum, weight_decay=args.wd,
-                     max_samples=args.samples, min_grads=args.min_grads, trace=True)
+                     max_samples=args.samples, min_grads=args.min_grads, trace=True,
+                     max_pending=args.max_pending)
     a = ASGD(comm, w0, srcs, cfg).run()
     records = {}
     for s in srcs:
@@ -91,6 +93,8 @@ with abort_on_error(comm):
         delta = ref[u + 1] - ref[u]   # the updater's DeltaWeights: fl(new - old)
         mb = args.batch * len(tags_u)
         assert everyone[0]["minibatch"][u] == mb, (u, everyone[0]["minibatch"][u], mb)
+        if args.max_pending:
+            assert len(tags_u) <= args.max_pending * W * comm.size, (u, len(tags_u))
     assert worst <= args.tol, f"weights differ from old+momentum+updates by {worst}"
     # the check must be able to see one lost update value
     assert smallest_single > 20 * args.tol, f"update values too small to test: {smallest_single}"
