@@ -14,6 +14,11 @@ from typing import Callable
 
 import pytest
 
+try:  # load PyTorch (the optional peer) before engine sets OMP_WAIT_POLICY, so it runs with its defaults
+    import torch  # noqa: F401
+except ImportError:
+    pass
+
 RESULTS = Path(__file__).resolve().parent / "results"
 _SUMMARY: list[str] = []
 

@@ -23,6 +23,13 @@ from typing import Any
 
 import numpy as np
 
+# The C++ kernels (OpenMP) alternate with OpenBLAS (its own threads) many times
+# per layer; OpenMP threads that spin-wait after a region steal the cores the
+# next SGEMM needs (measured: whole cifar conv fwd+bwd up to ~2x slower on 2
+# cores). Sleep instead, unless the user chose otherwise. Must be set before
+# libgomp loads, i.e. before engine._sprint_cpu is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # Launch rule of the 1-D kernels; must match kernels/common.cuh.
 BLOCK = 256
 MAX_BLOCKS = 1 << 20
