@@ -6,6 +6,7 @@ same machine load; the ratio carries across machines. Calls shorter than
 resolution and the loop overhead."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -13,6 +14,17 @@ import numpy as np
 from conftest import interleaved
 
 _SAMPLE_S = 2e-5
+
+
+def use_cpu():
+    """CPU backend with $SPRINT_BENCH_THREADS OpenMP threads (default: all
+    cores). On a loaded machine a 2-thread region can wait a whole scheduler
+    slice for its second thread; SPRINT_BENCH_THREADS=1 measures the kernels
+    themselves."""
+    from engine import backend
+    be = backend.set_backend("cpu")
+    be.ext.set_num_threads(int(os.environ.get("SPRINT_BENCH_THREADS", os.cpu_count() or 1)))
+    return be
 
 
 def _batched(fn):

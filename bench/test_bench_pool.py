@@ -4,7 +4,7 @@ window, as GB/s against a numpy.copyto of the input timed interleaved with
 it; PyTorch CPU max_pool2d (with indices) on the same shapes when
 installed (optional, never required).
 
-    pytest bench/test_bench_pool.py --benchmark-only -s
+    pytest bench/test_bench_pool.py --benchmark-only   (SPRINT_BENCH_THREADS=n: OpenMP threads)
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine import backend, ops
-from k2_bandwidth import measure
+from k2_bandwidth import measure, use_cpu
 
 # (N, C, H, W) of the conv outputs that are pooled in the `cifar` reference net
 SHAPES = [(32, 64, 32, 32), (32, 128, 16, 16), (32, 256, 8, 8)]
@@ -21,7 +21,7 @@ WINDOWS = [(2, 2, 0), (3, 2, 1)]  # (k, stride, pad)
 
 @pytest.fixture(scope="module", autouse=True)
 def _cpu():
-    backend.set_backend("cpu")
+    use_cpu()
 
 
 def _traffic(shape, k, s, p):

@@ -3,22 +3,22 @@ presets (K = 10) and ImageNet-sized ones (K = 1000), as GB/s against a
 numpy.copyto of the logits timed interleaved with it; NumPy's own
 vectorised softmax on the same shapes for reference.
 
-    pytest bench/test_bench_softmax.py --benchmark-only -s
+    pytest bench/test_bench_softmax.py --benchmark-only   (SPRINT_BENCH_THREADS=n: OpenMP threads)
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine import backend, ops
-from k2_bandwidth import measure
+from engine import ops
+from k2_bandwidth import measure, use_cpu
 
 SHAPES = [(32, 10), (128, 10), (1024, 10), (32, 1000), (256, 1000), (1024, 1000)]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _cpu():
-    backend.set_backend("cpu")
+    use_cpu()
 
 
 def _case(n, k):

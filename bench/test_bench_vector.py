@@ -4,7 +4,8 @@ medians go to bench/results/vector_sweep.json ({"machine", "backend",
 "records": [{op, n, seconds, gbps, memcpy_gbps, ratio_vs_memcpy}]}, the
 layout of the other sweeps) for the performance model (T_Update terms).
 
-    pytest bench/test_bench_vector.py --benchmark-only -s
+    pytest bench/test_bench_vector.py --benchmark-only
+    SPRINT_BENCH_THREADS=1 pytest bench/test_bench_vector.py --benchmark-only
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from engine import backend, ops
 from engine.spec import get_spec, n_params
 from conftest import interleaved, machine_info, save_json
-from k2_bandwidth import measure
+from k2_bandwidth import measure, use_cpu
 
 RESULTS = "vector_sweep.json"  # in bench/results/
 # powers of 4 from 1K to 16M floats, plus the N_Param of two presets
@@ -29,7 +30,7 @@ _records: list[dict] = []
 
 @pytest.fixture(scope="module", autouse=True)
 def _write_sweep():
-    backend.set_backend("cpu")
+    use_cpu()
     yield
     if _records:
         save_json(RESULTS, {"machine": machine_info(), "backend": "cpu", "records": _records})

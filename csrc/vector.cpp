@@ -20,24 +20,29 @@ void scale_f32(float* __restrict x, float alpha, int64_t n) {
 }
 
 void sum_into_f32(float* out, const float* const* bufs, int nbufs, int64_t n) {
-    // Blocked: a block's partial sums stay in L1 while the buffers stream
-    // through; out is written only after every buffer was read (out may be bufs[0]).
-    constexpr int64_t kBlock = 2048;
+    // Blocked so that a block of out stays in L1 across the passes over the
+    // buffers. Each pass reads before it writes the same index, so out may be
+    // bufs[0]; 0 + b0 first, as the CUDA kernel does (same bits, -0 included).
+    constexpr int64_t kBlock = 4096;
     const int64_t nblocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
     for (int64_t blk = 0; blk < nblocks; ++blk) {
         const int64_t lo = blk * kBlock, len = lo + kBlock < n ? kBlock : n - lo;
-        alignas(64) float acc[kBlock];
+        float* o = out + lo;
+        const float* b0 = bufs[0] + lo;
+        if (nbufs == 1) {
 #pragma omp simd
-        for (int64_t i = 0; i < len; ++i) acc[i] = 0.0f;
-        for (int k = 0; k < nbufs; ++k) {
+            for (int64_t i = 0; i < len; ++i) o[i] = 0.0f + b0[i];
+            continue;
+        }
+        const float* b1 = bufs[1] + lo;
+#pragma omp simd
+        for (int64_t i = 0; i < len; ++i) o[i] = (0.0f + b0[i]) + b1[i];
+        for (int k = 2; k < nbufs; ++k) {
             const float* b = bufs[k] + lo;
 #pragma omp simd
-            for (int64_t i = 0; i < len; ++i) acc[i] += b[i];
+            for (int64_t i = 0; i < len; ++i) o[i] += b[i];
         }
-        float* o = out + lo;
-#pragma omp simd
-        for (int64_t i = 0; i < len; ++i) o[i] = acc[i];
     }
 }
 
