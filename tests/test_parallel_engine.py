@@ -25,6 +25,8 @@ def test_concurrent_gradients_equal_sequential():
     barrier = threading.Barrier(3)
 
     def work(i):
+        from engine.parallel.threads import limit_this_thread
+        limit_this_thread(1)
         barrier.wait()
         got[i] = [(nets[i].loss_and_grad(x, y), nets[i].grads.copy()) for x, y in data[i]]
 
@@ -59,3 +61,48 @@ def test_net_source_walks_its_shard_epoch_after_epoch():
     x, y = src.deform(src.load())
     step = src.compute((x, y))
     assert step.n == len(y) and step.grad is net.grads and np.isfinite(step.loss)
+
+
+def _digits_source(seed=0):
+    from engine.data import DeformConfig, Loader, load_dataset
+    from engine.parallel.runner import NetSource
+    train, _ = load_dataset("digits")
+    net = Net("digits", seed=seed)
+    deform = DeformConfig(out_hw=(net.spec.x0,) * 2).with_stats(train)
+    return NetSource(net, Loader(train, 32, shuffle=True, seed=5, deform=deform, prefetch=0), threads=1)
+
+
+def test_one_worker_asgd_on_the_engine_is_engine_sgd_step_by_step():
+    """Lockstep ASGD with one worker on the real Net == engine.SGD (momentum
+    0.9, weight decay) from the same state on the same batch, each of 25
+    updates, to 1e-6; and the whole trajectory stays within float32 drift."""
+    from engine.optim import SGD
+    from engine.parallel.asgd import ASGD, ASGDConfig
+    lr, nu, wd, steps = 0.05, 0.9, 5e-4, 25
+    src = _digits_source()
+    w0 = src.net.params.copy()
+    a = ASGD(None, w0, [src], ASGDConfig(lr=lr, momentum=nu, weight_decay=wd, max_updates=steps,
+                                         lockstep=True, trace=True)).run()
+    ws = np.array(a.trace_weights)
+    assert ws.shape[0] == steps + 1 and np.abs(ws[-1] - ws[0]).max() > 1e-2
+
+    replay = _digits_source()            # same shard, same order, same deformation
+    net = replay.net
+    opt = SGD(net, lr=lr, momentum=nu, weight_decay=wd)
+    worst = 0.0
+    for k in range(steps):
+        batch = replay.deform(replay.load())
+        net.set_flat(ws[k])
+        opt.velocity[...] = ws[k] - ws[k - 1] if k else 0.0
+        net.loss_and_grad(*batch)
+        opt.step()
+        worst = max(worst, float(np.abs(net.params - ws[k + 1]).max()))
+    assert worst <= 1e-6, worst
+
+    # free trajectory of engine SGD alone, from w0
+    replay = _digits_source()
+    opt = SGD(replay.net, lr=lr, momentum=nu, weight_decay=wd)
+    for k in range(steps):
+        replay.net.loss_and_grad(*replay.deform(replay.load()))
+        opt.step()
+    assert float(np.abs(replay.net.params - ws[-1]).max()) < 1e-4
