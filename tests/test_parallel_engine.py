@@ -19,8 +19,16 @@ def test_concurrent_gradients_equal_sequential():
     nets = [Net("digits", seed=s) for s in (1, 2, 3)]
     data = [_batches(nets[0].spec.input_shape, 6, s) for s in range(3)]
     ref = []
-    for net, batches in zip(nets, data):
-        ref.append([(net.loss_and_grad(x, y), net.grads.copy()) for x, y in batches])
+
+    def sequential():
+        from engine.parallel.threads import limit_this_thread
+        limit_this_thread(1)      # same thread counts as the workers: same summation order
+        for net, batches in zip(nets, data):
+            ref.append([(net.loss_and_grad(x, y), net.grads.copy()) for x, y in batches])
+
+    t = threading.Thread(target=sequential)
+    t.start()
+    t.join()
     got = [None] * 3
     barrier = threading.Barrier(3)
 
