@@ -102,3 +102,16 @@ def test_bad_times_rejected():
         fit.nnls_relative(np.ones((3, 2)), [1.0, 0.0, 2.0])
     with pytest.raises(ValueError):
         fit.nnls_relative(np.ones((3, 2)), [1.0, 2.0])
+
+
+def test_piecewise_linear_term_finds_the_cache_edge():
+    x = np.geomspace(64, 1 << 24, 40)
+    t = np.where(x <= 1 << 16, 1e-10 * x + 1e-6, 8e-10 * x - 4.5e-5)
+    pieces = fit.fit_linear_pieces(x, t)
+    assert len(pieces) >= 2
+    assert (1 << 15) < pieces[0][0] < (1 << 17)
+    for v in (100.0, 3e4, 2e5, 1e7):
+        want = 1e-10 * v + 1e-6 if v <= 1 << 16 else 8e-10 * v - 4.5e-5
+        assert fit.eval_pieces(pieces, v) == pytest.approx(want, rel=0.02)
+    # A straight line stays one piece.
+    assert len(fit.fit_linear_pieces(x, 3e-9 * x + 2e-6)) == 1

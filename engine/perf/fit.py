@@ -131,6 +131,67 @@ def fit_linear(x, t):
     return float(a), float(b)
 
 
+def fit_linear_pieces(x, t, max_pieces=3, min_points=6, min_gain=0.3, min_rms=0.05):
+    """Piecewise a x + b: where caches make one line too stiff, split on
+    log2(x) where that cuts the squared relative residual by ``min_gain``.
+    Returns [(upper x bound or None, a, b)], sorted by x."""
+    x, t = np.asarray(x, float), np.asarray(t, float)
+    order = np.argsort(x)
+    x, t = x[order], t[order]
+
+    def cost(lo, hi):
+        a, b = fit_linear(x[lo:hi], t[lo:hi])
+        if lo > 0:
+            # Past the first piece the line only has to hold on its own
+            # range: a negative intercept is fine there (a steeper slope
+            # once the data leaves a cache).
+            A = np.column_stack([x[lo:hi], np.ones(hi - lo)]) / t[lo:hi, None]
+            ua, ub = np.linalg.lstsq(A, np.ones(hi - lo), rcond=None)[0]
+            if ua > 0 and np.all(ua * x[lo:hi] + ub > 0):
+                a, b = float(ua), float(ub)
+        r = (a * x[lo:hi] + b - t[lo:hi]) / t[lo:hi]
+        return float(r @ r), a, b
+    cuts = [0, len(x)]
+    while len(cuts) - 1 < max_pieces:
+        best = None
+        for i in range(len(cuts) - 1):
+            lo, hi = cuts[i], cuts[i + 1]
+            base = cost(lo, hi)[0]
+            if hi - lo < 2 * min_points or base / (hi - lo) <= min_rms ** 2:
+                continue
+            for c in range(lo + min_points, hi - min_points + 1):
+                if x[c] == x[c - 1]:
+                    continue
+                gain = (base - cost(lo, c)[0] - cost(c, hi)[0]) / base
+                if best is None or gain > best[0]:
+                    best = (gain, c)
+        if best is None or best[0] < min_gain:
+            break
+        cuts = sorted(cuts + [best[1]])
+    pieces = []
+    for i in range(len(cuts) - 1):
+        _, a, b = cost(cuts[i], cuts[i + 1])
+        upper = float(np.sqrt(x[cuts[i + 1] - 1] * x[cuts[i + 1]])) if cuts[i + 1] < len(x) else None
+        pieces.append((upper, a, b))
+    return pieces
+
+
+def eval_pieces(pieces, x):
+    for upper, a, b in pieces:
+        if upper is None or x <= upper:
+            return a * x + b
+    return pieces[-1][1] * x + pieces[-1][2]
+
+
+def _fit_two_feature(name, fit_r, hold):
+    """a x + c x2 + b (x: elements, x2: contiguous segments) for the layout kernels."""
+    X = lambda rs: np.array([[r["x"], r["x2"], 1.0] for r in rs])
+    a, c, b = map(float, nnls_relative(X(fit_r), [r["t"] for r in fit_r]))
+    ev = lambda rs: error_summary(X(rs) @ np.array([a, c, b]), [r["t"] for r in rs]) if rs else {"n": 0}
+    return {"a": a, "c": c, "b": b, "unit": "elements, segments", "cv": _cv(fit_r + hold),
+            "error": {"fit": ev(fit_r), "holdout": ev(hold)}}
+
+
 def _allreduce_X(n_node, n_param):
     lg = np.log2(np.maximum(np.asarray(n_node, float), 1))
     p = np.asarray(n_param, float)
@@ -181,10 +242,17 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
         fit_r, hold = _split(records, name)
         if len(fit_r) < 2:
             continue
-        a, b = fit_linear([r["x"] for r in fit_r], [r["t"] for r in fit_r])
-        ev = lambda rs: error_summary([a * r["x"] + b for r in rs], [r["t"] for r in rs])
+        xs, ts = [r["x"] for r in fit_r], [r["t"] for r in fit_r]
+        if all("x2" in r for r in fit_r + hold):
+            prof["terms"][name] = _fit_two_feature(name, fit_r, hold)
+            continue
+        a, b = fit_linear(xs, ts)
+        pieces = fit_linear_pieces(xs, ts)
+        ev = lambda rs: error_summary([eval_pieces(pieces, r["x"]) for r in rs], [r["t"] for r in rs])
         prof["terms"][name] = {"a": a, "b": b, "unit": fit_r[0].get("unit", "elements"),
                                "cv": _cv(fit_r + hold), "error": {"fit": ev(fit_r), "holdout": ev(hold)}}
+        if len(pieces) > 1:
+            prof["terms"][name]["pieces"] = [{"upper": u, "a": pa, "b": pb} for u, pa, pb in pieces]
     fit_r, hold = _split(records, "allreduce")
     if len(fit_r) >= 4:
         ar = fit_allreduce([r["n_node"] for r in fit_r], [r["n_param"] for r in fit_r],
@@ -195,16 +263,28 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
         ar["error"] = {"fit": ev(fit_r), "holdout": ev(hold)}
         ar["cv"] = _cv(fit_r + hold)
         prof["allreduce"] = ar
-    cont = sorted((r["threads"], r["ratio"]) for r in records if r.get("kind") == "contention")
+    cont = [r for r in records if r.get("kind") == "contention" and r.get("ratio")]
     if cont:
-        prof["contention"] = {"threads": [c[0] for c in cont], "ratio": [c[1] for c in cont]}
-    steps = [r for r in records if r.get("kind") == "net_step"]
+        keys = ("model", "n_subbatch", "ranks", "workers", "ratio", "allreduce", "n_param")
+        prof["contention"] = {"entries": [{k: r.get(k) for k in keys} for r in cont]}
+    loops = [r for r in records if r.get("kind") == "loop"]
+    overhead = {}
+    if loops:
+        overhead["worker_loop"] = float(np.median([r["worker_loop"] for r in loops]))
+        overhead["updater_loop"] = float(np.median([r["updater_loop"] for r in loops]))
+    steps = [r for r in records if r.get("kind") == "net_step" and not r.get("holdout")]
+    held_steps = [r for r in records if r.get("kind") == "net_step" and r.get("holdout")]
     if steps and "sgemm" in prof:
-        prof["overhead"] = fit_overhead(prof, steps)
+        try:
+            overhead.update(fit_overhead(prof, steps, held_steps))
+        except ValueError as e:      # a kernel term the nets need was not swept
+            overhead["error"] = str(e)
+    if overhead:
+        prof["overhead"] = overhead
     return prof
 
 
-def fit_overhead(prof: dict, steps) -> dict:
+def fit_overhead(prof: dict, steps, held=()) -> dict:
     """Framework cost the kernels do not explain: per layer and per step.
 
     Each ``net_step`` record is one measured forward+backward of a preset at
@@ -213,22 +293,29 @@ def fit_overhead(prof: dict, steps) -> dict:
     from engine import spec as spec_mod
     from .model import compute_gradient_terms
     p = Profile({k: v for k, v in prof.items() if k != "overhead"})
-    rows, t, kern = [], [], []
-    for r in steps:
-        sp = spec_mod.get_spec(r["model"])
-        k = sum(x[4] for x in compute_gradient_terms(sp, r["n_subbatch"], p))
-        rows.append([len(spec_mod.layers(sp)), 1.0])
-        t.append(r["t"])
-        kern.append(k)
-    t, kern = np.array(t), np.array(kern)
-    rem = np.maximum(t - kern, 1e-12)
-    # Fit the remainder on the same relative scale as the step itself.
-    A = np.array(rows) / t[:, None]
-    c, _ = nnls(A, rem / t)
-    per_layer, per_step = map(float, c)
-    pred = kern + np.array(rows) @ c
-    return {"per_layer": per_layer, "per_step": per_step,
-            "error": {"fit": error_summary(pred, t), "kernels_only": error_summary(kern, t)}}
+
+    def kernels(rs):
+        out = []
+        for r in rs:
+            sp = spec_mod.get_spec(r["model"])
+            out.append((sum(x[4] for x in compute_gradient_terms(sp, r["n_subbatch"], p)),
+                        len(spec_mod.layers(sp))))
+        return np.array([k for k, _ in out]), np.array([[n, 1.0] for _, n in out])
+    t = np.array([r["t"] for r in steps])
+    kern, rows = kernels(steps)
+    # t = f * kernels + per_layer * L + per_step: the sweeps run each kernel
+    # on warm caches, a step streams every layer's data through them (f),
+    # and the Python of the layers costs per layer and per step.
+    A = np.column_stack([kern, rows])
+    f, per_layer, per_step = map(float, nnls_relative(A, t))
+    coef = np.array([f, per_layer, per_step])
+    err = {"fit": error_summary(A @ coef, t), "kernels_only": error_summary(kern, t)}
+    if held:
+        th = np.array([r["t"] for r in held])
+        kh, rh = kernels(held)
+        err["holdout"] = error_summary(np.column_stack([kh, rh]) @ coef, th)
+        err["holdout_kernels_only"] = error_summary(kh, th)
+    return {"kernel_factor": f, "per_layer": per_layer, "per_step": per_step, "error": err}
 
 
 def _cores():
@@ -237,3 +324,30 @@ def _cores():
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def format_errors(prof: dict) -> str:
+    """One line per fit: its points and relative errors on fitted and held-out points."""
+    def cell(e):
+        if not e or not e.get("n"):
+            return f"{'-':>22}"
+        return f"{e['n']:>4} {100 * e['median']:>6.1f} {100 * e['p90']:>6.1f}%"
+    lines = [f"{prof.get('machine', '')} ({prof.get('backend', '')}, {prof.get('cores', '?')} cores), "
+             f"{prof.get('date', '')}",
+             f"{'fit':<22}{'fitted: n med p90':>22}{'held out: n med p90':>24}"]
+    for var, v in sorted(prof.get("sgemm", {}).get("variants", {}).items()):
+        label = f"sgemm_{var} ({len(v['regimes'])} regimes)"
+        lines.append(f"{label:<22}{cell(v['error']['fit'])}  {cell(v['error']['holdout'])}")
+        if "net_shapes" in v["error"]:
+            lines.append(f"{'  net shapes':<22}{'':>22}  {cell(v['error']['net_shapes'])}")
+    for name, t in sorted(prof.get("terms", {}).items()):
+        lines.append(f"{name:<22}{cell(t['error']['fit'])}  {cell(t['error']['holdout'])}")
+    if "allreduce" in prof:
+        a = prof["allreduce"]
+        lines.append(f"{'allreduce':<22}{cell(a['error']['fit'])}  {cell(a['error']['holdout'])}")
+    ov = prof.get("overhead", {})
+    if "error" in ov and isinstance(ov["error"], dict):
+        e = ov["error"]
+        lines.append(f"{'net step (kernels)':<22}{cell(e.get('kernels_only'))}  {cell(e.get('holdout_kernels_only'))}")
+        lines.append(f"{'net step (+overhead)':<22}{cell(e.get('fit'))}  {cell(e.get('holdout'))}")
+    return "\n".join(lines)

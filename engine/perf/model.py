@@ -46,17 +46,20 @@ def layer_kernels(g, n: int, first: bool, last: bool):
     if g.kind == "conv":
         conv_out = spec_mod._prod(g.extra["conv_out"]) * n
         pooled = spec_mod._prod(g.out_shape) * n
-        ks += [("fwd", "im2col", g.im2col_elems), ("fwd", "sgemm_nn", g.gemm_fwd),
-               ("fwd", "to_nchw", conv_out)]
+        side = g.extra["conv_out"][1]
+        # (elements, contiguous segments): one segment per (k, n, output row)
+        # for im2col/col2im, per (n, channel) for the layout copies.
+        cols = (g.im2col_elems, g.im2col_elems // side)
+        lay = (conv_out, n * g.w_shape[0])
+        ks += [("fwd", "im2col", cols), ("fwd", "sgemm_nn", g.gemm_fwd), ("fwd", "to_nchw", lay)]
         if g.pool > 1:
             ks.append(("fwd", "pool_fwd", conv_out))
         ks += [("fwd", "relu_fwd", pooled), ("bwd", "relu_bwd", pooled)]
         if g.pool > 1:
             ks.append(("bwd", "pool_bwd", conv_out))
-        ks += [("bwd", "im2col", g.im2col_elems), ("bwd", "to_cnhw", conv_out),
-               ("bwd", "sgemm_nt", g.gemm_dw)]
+        ks += [("bwd", "im2col", cols), ("bwd", "to_cnhw", lay), ("bwd", "sgemm_nt", g.gemm_dw)]
         if not first:
-            ks += [("bwd", "sgemm_tn", g.gemm_dx), ("bwd", "col2im", g.im2col_elems)]
+            ks += [("bwd", "sgemm_tn", g.gemm_dx), ("bwd", "col2im", cols)]
     else:
         out = g.out_shape[0] * n
         ks += [("fwd", "sgemm_nt", g.gemm_fwd), ("fwd", "bias", out)]
@@ -73,6 +76,9 @@ def layer_kernels(g, n: int, first: bool, last: bool):
 def compute_gradient_terms(spec, n_subbatch, profile):
     """Per layer, pass and kernel: [(layer, pass, kernel, size, seconds)]."""
     geoms = spec_mod.layers(spec, n_subbatch)
+    # Sweeps time kernels on warm caches; a whole step runs slower by the
+    # fitted factor (1 when the profile has no net-step fit).
+    factor = profile.overhead("kernel_factor") or 1.0
     rows = []
     for i, g in enumerate(geoms):
         for pas, kern, size in layer_kernels(g, n_subbatch, i == 0, i == len(geoms) - 1):
@@ -80,7 +86,7 @@ def compute_gradient_terms(spec, n_subbatch, profile):
                 t = profile.sgemm(*size, trans=kern.split("_")[1])
             else:
                 t = profile.term(kern, size)
-            rows.append((g.name, pas, kern, size, t))
+            rows.append((g.name, pas, kern, size, factor * t))
         per_layer = profile.overhead("per_layer")
         if per_layer:
             rows.append((g.name, "fwd+bwd", "overhead", 1, per_layer))
@@ -209,6 +215,18 @@ SEED_IMPL = Impl(handover="copy", min_grads=0)
 ENGINE_IMPL = Impl()
 
 
+def _allreduce_cost(pr, cpu, slow, n_node, n_gpu, ranks_per_host, model, n_param):
+    """Allreduce of N_Param + a few counters; on a shared CPU host, the
+    contention sweep's measurement under load when there is one."""
+    if n_node <= 1:
+        return 0.0
+    if cpu and ranks_per_host > 1:
+        shared = pr.allreduce_shared(ranks_per_host, n_gpu, model, n_param)
+        if shared is not None:
+            return shared
+    return (slow if cpu else 1.0) * pr.allreduce_bw(n_node, n_param)
+
+
 def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl: Impl = ENGINE_IMPL):
     """Mean and spread of every indivisible step, lock waits and barrier excluded.
 
@@ -252,7 +270,7 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
         "sum_zero": vs("fill", n_param),
         "add_momentum": (slow * (pr.term("add", sl) + ((pr.term("scale", sl) + pr.term("add", sl))
                                                        if impl.momentum else 0.0)), pr.cv("add")),
-        "allreduce_bw": (slow * pr.allreduce_bw(n_node, n_param) if n_node > 1 else 0.0,
+        "allreduce_bw": (_allreduce_cost(pr, cpu, slow, n_node, n_gpu, ranks_per_host, sp.name, n_param),
                          float(pr.data.get("allreduce", {}).get("cv", 0.0))),
         "update_momentum": (slow * pr.term("sub", sl), pr.cv("sub")),
         "update_weights": hand if swap else vs("copy", n_param),
@@ -303,7 +321,7 @@ def _worker_steps(c, n_gpu, t_gpu, t_update):
     return s, p_fetch
 
 
-def _first_deposit_wait(w, t_gpu, n_gpu, n_node, state=None, points=1201, tol=1e-9):
+def _first_deposit_wait(w, t_gpu, n_gpu, n_node, state=None, points=401, tol=1e-8):
     """(own wait, extra barrier) of updaters that wait for one local gradient.
 
     Mean-field model of one cycle, which starts when the allreduce releases
@@ -328,7 +346,7 @@ def _first_deposit_wait(w, t_gpu, n_gpu, n_node, state=None, points=1201, tol=1e
     U, pi, dw = st.get("U", w + T / 2), st.get("pi", 1.0), st.get("dw", T / 2)
     x = np.linspace(0.0, T, points)
     own = emax = 0.0
-    for _ in range(2000):
+    for _ in range(200):
         lw = max(U - dw, 0.0)
         sw = np.where(lw + x < T, np.clip(1 - (lw + x) / T, 0, 1) ** (n_gpu - 1), 0.0)
         sn = np.clip(1 - (U + x) / T, 0, 1) ** n_gpu
@@ -403,7 +421,7 @@ def expected_staleness(w, u, n_gpu, t_gpu, t_update, offset=1.0):
 
 def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None,
             ranks_per_host: int = 1, impl: Impl = ENGINE_IMPL, staleness_offset: float = 1.0,
-            tol: float = 1e-10, max_iter: int = 1000) -> Prediction:
+            tol: float = 1e-7, max_iter: int = 400) -> Prediction:
     """Solve the model for one configuration.
 
     ``ranks_per_host``: how many of the N_Node ranks share one host's cores

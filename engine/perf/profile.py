@@ -82,10 +82,19 @@ class Profile:
         return name in self.terms
 
     def term(self, name, x) -> float:
-        """a * x + b of a linear term; zero work costs nothing."""
+        """a * x + b of a linear term; zero work costs nothing. ``x`` may be
+        (elements, segments) for the terms fitted with a per-segment cost."""
+        x2 = 0.0
+        if isinstance(x, tuple):
+            x, x2 = x
         if x <= 0:
             return 0.0
         t = self._term(name)
+        if "c" in t:
+            return t["a"] * x + t["c"] * x2 + t["b"]
+        for piece in t.get("pieces", ()):
+            if piece["upper"] is None or x <= piece["upper"]:
+                return piece["a"] * x + piece["b"]
         return t["a"] * x + t["b"]
 
     def cv(self, name) -> float:
@@ -129,6 +138,25 @@ class Profile:
             raise ValueError(f"profile {self.source} has no allreduce fit")
         lg = math.log2(max(n_node, 1))
         return (a["a_log"] * lg + a["b"]) * n_param + a.get("c_log", 0.0) * lg + a.get("d", 0.0)
+
+    def allreduce_shared(self, ranks_per_host: int, n_gpu: int, model: str, n_param: int):
+        """Allreduce time measured while ``ranks_per_host`` ranks of ``n_gpu``
+        busy workers share this host (contention sweep), or None.
+
+        Scheduling, not bandwidth, dominates it on an oversubscribed host; a
+        net of another size is scaled by the bandwidth model's ratio.
+        """
+        entries = [e for e in self.data.get("contention", {}).get("entries", [])
+                   if e["ranks"] == ranks_per_host and e["workers"] == n_gpu and e.get("allreduce")]
+        if not entries or ranks_per_host < 2:
+            return None
+        same = [e for e in entries if e.get("model") == model]
+        e = same[0] if same else min(entries, key=lambda e: abs(math.log(max(e.get("n_param") or 1, 1))
+                                                                - math.log(max(n_param, 1))))
+        if e.get("model") == model or "allreduce" not in self.data or not e.get("n_param"):
+            return float(e["allreduce"])
+        return float(e["allreduce"]) * self.allreduce_bw(ranks_per_host, n_param) / \
+            self.allreduce_bw(ranks_per_host, e["n_param"])
 
     def slowdown(self, ranks_per_host: int, n_gpu: int, model: str = "") -> float:
         """Per-step time factor when ``ranks_per_host`` processes of ``n_gpu``

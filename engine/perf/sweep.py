@@ -27,11 +27,11 @@ import numpy as np
 
 from engine import spec as spec_mod
 
-QUICK = {"repeats": 5, "min_time": 2e-3, "sgemm_exp": (0, 2, 4, 6, 8, 9), "sgemm_nexp": (0, 2, 4, 6, 8, 10, 12, 14),
+QUICK = {"repeats": 7, "min_time": 2e-3, "sgemm_exp": (0, 2, 4, 6, 8, 9), "sgemm_nexp": (0, 2, 4, 6, 8, 10, 12, 14),
          "sgemm_kexp": (2, 4, 6, 8, 10, 11), "sgemm_max": 2 ** 30, "sgemm_mid": 24, "batches": (1, 4, 16),
-         "vec_exp": range(8, 25, 2), "data_batches": (1, 2, 4, 8, 16, 32, 64), "ranks": (2, 3, 4),
+         "vec_exp": range(8, 25), "data_batches": (1, 2, 4, 8, 16, 32, 64), "ranks": (2, 3, 4),
          "allreduce_exp": range(10, 24, 3), "nets": ("tiny", "digits", "cifar"), "net_batches": (1, 4, 16), "im2col_max": 2 ** 25}
-FULL = {"repeats": 9, "min_time": 5e-3, "sgemm_exp": tuple(range(0, 10)), "sgemm_nexp": tuple(range(0, 16)),
+FULL = {"repeats": 11, "min_time": 5e-3, "sgemm_exp": tuple(range(0, 10)), "sgemm_nexp": tuple(range(0, 16)),
         "sgemm_kexp": tuple(range(1, 13)), "sgemm_max": 2 ** 31, "sgemm_mid": 80, "batches": (1, 2, 4, 8, 16, 32),
         "vec_exp": range(6, 26), "data_batches": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), "ranks": (2, 3, 4),
         "allreduce_exp": range(8, 25, 2), "nets": ("tiny", "digits", "cifar"),
@@ -55,29 +55,43 @@ def _sync():
         be.xp.cuda.Device().synchronize()
 
 
+# The clock of the kernel sweeps. With one BLAS/OpenMP thread a CPU kernel
+# runs on the calling thread, so its thread CPU time is its cost without the
+# preemption a shared machine adds (wall-clock samples there scatter by
+# 100 %+); the host-sharing factors come from the contention sweep instead.
+CLOCK = {"name": "wall", "fn": time.perf_counter}
+
+
+def use_clock(name):
+    if name not in ("wall", "cpu"):
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {name!r}")
+    CLOCK.update(name=name, fn=time.thread_time if name == "cpu" else time.perf_counter)
+
+
 def time_call(fn, repeats=5, min_time=2e-3):
     """(median, std) seconds per call of ``fn()``, batching calls so each
     sample lasts at least ``min_time`` (timer resolution, launch jitter)."""
+    clock = CLOCK["fn"]
     fn()
     _sync()
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
     _sync()
-    one = max(time.perf_counter() - t0, 1e-7)
+    one = max(clock() - t0, 1e-7)
     inner = max(1, int(math.ceil(min_time / one)))
     samples = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(inner):
             fn()
         _sync()
-        samples.append((time.perf_counter() - t0) / inner)
+        samples.append((clock() - t0) / inner)
     return float(np.median(samples)), float(np.std(samples))
 
 
 def _rec(kind, fn, cfg, **fields):
     t, s = time_call(fn, cfg["repeats"], cfg["min_time"])
-    return dict(kind=kind, t=t, std=s, **fields)
+    return dict(kind=kind, t=t, std=s, clock=CLOCK["name"], **fields)
 
 
 def _xp():
@@ -180,11 +194,13 @@ def sweep_layers(cfg, skipped=None):
         x = _rand((n, C, H, H), 3)
         cols = ops.im2col(x, c, c, (1, 1), (pad, pad))
         K = C * c * c
+        # x2: contiguous row segments (one per (k, n, output row)): the
+        # per-segment cost makes the same element count cheaper on wide maps.
         recs.append(_rec("im2col", lambda: ops.im2col(x, c, c, (1, 1), (pad, pad), out=cols), cfg,
-                         x=K * H * H * n, holdout=hold))
+                         x=K * H * H * n, x2=K * H * n, holdout=hold))
         xo = _xp().empty_like(x)
         recs.append(_rec("col2im", lambda: ops.col2im(cols, x.shape, c, c, (1, 1), (pad, pad), out=xo), cfg,
-                         x=K * H * H * n, holdout=hold))
+                         x=K * H * H * n, x2=K * H * n, holdout=hold))
         y = _rand((n, M, H, H), 4)
         elems = n * M * H * H
         if conv_mod is not None:
@@ -193,9 +209,10 @@ def sweep_layers(cfg, skipped=None):
             b = _rand((M,), 6)
             db = _xp().empty(M, np.float32)
             y3 = y.reshape(n, M, H * H)
-            recs.append(_rec("to_nchw", lambda: conv_mod._k_cnhw_to_nchw(be, yt, b, y3), cfg, x=elems, holdout=hold))
+            recs.append(_rec("to_nchw", lambda: conv_mod._k_cnhw_to_nchw(be, yt, b, y3), cfg, x=elems,
+                             x2=n * M, holdout=hold))
             recs.append(_rec("to_cnhw", lambda: conv_mod._k_nchw_to_cnhw(be, y3, yt, db, False), cfg,
-                             x=elems, holdout=hold))
+                             x=elems, x2=n * M, holdout=hold))
             del g
         for name, fn in _elementwise_fns(ops, y, p, skipped):
             recs.append(_rec(name, fn, cfg, x=elems, holdout=hold))
@@ -388,15 +405,163 @@ def sweep_allreduce(cfg, ranks=None, timeout=300):
     return recs
 
 
+# -- the runner's own loop and the host's cores ---------------------------------
+
+class _SleepSource:
+    """A worker source whose ComputeGradient sleeps (releasing the GIL like a kernel)."""
+
+    def __init__(self, n, seconds):
+        self.weights = np.zeros(n, np.float32)
+        self.grad = np.zeros(n, np.float32)
+        self.seconds = seconds
+
+    def load(self):
+        return None
+
+    def deform(self, batch):
+        return batch
+
+    def compute(self, batch):
+        from engine.parallel.asgd import Step
+        time.sleep(self.seconds)
+        return Step(grad=self.grad, n=1)
+
+
+def sweep_loop_overhead(cfg, n_param=4096, seconds=1e-3, updates=300):
+    """Per-iteration cost of the ASGD loops beyond their timed steps."""
+    from engine.parallel.asgd import ASGD, ASGDConfig
+    from engine.parallel.comm import LocalComm
+    recs = []
+    for workers in (1, 2):
+        srcs = [_SleepSource(n_param, seconds) for _ in range(workers)]
+        tr = ASGD(LocalComm(), np.zeros(n_param, np.float32), srcs, ASGDConfig(lr=0.01, max_updates=updates))
+        tr.run()
+        st = tr.stats()
+        w = {k: v for k, v in tr.local_stats()["worker"].items()}
+        u = tr.local_stats()["updater"]
+        it_w = len(w["Iteration"])
+        it_u = len(u["Iteration"])
+        # Untimed work per iteration: the loop itself, the timers, lr, signalling.
+        w_rest = (sum(w["Iteration"]) - sum(sum(v) for k, v in w.items()
+                                            if k not in ("Iteration", "LockWeights"))) / it_w
+        u_rest = (sum(u["Iteration"]) - sum(sum(v) for k, v in u.items() if k != "Iteration")) / it_u
+        recs.append({"kind": "loop", "workers": workers, "worker_loop": max(w_rest, 0.0),
+                     "updater_loop": max(u_rest, 0.0), "t": st["T_GPU"]})
+    return recs
+
+
+def _contention_child(args):
+    """One rank of the contention sweep (under mpiexec): ``workers`` threads
+    stepping a net while the main thread allreduces the net's parameter
+    vector back to back, as the ASGD updater would."""
+    import threading
+    from engine.net import Net
+    from engine.parallel import comm as comm_mod
+    comm = comm_mod.get_comm()
+    set_threads(1)
+    sp = spec_mod.get_spec(args["model"])
+    n = args["n"]
+    nets = [Net(sp, seed=0) for _ in range(args["workers"])]
+    x = _rand((n,) + sp.input_shape, 9)
+    y = _xp().asarray(np.random.default_rng(0).integers(0, sp.n_classes, n))
+    for net in nets:
+        net.loss_and_grad(x, y)
+    times = [[] for _ in nets]
+    cpu = [[] for _ in nets]
+    stop = threading.Event()
+
+    def loop(i):
+        set_threads(1)
+        while not stop.is_set():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            nets[i].loss_and_grad(x, y)
+            if not stop.is_set():
+                times[i].append(time.perf_counter() - t0)
+                cpu[i].append(time.thread_time() - c0)
+    buf = np.zeros(spec_mod.n_params(sp) + 1, np.float32)
+    comm.barrier()
+    th = [threading.Thread(target=loop, args=(i,)) for i in range(len(nets))]
+    for t in th:
+        t.start()
+    t_end = time.perf_counter() + args["seconds"]
+    ar = []
+    while True:
+        # Like the updater: wait for a gradient (here: a sleep of one step), then allreduce.
+        time.sleep(args.get("gap", 0.0))
+        buf[-1] = 1.0 if (comm.rank == 0 and time.perf_counter() > t_end) else 0.0
+        t0 = time.perf_counter()
+        if comm.size > 1:
+            comm.allreduce_(buf)
+        ar.append(time.perf_counter() - t0)
+        if buf[-1] > 0 or (comm.size == 1 and time.perf_counter() > t_end):
+            break
+    stop.set()
+    for t in th:
+        t.join()
+    got = comm.allgather_obj({"steps": [v for t in times for v in t], "cpu": [v for t in cpu for v in t],
+                              "allreduce": ar[1:]})
+    if comm.rank == 0:
+        print("SPRINT_SWEEP_JSON " + json.dumps(got), flush=True)
+
+
+def sweep_contention(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)),
+                     workloads=(("tiny", 8), ("cifar", 4)), seconds=None, timeout=300):
+    """Host sharing: r ranks x w worker threads (1 BLAS thread each) on this
+    machine, each rank's main thread allreducing like an updater.
+
+    ``ratio``: mean wall-clock step time over the median CPU time of a step
+    of one thread alone (what the CPU-clock kernel sweeps price), so it
+    carries the GIL, the oversubscribed cores, other jobs' load and the
+    scheduling tail; ``allreduce``: the mean allreduce time of N_Param
+    floats under that load.
+    """
+    seconds = seconds or (3.0 if cfg["repeats"] < 9 else 6.0)
+    recs = []
+    for model, n in workloads:
+        base = None
+        for r, w in pairs:
+            arg = json.dumps({"model": model, "n": n, "workers": w, "seconds": seconds})
+            env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
+            res = subprocess.run(["mpiexec", "-n", str(r), sys.executable, "-m", "mpi4py", "-m",
+                                  "engine.perf.sweep", "--contention-child", arg],
+                                 capture_output=True, text=True, timeout=timeout + 30, env=env)
+            line = [ln for ln in res.stdout.splitlines() if ln.startswith("SPRINT_SWEEP_JSON ")]
+            if res.returncode or not line:
+                raise RuntimeError(f"contention child failed (rc {res.returncode}): {res.stderr.strip()[-500:]}")
+            got = json.loads(line[0].split(" ", 1)[1])
+            steps = [v for g in got for v in g["steps"]]
+            ar = [v for g in got for v in g["allreduce"]]
+            if not steps:
+                continue
+            if (r, w) == (1, 1):
+                base = float(np.median([v for g in got for v in g["cpu"]]))
+            recs.append({"kind": "contention", "model": model, "n_subbatch": n, "ranks": r, "workers": w,
+                         "t": float(np.mean(steps)), "t_median": float(np.median(steps)),
+                         "ratio": float(np.mean(steps)) / base if base else None,
+                         "allreduce": float(np.mean(ar)) if (ar and r > 1) else None,
+                         "n_param": spec_mod.n_params(spec_mod.get_spec(model))})
+    return recs
+
+
 # -- everything -----------------------------------------------------------------
 
-def run_all(quick=True, threads=None, allreduce=True, progress=False, log=print) -> dict:
+def set_threads(threads):
+    """Limit BLAS/OpenMP threads of this thread (after the kernels' libraries
+    are loaded: a library loaded later would keep its default)."""
+    if not threads:
+        return []
+    from engine import backend, ops  # noqa: F401  (loads the extension and its OpenMP)
+    backend.get_backend()
+    from engine.parallel.threads import limit_this_thread
+    return limit_this_thread(int(threads))
+
+
+def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print) -> dict:
     """All sweeps; returns {"records", "skipped", "meta"}."""
     cfg = mode_config(quick)
-    applied = []
-    if threads:
-        from engine.parallel.threads import limit_this_thread
-        applied = limit_this_thread(int(threads))
+    applied = set_threads(threads)
+    from engine import backend as _be
+    use_clock("cpu" if (threads == 1 and _be.get_backend().name == "cpu") else "wall")
     skipped = []
     from engine import backend
     be = backend.get_backend()
@@ -408,6 +573,9 @@ def run_all(quick=True, threads=None, allreduce=True, progress=False, log=print)
              ("data", lambda: sweep_data(cfg, skipped)), ("net steps", lambda: sweep_net_steps(cfg, skipped))]
     if allreduce:
         steps.append(("allreduce", lambda: sweep_allreduce(cfg)))
+    if contention:
+        steps += [("loop overhead", lambda: sweep_loop_overhead(cfg)),
+                  ("contention", lambda: sweep_contention(cfg))]
     for name, fn in steps:
         t1 = time.perf_counter()
         try:
@@ -419,6 +587,7 @@ def run_all(quick=True, threads=None, allreduce=True, progress=False, log=print)
         if log:
             log(f"sweep {name}: {len(got)} points in {time.perf_counter() - t1:.1f} s")
     meta = {"quick": quick, "threads": threads, "threads_applied": applied, "backend": be.name,
+            "clock": CLOCK["name"],
             "seconds": time.perf_counter() - t0, "repeats": cfg["repeats"], "min_time": cfg["min_time"]}
     return {"records": recs, "skipped": skipped, "meta": meta}
 
@@ -426,9 +595,13 @@ def run_all(quick=True, threads=None, allreduce=True, progress=False, log=print)
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--allreduce-child", default=None)
+    p.add_argument("--contention-child", default=None)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--min-time", type=float, default=2e-3)
     a = p.parse_args(argv)
+    if a.contention_child:
+        _contention_child(json.loads(a.contention_child))
+        return 0
     if a.allreduce_child:
         _allreduce_child(json.loads(a.allreduce_child), a.repeats, a.min_time)
         return 0

@@ -1,0 +1,283 @@
+"""Validate the performance model against real SPRINT ASGD runs on this machine.
+
+For every (net, N_Node, N_GPU, N_Subbatch) of the grid this script runs the
+distributed runner (``engine.parallel.run``: N_Node MPI ranks under mpiexec,
+N_GPU worker threads each, one BLAS/OpenMP thread per worker) for a fixed
+wall time on a synthetic data set (timing does not depend on pixel values),
+reads ``asgd_stats.json`` and compares with the closed-form prediction and
+the simulation for the same configuration (``ranks_per_host = N_Node``: all
+ranks share this machine's cores):
+
+    T_GPU and every worker step, T_Update, T_Epoch, N_Minibatch_avg, staleness.
+
+It also times each layer's forward and backward in-process and compares them
+with the model's per-layer ComputeGradient terms.
+
+    python bench/validate_model.py --profile bench/profiles/cpu.json \
+        [--nets tiny,cifar] [--nodes 1,2,4] [--workers 1,2] [--subbatch 1,8,32] [--seconds 8]
+
+Prints the tables, writes bench/results/validation.json and a PNG. Targets
+(issue 5): median |error| <= 3 % on T_GPU and T_Epoch, <= 5 % on
+N_Minibatch_avg, <= 10 % on staleness.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TARGETS = {"T_GPU": 0.03, "T_Epoch": 0.03, "N_Minibatch_avg": 0.05, "staleness": 0.10}
+# Samples in the synthetic training sets: large enough that no epoch ends
+# (an epoch end evaluates the test set inside the updater loop).
+N_TRAIN = {"tiny": 200_000, "digits": 100_000, "cifar": 20_000}
+DEFAULT_SUB = {"tiny": (1, 8, 32), "digits": (1, 8, 32), "cifar": (1, 4, 16)}
+
+
+def make_data(name, path):
+    from engine.spec import get_spec
+    sp = get_spec(name)
+    rng = np.random.default_rng(0)
+    n = N_TRAIN.get(name, 20_000)
+    x = rng.integers(0, 256, (n,) + sp.input_shape, dtype=np.uint8)
+    y = rng.integers(0, sp.n_classes, n)
+    xt = rng.integers(0, 256, (64,) + sp.input_shape, dtype=np.uint8)
+    yt = rng.integers(0, sp.n_classes, 64)
+    np.savez(path, x_train=x, y_train=y, x_test=xt, y_test=yt)
+    return n
+
+
+def child(arg):
+    """One rank of one validation run (under mpiexec)."""
+    from engine.train import TrainConfig
+    from engine.parallel import run
+    a = json.loads(arg)
+    cfg = TrainConfig(model=a["model"], data=a["data"], fmt="npz", epochs=1000, batch=a["subbatch"],
+                      lr=0.001, momentum=0.9, weight_decay=5e-4, schedule="constant", parallel="asgd",
+                      workers=a["workers"], threads=1, out=a["out"], progress=False, verbose=False,
+                      device="cpu", extra={"max_seconds": a["seconds"], "min_grads": 1})
+    run(cfg)
+
+
+def run_config(model, data, n_node, n_gpu, sub, seconds, workdir, timeout):
+    out = Path(workdir) / f"{model}-n{n_node}-g{n_gpu}-s{sub}"
+    arg = json.dumps({"model": model, "data": str(data), "subbatch": sub, "workers": n_gpu,
+                      "seconds": seconds, "out": str(out)})
+    cmd = ["mpiexec", "-n", str(n_node), sys.executable, "-m", "mpi4py", str(Path(__file__).resolve()),
+           "--child", arg]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout),
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.time()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env, cwd=str(ROOT))
+    if res.returncode:
+        raise RuntimeError(f"{model} {n_node}x{n_gpu}x{sub}: rc {res.returncode}: {res.stderr[-1500:]}")
+    st = json.loads((out / "asgd_stats.json").read_text())
+    st["_elapsed"] = time.time() - t0
+    return st
+
+
+def measured(st, n_file):
+    """The quantities of the model from one asgd_stats.json."""
+    tm = st["timers"]
+    it_w = max(tm.get("ComputeGradient", {}).get("count", 1), 1)
+
+    def per_iter(name):
+        t = tm.get(name)
+        return t["total"] / it_w if t and "total" in t else (t["mean"] * t["count"] / it_w if t else 0.0)
+    steps = {k: per_iter(k) for k in ("LockWeights", "FetchWeights", "LoadImage", "DeformImage",
+                                      "ComputeGradient", "ComputeUpdateVal", "LockGradient", "UpdateGradient")}
+    # The runner's FetchWeights span includes the wait for the lock.
+    steps["FetchWeights"] -= steps["LockWeights"]
+    return {"T_GPU": st["T_GPU"], "T_Update": st["T_Update"],
+            "T_Epoch": n_file * st["wall_s"] / st["samples"] if st.get("samples") else None,
+            "N_Minibatch_avg": st["N_Minibatch_avg"], "staleness": st["staleness_mean"],
+            "steps": steps, "updates": st["updates"], "samples": st["samples"]}
+
+
+def predicted(model, n_node, n_gpu, sub, prof, n_file, sim=True):
+    from engine.perf import model as M
+    from engine.perf.simulate import simulate
+    impl = M.Impl(handover="swap", min_grads=1, momentum=True, weight_decay=True)
+    p = M.predict(model, n_node, n_gpu, sub, prof, n_file=n_file, ranks_per_host=n_node, impl=impl)
+    out = {"T_GPU": p.t_gpu, "T_Update": p.t_update, "T_Epoch": p.t_epoch,
+           "N_Minibatch_avg": p.n_minibatch_avg, "staleness": p.staleness, "steps": dict(p.worker)}
+    if sim:
+        s = simulate(model, n_node, n_gpu, sub, prof, n_updates=300, min_worker_steps=600, n_file=n_file,
+                     ranks_per_host=n_node, impl=impl, seed=1)
+        out["sim"] = {"T_GPU": s.t_gpu, "T_Update": s.t_update, "T_Epoch": s.t_epoch,
+                      "N_Minibatch_avg": s.n_minibatch_avg, "staleness": s.staleness}
+    return out
+
+
+def layer_times(model, sub, prof, repeats=7):
+    """Measured vs modelled forward/backward time of each layer (one thread, in-process)."""
+    from engine.perf.model import compute_gradient_terms
+    from engine.perf.sweep import set_threads
+    from engine.net import Net
+    from engine.spec import get_spec
+    set_threads(1)
+    sp = get_spec(model)
+    net = Net(sp, seed=0)
+    acc = {}
+
+    def wrap(layer, kind):
+        f = getattr(layer, kind)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            r = f(*a, **k)
+            acc.setdefault((layer.name, kind), []).append(time.perf_counter() - t0)
+            return r
+        setattr(layer, kind, timed)
+    for layer in net.layers:
+        wrap(layer, "forward")
+        wrap(layer, "backward")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((sub,) + sp.input_shape).astype(np.float32)
+    y = rng.integers(0, sp.n_classes, sub)
+    net.loss_and_grad(x, y)
+    acc.clear()
+    for _ in range(repeats):
+        net.loss_and_grad(x, y)
+    pred = {}
+    for name, pas, _, _, t in compute_gradient_terms(sp, sub, prof):
+        key = (name, "forward" if pas == "fwd" else "backward")
+        if pas == "fwd+bwd":   # the fitted per-layer overhead: half each way
+            for k in ("forward", "backward"):
+                pred[(name, k)] = pred.get((name, k), 0.0) + t / 2
+            continue
+        pred[key] = pred.get(key, 0.0) + t
+    return [{"model": model, "n_subbatch": sub, "layer": k[0], "pass": k[1],
+             "measured": float(np.median(v)), "predicted": pred.get(k, 0.0)} for k, v in acc.items()]
+
+
+def rel(p, m):
+    return (p - m) / m if m else float("nan")
+
+
+def summarize(rows, key, src="predicted"):
+    errs = [abs(rel(r[src][key], r["measured"][key])) for r in rows
+            if r["measured"].get(key) and r[src].get(key) is not None]
+    return (float(np.median(errs)), float(np.max(errs)), len(errs)) if errs else (float("nan"),) * 2 + (0,)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--profile", default=str(ROOT / "bench" / "profiles" / "cpu.json"))
+    ap.add_argument("--nets", default="tiny,cifar")
+    ap.add_argument("--nodes", default="1,2,4")
+    ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--subbatch", default=None, help="comma list (default per net: tiny 1,8,32; cifar 1,4,16)")
+    ap.add_argument("--seconds", type=float, default=8.0, help="wall time of each run")
+    ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--no-sim", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "validation.json"))
+    ap.add_argument("--plot", default=str(ROOT / "bench" / "results" / "validation.png"))
+    a = ap.parse_args(argv)
+    if a.child:
+        child(a.child)
+        return 0
+    from engine.perf.profile import Profile
+    from engine.perf.plots import plot_validation
+    prof = Profile.load(a.profile)
+    nets = a.nets.split(",")
+    rows, layers = [], []
+    with tempfile.TemporaryDirectory(prefix="sprint-validate-") as tmp:
+        for net in nets:
+            data = Path(tmp) / f"{net}.npz"
+            n_file = make_data(net, data)
+            subs = [int(s) for s in a.subbatch.split(",")] if a.subbatch else DEFAULT_SUB.get(net, (1, 8, 32))
+            for sub in subs:
+                layers += layer_times(net, sub, prof)
+            for n_node in (int(v) for v in a.nodes.split(",")):
+                for n_gpu in (int(v) for v in a.workers.split(",")):
+                    for sub in subs:
+                        try:
+                            st = run_config(net, data, n_node, n_gpu, sub, a.seconds, tmp, a.timeout)
+                        except Exception as e:   # keep the grid going, report the failure
+                            print(f"FAILED {net} {n_node}x{n_gpu}x{sub}: {e}", file=sys.stderr)
+                            continue
+                        m = measured(st, n_file)
+                        p = predicted(net, n_node, n_gpu, sub, prof, n_file, sim=not a.no_sim)
+                        row = {"model": net, "n_node": n_node, "n_gpu": n_gpu, "n_subbatch": sub,
+                               "measured": m, "predicted": p}
+                        if "sim" in p:
+                            row["simulated"] = p.pop("sim")
+                        rows.append(row)
+                        print(_row_line(row), flush=True)
+    report = format_report(rows, layers)
+    print(report)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"profile": a.profile, "rows": rows, "layers": layers,
+                                       "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                                      indent=1, default=str))
+    if rows:
+        plot_validation(rows, a.plot)
+    return 0
+
+
+QTY = ("T_GPU", "T_Update", "T_Epoch", "N_Minibatch_avg", "staleness")
+
+
+def _row_line(r):
+    m, p = r["measured"], r["predicted"]
+    cells = "  ".join(f"{k} {m[k]:.4g}/{p[k]:.4g} ({100 * rel(p[k], m[k]):+.1f}%)" for k in QTY if m.get(k))
+    return f"{r['model']:>6} N_Node={r['n_node']} N_GPU={r['n_gpu']} N_Sub={r['n_subbatch']:>2}: {cells}"
+
+
+def format_report(rows, layers) -> str:
+    out = ["", "measured vs predicted (closed form; simulation in brackets), relative error of the prediction",
+           f"{'net':>6} {'N':>2} {'G':>2} {'S':>3} " + " ".join(f"{k:>22}" for k in QTY)]
+    for r in rows:
+        cells = []
+        for k in QTY:
+            m, p = r["measured"].get(k), r["predicted"].get(k)
+            s = r.get("simulated", {}).get(k)
+            cells.append(f"{100 * rel(p, m):+7.1f}% [{100 * rel(s, m):+6.1f}%]" if m and s is not None
+                         else (f"{100 * rel(p, m):+7.1f}%" if m else "-"))
+        out.append(f"{r['model']:>6} {r['n_node']:>2} {r['n_gpu']:>2} {r['n_subbatch']:>3} "
+                   + " ".join(f"{c:>22}" for c in cells))
+    out.append("")
+    out.append(f"{'quantity':<16}{'median |err|':>13}{'max |err|':>11}{'runs':>6}{'target':>8}"
+               f"{'sim median':>12}{'sim max':>9}")
+    for k in QTY:
+        med, mx, n = summarize(rows, k)
+        smed, smx, _ = summarize([r for r in rows if "simulated" in r], k, "simulated")
+        tgt = f"{100 * TARGETS[k]:.0f} %" if k in TARGETS else ""
+        out.append(f"{k:<16}{100 * med:>12.1f}%{100 * mx:>10.1f}%{n:>6}{tgt:>8}{100 * smed:>11.1f}%{100 * smx:>8.1f}%")
+    steps = {}
+    for r in rows:
+        for s, v in r["measured"]["steps"].items():
+            pv = r["predicted"]["steps"].get(s)
+            if v > 0 and pv is not None:
+                steps.setdefault(s, []).append(abs(rel(pv, v)))
+    if steps:
+        out.append("")
+        out.append("worker steps (per iteration), median |err| over runs: " +
+                   ", ".join(f"{s} {100 * np.median(v):.0f}%" for s, v in steps.items()))
+    if layers:
+        e = [abs(rel(l["predicted"], l["measured"])) for l in layers]
+        worst = max(layers, key=lambda l: abs(rel(l["predicted"], l["measured"])))
+        out.append(f"per layer and pass (in-process, 1 thread): median |err| {100 * np.median(e):.1f} % over "
+                   f"{len(e)}; worst {worst['model']}/{worst['n_subbatch']} {worst['layer']} {worst['pass']} "
+                   f"{100 * rel(worst['predicted'], worst['measured']):+.0f} %")
+    worst = sorted(rows, key=lambda r: -abs(rel(r["predicted"]["T_Epoch"], r["measured"]["T_Epoch"] or 1)))[:3]
+    if worst:
+        out.append("worst T_Epoch: " + "; ".join(
+            f"{r['model']} {r['n_node']}x{r['n_gpu']}x{r['n_subbatch']} "
+            f"{100 * rel(r['predicted']['T_Epoch'], r['measured']['T_Epoch']):+.0f} %" for r in worst))
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

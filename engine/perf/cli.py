@@ -1,0 +1,138 @@
+"""``sprint profile | predict | tune | simulate``: thin wrappers over engine.perf."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _profile(args):
+    from .profile import Profile
+    return Profile.load(getattr(args, "profile", None))
+
+
+def _impl(args):
+    from .model import ENGINE_IMPL, SEED_IMPL
+    return SEED_IMPL if args.impl == "seed" else ENGINE_IMPL
+
+
+def _config_args(p, need_config=True):
+    p.add_argument("--model", required=True, help="preset name or spec file")
+    if need_config:
+        p.add_argument("--nodes", type=int, required=True, help="N_Node (MPI ranks)")
+        p.add_argument("--workers", type=int, default=1, help="N_GPU (workers per node)")
+        p.add_argument("--subbatch", type=int, required=True, help="N_Subbatch (samples per worker step)")
+    p.add_argument("--profile", default=None, help="machine profile JSON (default: the shipped one)")
+    p.add_argument("--n-file", type=int, default=None, help="training samples per epoch")
+    p.add_argument("--impl", choices=["engine", "seed"], default="engine",
+                   help="engine: this engine's ASGD (swaps, updater waits for a gradient); "
+                        "seed: the seed's copies and free-running updater")
+    p.add_argument("--ranks-per-host", type=int, default=1,
+                   help="ranks sharing one host's cores (CPU profiles; N_Node on one machine)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def cmd_profile(args) -> int:
+    from . import fit, sweep
+    from .profile import Profile
+    if args.from_records:
+        data = json.loads(Path(args.from_records).read_text())
+    else:
+        log = (lambda m: print(m, file=sys.stderr, flush=True))
+        data = sweep.run_all(quick=args.quick, threads=args.threads, allreduce=not args.no_allreduce,
+                             contention=not args.no_contention, log=log)
+        if args.records:
+            Path(args.records).write_text(json.dumps(data))
+    from engine import backend
+    prof = fit.fit_profile(data["records"], machine=args.machine, backend=backend.get_backend().name)
+    prof["sweep"] = {k: v for k, v in data.get("meta", {}).items()}
+    prof["skipped"] = data.get("skipped", [])
+    out = args.out or "profile.json"
+    Profile(prof).save(out)
+    print(fit.format_errors(prof))
+    if args.plots:
+        from . import plots
+        for f in plots.plot_fits(data["records"], prof, args.plots):
+            print(f"wrote {f}")
+    print(f"profile written to {out}")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from .model import format_prediction, predict
+    p = predict(args.model, args.nodes, args.workers, args.subbatch, _profile(args), n_file=args.n_file,
+                ranks_per_host=args.ranks_per_host, impl=_impl(args))
+    if args.json:
+        print(json.dumps(p.as_dict(), default=str))
+    else:
+        print(format_prediction(p, per_layer=not args.no_layers))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from .tune import format_candidates, search
+    workers = range(1, args.max_workers + 1) if args.max_workers else (args.workers,)
+    cands = search(args.model, _profile(args), args.target_minibatch, args.tolerance, args.max_nodes,
+                   workers=tuple(workers), max_subbatch=args.max_subbatch, impl=_impl(args),
+                   n_file=args.n_file)
+    if args.json:
+        print(json.dumps([c.__dict__ for c in cands[:args.top]]))
+    else:
+        print(format_candidates(cands, args.target_minibatch, args.tolerance, args.top))
+    return 0 if any(c.feasible for c in cands) else 1
+
+
+def cmd_simulate(args) -> int:
+    from .model import predict
+    from .simulate import compare, format_compare, simulate
+    prof = _profile(args)
+    sim = simulate(args.model, args.nodes, args.workers, args.subbatch, prof, n_updates=args.updates,
+                   seed=args.seed, cv=args.cv, n_file=args.n_file, ranks_per_host=args.ranks_per_host,
+                   impl=_impl(args))
+    pred = predict(args.model, args.nodes, args.workers, args.subbatch, prof, n_file=args.n_file,
+                   ranks_per_host=args.ranks_per_host, impl=_impl(args))
+    if args.json:
+        print(json.dumps({"simulation": sim.as_dict(), "closed_form": pred.as_dict()}, default=str))
+        return 0
+    print(f"{args.model}: {args.nodes} nodes x {args.workers} workers = {args.nodes * args.workers} simulated "
+          f"GPUs, N_Subbatch {args.subbatch}: {sim.updates} updates, {sim.worker_steps} worker steps, "
+          f"{sim.sim_time:.4g} s simulated in {sim.wall_s:.2f} s")
+    print(format_compare(compare(pred, sim)))
+    return 0
+
+
+def register(sub):
+    p = sub.add_parser("profile", help="sweep the kernels and fit a machine profile (SPEC section 4)")
+    p.add_argument("--quick", action="store_true", help="small grids (a few minutes)")
+    p.add_argument("--out", default=None, help="profile JSON to write (default profile.json)")
+    p.add_argument("--records", default=None, help="also save the raw sweep records here")
+    p.add_argument("--from-records", default=None, help="refit saved records instead of sweeping")
+    p.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads while sweeping (default 1)")
+    p.add_argument("--machine", default=None, help="machine description stored in the profile")
+    p.add_argument("--no-allreduce", action="store_true", help="skip the mpiexec allreduce sweep")
+    p.add_argument("--no-contention", action="store_true", help="skip the core-sharing sweep")
+    p.add_argument("--plots", default=None, help="directory for PNGs of each fit against its sweep")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("predict", help="predict T_GPU, T_Update, N_Minibatch_avg, staleness, T_Epoch")
+    _config_args(p)
+    p.add_argument("--no-layers", action="store_true", help="omit the per-layer table")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("tune", help="fastest (N_Node, N_Subbatch[, N_GPU]) at a target minibatch")
+    _config_args(p, need_config=False)
+    p.add_argument("--target-minibatch", type=float, required=True)
+    p.add_argument("--tolerance", type=float, default=0.05)
+    p.add_argument("--max-nodes", type=int, default=64)
+    p.add_argument("--workers", type=int, default=1, help="N_GPU, fixed")
+    p.add_argument("--max-workers", type=int, default=None, help="search N_GPU in 1..this instead")
+    p.add_argument("--max-subbatch", type=int, default=256)
+    p.add_argument("--top", type=int, default=5, help="runners-up to show")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("simulate", help="discrete-event simulation of Algorithms 1 and 2")
+    _config_args(p)
+    p.add_argument("--updates", type=int, default=400, help="global updates to simulate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cv", type=float, default=None, help="spread of every step (default: measured)")
+    p.set_defaults(func=cmd_simulate)

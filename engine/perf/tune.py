@@ -1,0 +1,68 @@
+"""Pick the configuration: the smallest T_Epoch whose N_Minibatch_avg stays
+within a tolerance of a target (seed 000 section 4.3: 138 +- 5 %)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import model as model_mod
+
+NODE_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+SUBBATCH_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 11, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256)
+
+
+@dataclass
+class Candidate:
+    n_node: int
+    n_gpu: int
+    n_subbatch: int
+    t_epoch: float
+    n_minibatch_avg: float
+    t_gpu: float
+    t_update: float
+    staleness: float
+    feasible: bool
+
+
+def search(spec, profile, target: float, tolerance: float = 0.05, max_nodes: int = 64,
+           workers=(1,), max_subbatch: int = 256, impl=model_mod.ENGINE_IMPL, n_file=None,
+           nodes=None, subbatches=None):
+    """All candidates of the grid, feasible ones first by T_Epoch, then the
+    infeasible by their distance to the target."""
+    if not target > 0:
+        raise ValueError(f"target must be > 0, got {target}")
+    if not 0 <= tolerance < 1:
+        raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+    if not isinstance(max_nodes, int) or max_nodes < 1:
+        raise ValueError(f"max_nodes must be a positive int, got {max_nodes!r}")
+    nodes = [n for n in (nodes or NODE_GRID) if n <= max_nodes]
+    if max_nodes not in nodes and nodes and max_nodes > nodes[-1]:
+        nodes.append(max_nodes)
+    subs = [s for s in (subbatches or SUBBATCH_GRID) if s <= max_subbatch]
+    out = []
+    for g in workers:
+        for s in subs:
+            for n in nodes:
+                p = model_mod.predict(spec, n, g, s, profile, n_file=n_file, impl=impl)
+                ok = abs(p.n_minibatch_avg - target) <= tolerance * target
+                out.append(Candidate(n, g, s, p.t_epoch, p.n_minibatch_avg, p.t_gpu, p.t_update,
+                                     p.staleness, ok))
+    feas = sorted((c for c in out if c.feasible), key=lambda c: c.t_epoch)
+    rest = sorted((c for c in out if not c.feasible), key=lambda c: abs(c.n_minibatch_avg - target))
+    return feas + rest
+
+
+def format_candidates(cands, target, tolerance, top=5) -> str:
+    feas = [c for c in cands if c.feasible]
+    lines = [f"target N_Minibatch_avg = {target:g} +- {100 * tolerance:g} %: "
+             f"{len(feas)} of {len(cands)} configurations qualify"]
+    head = f"{'':3}{'N_Node':>7}{'N_GPU':>6}{'N_Sub':>6}{'T_Epoch (s)':>14}{'N_Minibatch':>13}" \
+           f"{'T_GPU (s)':>12}{'T_Update (s)':>14}{'staleness':>11}"
+    show = feas[:top] if feas else cands[:top]
+    if not feas:
+        lines.append("none qualifies; closest to the target:")
+    lines.append(head)
+    for i, c in enumerate(show):
+        mark = "*" if (i == 0 and feas) else " "
+        lines.append(f"{mark:3}{c.n_node:>7}{c.n_gpu:>6}{c.n_subbatch:>6}{c.t_epoch:>14.6g}"
+                     f"{c.n_minibatch_avg:>13.2f}{c.t_gpu:>12.5g}{c.t_update:>14.5g}{c.staleness:>11.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""sprint profile | predict | tune | simulate, and the tuner's choice."""
+import json
+
+import numpy as np
+import pytest
+
+from engine import cli
+from engine.perf import fit, model, tune
+from engine.perf.profile import Profile
+
+PROF = Profile.synthetic()
+
+
+@pytest.fixture()
+def prof_file(tmp_path):
+    p = tmp_path / "p.json"
+    PROF.save(p)
+    return str(p)
+
+
+def test_predict_prints_every_term(prof_file, capsys):
+    rc = cli.main(["predict", "--model", "cnn-a", "--nodes", "16", "--workers", "4", "--subbatch", "8",
+                   "--profile", prof_file])
+    out = capsys.readouterr().out
+    assert rc == 0
+    for word in ("T_GPU", "T_Update", "T_Barrier", "N_Minibatch_avg", "T_Epoch", "WaitGradient",
+                 "ComputeGradient", "conv8", "fc3", "P(fetch)"):
+        assert word in out
+
+
+def test_predict_json_matches_the_library(prof_file, capsys):
+    cli.main(["predict", "--model", "cifar", "--nodes", "4", "--workers", "2", "--subbatch", "8",
+              "--profile", prof_file, "--json", "--impl", "seed"])
+    got = json.loads(capsys.readouterr().out)
+    want = model.predict("cifar", 4, 2, 8, PROF, impl=model.SEED_IMPL)
+    assert got["t_epoch"] == pytest.approx(want.t_epoch)
+    assert got["n_minibatch_avg"] == pytest.approx(want.n_minibatch_avg)
+
+
+def test_default_profile_ships_and_predicts(capsys):
+    assert cli.main(["predict", "--model", "tiny", "--nodes", "2", "--workers", "2", "--subbatch", "8"]) == 0
+    assert "T_Epoch" in capsys.readouterr().out
+    prof = Profile.load()
+    assert prof.data["machine"] and prof.data["date"]
+
+
+def test_tune_picks_the_fastest_feasible_configuration():
+    # A target the grid can reach: the minibatch of one of its configurations.
+    target, tol = model.predict("cifar", 16, 1, 8, PROF, impl=model.SEED_IMPL).n_minibatch_avg, 0.05
+    cands = tune.search("cifar", PROF, target, tol, max_nodes=64, impl=model.SEED_IMPL)
+    feas = [c for c in cands if c.feasible]
+    assert feas, "no configuration reaches the target"
+    best = feas[0]
+    assert abs(best.n_minibatch_avg - target) <= tol * target
+    assert best.t_epoch == min(c.t_epoch for c in feas)
+    # Brute force over the same grid agrees.
+    brute = []
+    for n in tune.NODE_GRID:
+        for s in tune.SUBBATCH_GRID:
+            if n > 64:
+                continue
+            p = model.predict("cifar", n, 1, s, PROF, impl=model.SEED_IMPL)
+            if abs(p.n_minibatch_avg - target) <= tol * target:
+                brute.append(p.t_epoch)
+    assert best.t_epoch == pytest.approx(min(brute))
+
+
+def test_tune_cli_shows_runners_up(prof_file, capsys):
+    rc = cli.main(["tune", "--model", "cifar", "--target-minibatch", "20", "--tolerance", "0.05",
+                   "--max-nodes", "64", "--profile", prof_file, "--top", "4", "--impl", "seed"])
+    out = capsys.readouterr().out
+    assert "qualify" in out and rc in (0, 1)
+    assert len([l for l in out.splitlines() if l[:3].strip() in ("*", "") and l.strip()[:1].isdigit()]) >= 2
+
+
+def test_tune_rejects_bad_target(prof_file, capsys):
+    assert cli.main(["tune", "--model", "tiny", "--target-minibatch", "-1", "--profile", prof_file]) == 2
+    assert "target" in capsys.readouterr().err
+
+
+def test_simulate_cli_compares_with_closed_form(prof_file, capsys):
+    rc = cli.main(["simulate", "--model", "cifar", "--nodes", "8", "--workers", "4", "--subbatch", "4",
+                   "--profile", prof_file, "--updates", "100", "--cv", "0.2"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "closed form" in out and "simulated" in out and "32 simulated GPUs" in out
+
+
+def test_missing_profile_is_a_clean_error(capsys):
+    assert cli.main(["predict", "--model", "tiny", "--nodes", "1", "--subbatch", "1",
+                     "--profile", "/nonexistent/p.json"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_profile_refits_saved_records(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    recs = []
+    for m in (1, 4, 16, 64, 256):
+        for n in (1, 8, 64, 512):
+            for k in (4, 32, 256, 1024):
+                for var in ("nn", "nt", "tn"):
+                    recs.append({"kind": "sgemm", "trans": var, "m": m, "n": n, "k": k,
+                                 "t": 2e-10 * m * n * k + 1e-6, "std": 1e-8})
+    for name in fit.LINEAR_TERMS:
+        for x in np.geomspace(10, 1e6, 10):
+            recs.append({"kind": name, "x": float(x), "t": 1e-9 * x + 1e-6 * rng.uniform(0.9, 1.1)})
+    src = tmp_path / "rec.json"
+    src.write_text(json.dumps({"records": recs, "meta": {}}))
+    out = tmp_path / "prof.json"
+    assert cli.main(["profile", "--from-records", str(src), "--out", str(out), "--plots", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "sgemm_nn" in text and out.exists()
+    assert (tmp_path / "fit_sgemm.png").exists() and (tmp_path / "fit_terms.png").exists()
+    p = Profile.load(out)
+    assert p.sgemm(100, 100, 100, "tn") == pytest.approx(2e-10 * 1e6 + 1e-6, rel=1e-3)
