@@ -25,11 +25,63 @@ inline void valid_range(i64 W, i64 OW, i64 s, i64 p, i64 j, i64& lo, i64& hi) {
 // (and, on a busy machine, waking a descheduled worker) costs more than the copy.
 constexpr i64 kParallelMin = i64(1) << 16;
 
+// One (i, j) block of im2col, row by row: dst[oh*OW + ow] = plane[h][w] or 0.
+inline void copy_rows(const float* plane, float* dst, const ConvGeom& g, i64 i, i64 j) {
+    i64 lo, hi;
+    valid_range(g.W, g.OW, g.sw, g.pw, j, lo, hi);
+    for (i64 oh = 0; oh < g.OH; ++oh, dst += g.OW) {
+        const i64 h = oh * g.sh - g.ph + i;
+        if (h < 0 || h >= g.H || lo == hi) {
+            for (i64 q = 0; q < g.OW; ++q) dst[q] = 0.0f;
+            continue;
+        }
+        // src[q] is input column (lo+q)*sw - pw + j
+        const float* src = plane + h * g.W + lo * g.sw - g.pw + j;
+        for (i64 q = 0; q < lo; ++q) dst[q] = 0.0f;
+        float* d = dst + lo;
+        const i64 len = hi - lo;
+        if (g.sw == 1) {
+#pragma omp simd
+            for (i64 q = 0; q < len; ++q) d[q] = src[q];
+        } else {
+            for (i64 q = 0; q < len; ++q) d[q] = src[q * g.sw];
+        }
+        for (i64 q = hi; q < g.OW; ++q) dst[q] = 0.0f;
+    }
+}
+
+// The same block when stride is 1 and OW == W ("same" padding): output rows
+// are input rows shifted by s = j - pw columns, so all valid rows are one
+// contiguous copy; the |s| columns that wrapped into the neighbouring row are
+// then zeroed. Avoids per-row overhead on the narrow rows of small images.
+inline void copy_shifted_block(const float* plane, float* dst, const ConvGeom& g, i64 i, i64 j) {
+    const i64 W = g.W, HW = g.H * g.W, s = j - g.pw;
+    i64 oh_lo = std::max<i64>(0, g.ph - i), oh_hi = std::min<i64>(g.OH, g.H + g.ph - i);
+    if (oh_hi < oh_lo) oh_hi = oh_lo = 0;
+    std::memset(dst, 0, sizeof(float) * oh_lo * W);
+    std::memset(dst + oh_hi * W, 0, sizeof(float) * (g.OH - oh_hi) * W);
+    if (oh_hi == oh_lo) return;
+    float* d = dst + oh_lo * W;
+    const i64 len = (oh_hi - oh_lo) * W;
+    const i64 off = (oh_lo - g.ph + i) * W + s;  // d[q] <- plane[off + q]
+    const i64 qa = std::min(len, std::max<i64>(0, -off)), qb = std::max(qa, std::min(len, HW - off));
+    std::memset(d, 0, sizeof(float) * qa);
+    std::memcpy(d + qa, plane + off + qa, sizeof(float) * (qb - qa));
+    std::memset(d + qb, 0, sizeof(float) * (len - qb));
+    const i64 e = std::min<i64>(s < 0 ? -s : s, W);
+    if (e == 0) return;
+    for (i64 r = 0; r < oh_hi - oh_lo; ++r) {
+        float* row = d + r * W + (s > 0 ? W - e : 0);
+        for (i64 q = 0; q < e; ++q) row[q] = 0.0f;
+    }
+}
+
 // Each task is one (n, c) input plane: it is read kh*kw times from cache and
 // written to kh*kw rows of cols at column offset n*P.
 void im2col(const float* x, float* cols, const ConvGeom& g) {
     const i64 P = g.P(), BP = g.B * P, HW = g.H * g.W;
     const i64 planes = g.B * g.C;
+    const bool same_rows = g.sh == 1 && g.sw == 1 && g.OW == g.W;
 #pragma omp parallel for schedule(static) if (planes * g.kh * g.kw * P > kParallelMin)
     for (i64 t = 0; t < planes; ++t) {
         const i64 n = t / g.C, c = t % g.C;
@@ -37,27 +89,10 @@ void im2col(const float* x, float* cols, const ConvGeom& g) {
         for (i64 i = 0; i < g.kh; ++i) {
             for (i64 j = 0; j < g.kw; ++j) {
                 float* dst = cols + ((c * g.kh + i) * g.kw + j) * BP + n * P;
-                i64 lo, hi;
-                valid_range(g.W, g.OW, g.sw, g.pw, j, lo, hi);
-                for (i64 oh = 0; oh < g.OH; ++oh, dst += g.OW) {
-                    const i64 h = oh * g.sh - g.ph + i;
-                    if (h < 0 || h >= g.H || lo == hi) {
-                        for (i64 q = 0; q < g.OW; ++q) dst[q] = 0.0f;
-                        continue;
-                    }
-                    // src[q] is input column (lo+q)*sw - pw + j
-                    const float* src = plane + h * g.W + lo * g.sw - g.pw + j;
-                    for (i64 q = 0; q < lo; ++q) dst[q] = 0.0f;
-                    float* d = dst + lo;
-                    const i64 len = hi - lo;
-                    if (g.sw == 1) {
-#pragma omp simd
-                        for (i64 q = 0; q < len; ++q) d[q] = src[q];
-                    } else {
-                        for (i64 q = 0; q < len; ++q) d[q] = src[q * g.sw];
-                    }
-                    for (i64 q = hi; q < g.OW; ++q) dst[q] = 0.0f;
-                }
+                if (same_rows)
+                    copy_shifted_block(plane, dst, g, i, j);
+                else
+                    copy_rows(plane, dst, g, i, j);
             }
         }
     }
