@@ -57,3 +57,78 @@ def assert_close(got, ref, tol=1e-6, eps=1e-5, what=""):
     bad = ~(err <= bound)
     assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} outside tol {tol} + |ref|*{eps}; "
                            f"max err {err.max():.3g}")
+
+
+# ---- the CUDA kernel sources, run sequentially on the CPU --------------------
+# kernels/<name>.cu compiled as C++ with a shim (one block of one thread, so
+# every grid-stride loop visits all indices in order): checks the kernels'
+# index arithmetic and semantics against the CPU twins without a GPU. Kernels
+# that need real threads (warp shuffles, __syncthreads) are not covered.
+
+_SHIM = r"""
+#include <math.h>
+struct sprint_dim3 { unsigned x, y, z; };
+static const sprint_dim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
+static const sprint_dim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __syncthreads() ((void)0)  /* only compiled: unused by the emulated kernels */
+"""
+
+
+def emulated_kernels(name, tmp_dir):
+    """ctypes library of kernels/<name>.cu built for sequential CPU execution
+    (pytest.skip when no C++ compiler is found)."""
+    import ctypes
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to run the CUDA sources on the CPU")
+    tmp_dir = Path(tmp_dir)
+    shim = tmp_dir / "cuda_shim.h"
+    shim.write_text(_SHIM)
+    lib = tmp_dir / f"lib{name}_emulated.so"
+    src = backend.kernel_dir() / f"{name}.cu"
+    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-include", str(shim), "-x", "c++",
+                    str(src), "-I", str(src.parent), "-o", str(lib)], check=True)
+    return ctypes.CDLL(str(lib))
+
+
+def kernel_call(lib, kernel, *args):
+    """Call an emulated kernel: numpy arrays as pointers, Python ints as
+    long long (i64), Python floats as float -- the convention of common.cuh."""
+    import ctypes
+    conv = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            conv.append(ctypes.c_void_p(a.ctypes.data))
+        elif isinstance(a, (bool, int, np.integer)):
+            conv.append(ctypes.c_longlong(int(a)))
+        else:
+            conv.append(ctypes.c_float(float(a)))
+    getattr(lib, kernel)(*conv)
+
+
+def emulated_gpu_backend(tmp_dir, families=("pool", "elementwise", "vector", "deform")):
+    """A backend that takes the ops' GPU RawModule path with NumPy arrays and
+    runs the launched kernels from the real kernels/*.cu sources on the CPU:
+    checks the Python-side validation, the launch arguments (order, types) and
+    the kernel code against the CPU twins."""
+    libs = [emulated_kernels(f, tmp_dir) for f in families]
+
+    def raw_launch(kernel, args, n=None, grid=None, block=256):
+        for lib in libs:
+            if hasattr(lib, kernel):
+                return kernel_call(lib, kernel, *args)
+        raise AssertionError(f"kernel {kernel} is not emulated")
+
+    be = backend.Backend("gpu", np, None, "rawmodule")
+    be.raw_launch = raw_launch
+    return be

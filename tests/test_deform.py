@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import assert_close, cpu, gpu_backends, poison, using
+from k2_support import assert_close, cpu, emulated_gpu_backend, gpu_backends, poison, using
 
 
 @pytest.fixture(autouse=True)
@@ -194,6 +194,26 @@ def test_binding_checks_arguments_themselves():
                             ((_x(1, 3, 4, 4), P1, M3, S3, out.astype(np.float64)), TypeError, "out")]:
         with pytest.raises(exc, match=name):
             ext.deform(*args)
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    return emulated_gpu_backend(tmp_path_factory.mktemp("emulated"), ("deform",))
+
+
+@settings(max_examples=20, deadline=None)
+@given(case=cases(), seed=st.integers(0, 2**31))
+def test_cuda_sources_on_the_cpu_match_the_cpu_twin(emulated, case, seed):
+    """kernels/deform.cu run through the ops' RawModule path: the CPU twin's bits."""
+    shape, out_hw, p, dtype = case
+    x = _img(shape, dtype, seed)
+    mean, std = _norm(shape[1], 0.3, 0.7)
+    want = ops.deform(x, p, out_hw, mean, std)
+    with using(emulated):
+        got = ops.deform(x, p, out_hw, mean, std, out=poison(shape[:2] + out_hw))
+        with pytest.raises(ValueError, match="params"):
+            ops.deform(x, p * 0, out_hw, mean, std)
+    assert np.array_equal(got, want)
 
 
 @pytest.mark.gpu

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import assert_close, cpu, gpu_backends, poison, using
+from k2_support import assert_close, cpu, emulated_gpu_backend, gpu_backends, poison, using
 
 SHAPES = st.lists(st.integers(0, 9), min_size=1, max_size=4).map(tuple)
 
@@ -110,6 +110,25 @@ def test_partial_overlap_is_refused_in_place_is_fine():
         ext.relu_backward(_f(3), _f(3), _f(4))
     with pytest.raises(TypeError, match="b"):
         ext.bias_act(_f(2, 3), np.zeros(3), _f(2, 3), True)
+
+
+def test_cuda_sources_on_the_cpu_match_the_cpu_twin(tmp_path):
+    """kernels/elementwise.cu run through the ops' RawModule path."""
+    emulated = emulated_gpu_backend(tmp_path, ("elementwise",))
+    x, dy, b = _rand((3, 5, 7, 2), 1), _rand((3, 5, 7, 2), 2), _rand(5, 3)
+    x[0, 0, 0, 0] = np.nan
+    want = [ops.relu_forward(x), ops.relu_backward(ops.relu_forward(x), dy), ops.bias_act(x, b),
+            ops.bias_act(x, b, relu=False)]
+    with using(emulated):
+        got = [ops.relu_forward(x, out=poison(x.shape)), ops.relu_backward(want[0], dy, out=poison(x.shape)),
+               ops.bias_act(x, b, out=poison(x.shape)), ops.bias_act(x, b, relu=False, out=poison(x.shape))]
+        inplace = x.copy()
+        ops.relu_forward(inplace, out=inplace)
+        with pytest.raises(ValueError, match="b"):
+            ops.bias_act(x, _rand(4, 0))
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w, equal_nan=True)
+    assert np.array_equal(inplace, want[0], equal_nan=True)
 
 
 @pytest.mark.gpu

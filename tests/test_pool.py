@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import assert_close, cpu, gpu_backends, poison, using
+from k2_support import assert_close, cpu, emulated_gpu_backend, gpu_backends, poison, using
 
 
 @pytest.fixture(autouse=True)
@@ -201,6 +201,28 @@ def test_bindings_check_arguments_themselves():
     with pytest.raises(ValueError, match="overlap"):
         buf = _x(1, 1, 4, 4)
         ext.maxpool_forward(buf, buf.reshape(-1)[:4].reshape(1, 1, 2, 2), am, 2, 2, 2, 2, 0, 0)
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    return emulated_gpu_backend(tmp_path_factory.mktemp("emulated"), ("pool",))
+
+
+@settings(max_examples=30, deadline=None)
+@given(g=geoms(), seed=st.integers(0, 2**31))
+def test_cuda_sources_on_the_cpu_match_the_cpu_twin(emulated, g, seed):
+    """kernels/pool.cu (forward, and the gather backward) run through the ops'
+    RawModule path: the CPU twin's values, argmax and dx bits."""
+    shape, kh, kw, sh, sw, ph, pw = g
+    x = np.random.default_rng(seed).integers(-3, 3, shape).astype(np.float32)  # ties
+    y, am = ops.maxpool_forward(x, (kh, kw), (sh, sw), (ph, pw))
+    dy = np.random.default_rng(seed + 1).standard_normal(y.shape).astype(np.float32)
+    dx = ops.maxpool_backward(dy, am, shape, (kh, kw), (sh, sw), (ph, pw))
+    with using(emulated):
+        ey, eam = ops.maxpool_forward(x, (kh, kw), (sh, sw), (ph, pw), out=poison(y.shape),
+                                      argmax_out=poison(y.shape, np.int32))
+        edx = ops.maxpool_backward(dy, eam, shape, (kh, kw), (sh, sw), (ph, pw), out=poison(shape))
+    assert np.array_equal(ey, y) and np.array_equal(eam, am) and np.array_equal(edx, dx)
 
 
 @pytest.mark.gpu

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import assert_close, cpu, gpu_backends, poison, using
+from k2_support import assert_close, cpu, emulated_gpu_backend, gpu_backends, poison, using
 
 # Sizes below and above the OpenMP threshold (65536) and odd tails.
 SIZES = st.one_of(st.integers(0, 300), st.sampled_from([65535, 65536, 100_003, 1 << 18]))
@@ -124,54 +124,42 @@ BAD = [
 ]
 
 
-def _emulated_gpu():
-    """A backend that takes the GPU (RawModule) code path of the ops with NumPy
-    arrays, the kernels emulated in NumPy: runs the Python-side validation and
-    the launch arguments (sum_into's 8-buffer passes) without a GPU."""
-    from engine import backend
-
-    def launch(kernel, args, n=None, grid=None, block=256):
-        if kernel == "sprint_sum_into_f32":
-            out, bufs, k = args[0], args[1:9], args[9]
-            assert args[10] == n == out.size and 1 <= k <= 8
-            acc = np.zeros_like(out)
-            for b in bufs[:k]:
-                acc += b
-            out[...] = acc
-        elif kernel == "sprint_axpy_f32":
-            y, x, alpha, _ = args
-            y += np.float32(alpha) * x
-        else:
-            raise AssertionError(f"unexpected kernel {kernel}")
-
-    be = backend.Backend("gpu", np, None, "rawmodule")
-    be.raw_launch = launch
-    return be
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    return emulated_gpu_backend(tmp_path_factory.mktemp("emulated"), ("vector",))
 
 
 @pytest.mark.parametrize("path", ["cpp", "gpu-python-checks"])
 @pytest.mark.parametrize("call,exc,name", BAD)
-def test_bad_input_names_the_argument(call, exc, name, path):
-    with using(cpu() if path == "cpp" else _emulated_gpu()):
+def test_bad_input_names_the_argument(call, exc, name, path, request):
+    with using(cpu() if path == "cpp" else request.getfixturevalue("emulated")):
         with pytest.raises(exc, match=name):
             call()
 
 
-def test_gpu_code_path_sums_in_passes_of_eight_left_to_right():
-    bufs = [_vec(1001, s) * 10 ** (s % 4) for s in range(19)]
-    want = bufs[0].copy()
-    for b in bufs[1:]:
-        want = want + b
-    with using(_emulated_gpu()):
-        out = poison(1001)
-        ops.sum_into(out, bufs)
-        assert np.array_equal(out, want)
-        ops.sum_into(bufs[0], bufs)  # accumulate into bufs[0]
-        assert np.array_equal(bufs[0], want)
-        y = _vec(1001, 1)
-        want = y + np.float32(2) * bufs[1]
-        ops.axpy(2.0, bufs[1], y)
-        assert np.array_equal(y, want)
+def test_cuda_sources_on_the_cpu_match_the_cpu_twins(emulated):
+    """kernels/vector.cu run through the ops' RawModule path (sum_into in
+    passes of 8 with the running sum as b0) gives the CPU twins' bits."""
+    n = 70_001
+    bufs = [_vec(n, s) * 10 ** (s % 4) for s in range(19)]
+    x, y, w, d, u = (_vec(n, 100 + s) for s in range(5))
+    want = {"sum": ops.sum_into(poison(n), bufs), "axpy": ops.axpy(0.3, x, y.copy()),
+            "scale": ops.scale(-2.5, x.copy())}
+    w1, d1, w2, v2 = w.copy(), d.copy(), w.copy(), d.copy()
+    ops.momentum_step(w1, d1, u, 0.9)
+    ops.sgd_update(w2, v2, u, 0.05, 0.9, 1e-3)
+    with using(emulated):
+        assert np.array_equal(ops.sum_into(poison(n), bufs), want["sum"])
+        acc = bufs[0].copy()
+        assert np.array_equal(ops.sum_into(acc, [acc] + bufs[1:]), want["sum"])  # into bufs[0]
+        assert np.array_equal(ops.axpy(0.3, x, y.copy()), want["axpy"])
+        assert np.array_equal(ops.scale(-2.5, x.copy()), want["scale"])
+        ew, ed = w.copy(), d.copy()
+        ops.momentum_step(ew, ed, u, 0.9)
+        assert np.array_equal(ew, w1) and np.array_equal(ed, d1)
+        ew, ev = w.copy(), d.copy()
+        ops.sgd_update(ew, ev, u, 0.05, 0.9, 1e-3)
+        assert np.array_equal(ew, w2) and np.array_equal(ev, v2)
         a = np.zeros(16, np.float32)
         with pytest.raises(ValueError, match="overlap"):
             ops.axpy(1.0, a[:8], a[4:12])
