@@ -114,3 +114,49 @@ def test_one_worker_asgd_on_the_engine_is_engine_sgd_step_by_step():
         replay.net.loss_and_grad(*replay.deform(replay.load()))
         opt.step()
     assert float(np.abs(replay.net.params - ws[-1]).max()) < 1e-4
+
+
+@pytest.fixture
+def gpu_backend():
+    from engine import backend
+    before = backend.get_backend().name
+    backend.set_backend("gpu")
+    yield backend
+    backend.set_backend(before)
+
+
+@pytest.mark.gpu
+def test_gpu_asgd_one_worker_is_sgd_and_two_workers_on_two_streams(gpu_backend):
+    """On one GPU: lockstep ASGD == engine SGD step by step (device buffers,
+    per-worker streams), then two free-running workers on their own streams."""
+    from engine.optim import SGD
+    from engine.parallel.asgd import ASGD, ASGDConfig
+    to_host, xp = gpu_backend.to_host, gpu_backend.get_backend().xp
+    lr, nu, wd, steps = 0.05, 0.9, 5e-4, 10
+
+    def gpu_source():
+        src = _digits_source()
+        src.gpu, src.threads = True, None
+        return src
+
+    src = gpu_source()
+    a = ASGD(None, src.net.params.copy(), [src],
+             ASGDConfig(lr=lr, momentum=nu, weight_decay=wd, max_updates=steps, lockstep=True, trace=True)).run()
+    ws = np.array(a.trace_weights)
+    replay = _digits_source()
+    net = replay.net
+    opt = SGD(net, lr=lr, momentum=nu, weight_decay=wd)
+    for k in range(steps):
+        batch = replay.deform(replay.load())
+        net.set_flat(ws[k])
+        opt.velocity[...] = xp.asarray(ws[k] - ws[k - 1] if k else np.zeros_like(ws[0]))
+        net.loss_and_grad(*batch)
+        opt.step()
+        assert float(np.abs(to_host(net.params) - ws[k + 1]).max()) <= 1e-5, k
+
+    srcs = [gpu_source() for _ in range(2)]
+    b = ASGD(None, srcs[0].net.params.copy(), srcs, ASGDConfig(lr=0.01, momentum=0.9, max_updates=40)).run()
+    st = b.stats()
+    assert st["updates"] == 40 and sum(st["minibatch"]) == st["samples"]
+    assert np.isfinite(to_host(b.latest)).all() and np.isfinite(b.last_loss)
+    assert st["timers"]["ComputeGradient"]["count"] >= 40

@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MPI_DIR = ROOT / "tests" / "mpi"
 
-pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")
+pytestmark = [pytest.mark.mpi,
+              pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")]
 
 
 def run_mpi(n, script, *args, timeout=60, env=None):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")
+pytestmark = [pytest.mark.mpi,
+              pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")]
 
 BASE = {"model": "digits", "batch": 16, "threads": 1, "progress": False, "verbose": False}
 # ASGD sums every gradient that arrived since the last update and stale
