@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import interleaved
-from engine.parallel.asgd import ASGD, ASGDConfig, Step
+from engine.parallel.asgd import ASGD, ASGDConfig
 from engine.spec import get_spec, n_params
 
 N = n_params(get_spec("cifar"))

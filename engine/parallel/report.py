@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .asgd import ASGD  # noqa: F401  (documents where the numbers come from)
 from .runner import STATS
 from .timers import UPDATER_STEPS, WORKER_STEPS
 

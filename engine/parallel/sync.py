@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
 
 from ._xp import array_module, device_sync, to_host
 from .comm import Comm, LocalComm
