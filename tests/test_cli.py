@@ -126,3 +126,13 @@ def test_errors_are_messages_not_tracebacks(tmp_path):
     (tmp_path / "run" / "config.json").write_text(json.dumps({"train": {"epochs": 1}}))
     p = sprint("train", "--resume", tmp_path / "run", "--lr", "0.3", check=False)
     assert p.returncode == 2 and "--lr" in p.stderr
+
+
+def test_import_engine_is_light():
+    """`import engine` loads no NumPy and no extension; attributes load on use."""
+    code = ("import sys, engine; assert 'numpy' not in sys.modules and 'engine._sprint_cpu' not in sys.modules; "
+            "assert engine.spec.get_spec('tiny').n_classes == 3; "
+            "assert callable(engine.train) and engine.Net.__name__ == 'Net' and engine.SGD.__name__ == 'SGD'; "
+            "import engine.train as t; assert engine.train is t and callable(engine.train); "
+            "assert engine.data.load_dataset is not None")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
