@@ -21,12 +21,13 @@ typedef long long i64;
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < (i64)(n); \
          idx += (i64)blockDim.x * gridDim.x)
 
-// Block-wide sum of one float per thread; blockDim.x must be SPRINT_BLOCK.
-// Fixed reduction tree: deterministic. Result valid in thread 0.
+// Block-wide sum of one float per thread; blockDim.x a power of two <=
+// SPRINT_BLOCK (smem has SPRINT_BLOCK floats). Fixed reduction tree:
+// deterministic. Result returned to every thread.
 __device__ __forceinline__ float sprint_block_sum(float v, float* smem) {
     smem[threadIdx.x] = v;
     __syncthreads();
-    for (int s = SPRINT_BLOCK / 2; s > 0; s >>= 1) {
+    for (int s = (int)blockDim.x / 2; s > 0; s >>= 1) {
         if ((int)threadIdx.x < s) smem[threadIdx.x] += smem[threadIdx.x + s];
         __syncthreads();
     }

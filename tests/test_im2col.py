@@ -254,3 +254,80 @@ def test_gpu_im2col_family_matches_cpu(win):
         z = dy.copy()
         conv._k_add_channel_bias(be, z, cupy.asarray(bias))
         np.testing.assert_allclose(z.get(), cpu_y + bias[None, :, None], rtol=1e-6, atol=1e-6)
+
+
+# ---- kernels/im2col.cu run sequentially on the CPU (no GPU needed) -----------
+# The ops take their GPU RawModule path with NumPy arrays; each launch runs the
+# real CUDA source compiled as C++ (one thread, so grid-stride loops visit every
+# index): checks kernel index arithmetic and the launch arguments (order,
+# types) against the C++ twins. Helpers shared with K2's kernel tests.
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    import ctypes
+    import shutil
+    import subprocess
+
+    import k2_support
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to run the CUDA sources on the CPU")
+    d = tmp_path_factory.mktemp("im2col_emulated")
+    shim = d / "shim.h"
+    shim.write_text(k2_support._SHIM + "\n#define __shared__ static\n")
+    src = backend_kernel("im2col.cu")
+    lib_path = d / "libim2col_emulated.so"
+    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-include", str(shim), "-x", "c++", str(src),
+                    "-I", str(src.parent), "-o", str(lib_path)], check=True)
+    lib = ctypes.CDLL(str(lib_path))
+
+    from engine.backend import Backend
+    be = Backend("gpu", np, None, "rawmodule")
+    launched = []
+
+    def raw_launch(kernel, args, n=None, grid=None, block=256):
+        launched.append(kernel)
+        k2_support.kernel_call(lib, kernel, *args)
+
+    be.raw_launch = raw_launch
+    be.launched = launched
+    return be
+
+
+def backend_kernel(name):
+    from engine.backend import kernel_dir
+    return kernel_dir() / name
+
+
+@pytest.mark.parametrize("win", [((3, 4, 9, 7), 3, 3, 1, 1, 1, 1), ((2, 3, 9, 12), 5, 3, 2, 3, 3, 0),
+                                 ((1, 1, 6, 6), 1, 1, 1, 1, 0, 0), ((2, 2, 13, 13), 11, 11, 4, 4, 2, 2)])
+def test_cuda_sources_match_cpu_twins(emulated, win):
+    import k2_support
+
+    from engine.ops import conv
+    shape, kh, kw, sh, sw, ph, pw = win
+    x, M = _rand(shape, 21), 3
+    wt = _rand((M, shape[1], kh, kw), 22)
+    b = _rand((M,), 23)
+    ref_cols = ops.im2col(x, kh, kw, (sh, sw), (ph, pw))
+    c = _rand(ref_cols.shape, 24)
+    ref_x = ops.col2im(c, shape, kh, kw, (sh, sw), (ph, pw))
+    ref_y = ops.conv2d_forward(x, wt, b, (sh, sw), (ph, pw))
+    dy = _rand(ref_y.shape, 25)
+    ref_g = ops.conv2d_backward(x, wt, dy, (sh, sw), (ph, pw))
+    emulated.launched.clear()
+    with k2_support.using(emulated):
+        cols = ops.im2col(x, kh, kw, (sh, sw), (ph, pw), out=np.full(ref_cols.shape, np.nan, np.float32))
+        xx = ops.col2im(c, shape, kh, kw, (sh, sw), (ph, pw), out=np.full(shape, np.nan, np.float32))
+        y = ops.conv2d_forward(x, wt, b, (sh, sw), (ph, pw), out=np.full(ref_y.shape, np.nan, np.float32))
+        g = ops.conv2d_backward(x, wt, dy, (sh, sw), (ph, pw))
+    assert np.array_equal(cols, ref_cols)
+    np.testing.assert_allclose(xx, ref_x, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(y, ref_y, rtol=1e-6, atol=1e-5)
+    for a, r in zip(g, ref_g):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
+    used = set(emulated.launched)
+    pointwise = conv._geom(shape, kh, kw, (sh, sw), (ph, pw)).is_pointwise
+    expect = {"sprint_im2col_f32", "sprint_col2im_f32", "sprint_nchw_to_cnhw_f32", "sprint_channel_sum_f32"}
+    expect |= {"sprint_add_channel_bias_f32"} if pointwise else {"sprint_cnhw_to_nchw_f32"}
+    assert expect <= used, expect - used
