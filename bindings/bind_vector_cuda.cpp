@@ -25,14 +25,22 @@ void bind_vector_cuda(py::module_& m) {
         launch_nogil("scale", [&] { return cuda::scale_f32(dptr<float>(x), a, n, stream); });
     }, py::arg("alpha"), py::arg("x"), py::arg("n"), py::arg("stream") = 0, "x *= alpha");
 
-    m.def("sum_into", [](uptr out, std::vector<uptr> bufs, i64 n, uptr stream) {
+    m.def("sum_into", [](uptr out, py::sequence bufs, i64 n, uptr stream) {
         check_ptr(out, "out"); check_int(n, "n", 0, kMaxN);
-        if (bufs.empty()) value_error("bufs must hold at least one buffer");
+        if (py::len(bufs) == 0) value_error("bufs must hold at least one buffer");
         std::vector<const float*> ptrs;
-        for (size_t i = 0; i < bufs.size(); ++i) {
-            check_ptr(bufs[i], ("bufs[" + std::to_string(i) + "]").c_str());
-            if (i > 0 && bufs[i] == out) value_error("out may alias bufs[0] only, not bufs[" + std::to_string(i) + "]");
-            ptrs.push_back(dptr<const float>(bufs[i]));
+        for (size_t i = 0; i < py::len(bufs); ++i) {
+            const std::string name = "bufs[" + std::to_string(i) + "]";
+            if (!py::isinstance<py::int_>(bufs[i])) type_error(name + " must be a device pointer (int)");
+            uptr p = 0;
+            try {
+                p = bufs[i].cast<uptr>();
+            } catch (const py::cast_error&) {
+                value_error(name + " is not a valid device pointer");
+            }
+            check_ptr(p, name.c_str());
+            if (i > 0 && p == out) value_error("out may alias bufs[0] only, not " + name);
+            ptrs.push_back(dptr<const float>(p));
         }
         launch_nogil("sum_into", [&] {
             return cuda::sum_into_f32(dptr<float>(out), ptrs.data(), int(ptrs.size()), n, stream);

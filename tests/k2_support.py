@@ -132,3 +132,24 @@ def emulated_gpu_backend(tmp_dir, families=("pool", "elementwise", "vector", "de
     be = backend.Backend("gpu", np, None, "rawmodule")
     be.raw_launch = raw_launch
     return be
+
+
+def cuda_module_without_device():
+    """engine._sprint_cuda on a machine with no CUDA device (else skip: the
+    binding tests pass fake device pointers, which a real launch would use).
+    There a valid call gets through every argument check and its launch fails
+    with a RuntimeError naming the CUDA error; nothing touches memory."""
+    import pytest
+    try:
+        from engine import _sprint_cuda
+    except ImportError:
+        pytest.skip("engine._sprint_cuda is not built")
+    if _sprint_cuda.device_count() > 0:
+        pytest.skip("a CUDA device is present: fake pointers would be dereferenced")
+    return _sprint_cuda
+
+
+def check_cuda_binding(call, exc=RuntimeError, match="CUDA error"):
+    import pytest
+    with pytest.raises(exc, match=match):
+        call()

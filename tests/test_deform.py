@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import assert_close, cpu, emulated_gpu_backend, gpu_backends, poison, using
+from k2_support import (assert_close, check_cuda_binding, cpu, cuda_module_without_device,
+                        emulated_gpu_backend, gpu_backends, poison, using)
 
 
 @pytest.fixture(autouse=True)
@@ -235,3 +236,15 @@ def test_gpu_deform_matches_cpu(dtype):
             assert_close(got, want, tol=1e-4, eps=1e-5, what=be.kernels)
             gi = ops.deform(g(x), ops.identity_params(16, cupy), (32, 32), *(g(a) for a in _norm(3)))
             assert np.array_equal(gi.get(), ident), be.kernels
+
+
+def test_cuda_binding_checks_arguments_without_a_gpu():
+    c = cuda_module_without_device()
+    check_cuda_binding(lambda: c.deform(8, True, 16, 24, 32, 40, 2, 3, 8, 8, 6, 6))
+    check_cuda_binding(lambda: c.deform(8, False, 16, 24, 32, 40, 2, 3, 8, 8, 9, 7))
+    for args, name in (((0, True, 16, 24, 32, 40, 2, 3, 8, 8, 6, 6), "x"),
+                       ((8, True, 16, 24, 0, 40, 2, 3, 8, 8, 6, 6), "std"),
+                       ((8, True, 16, 24, 32, 40, 2, 0, 8, 8, 6, 6), "channels"),
+                       ((8, True, 16, 24, 32, 40, 2, 3, 8, 8, 0, 6), "out_hw"),
+                       ((8, True, 16, 24, 32, 40, -1, 3, 8, 8, 6, 6), "batch")):
+        check_cuda_binding(lambda: c.deform(*args), ValueError, name)

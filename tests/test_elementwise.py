@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import assert_close, cpu, emulated_gpu_backend, gpu_backends, poison, using
+from k2_support import (assert_close, check_cuda_binding, cpu, cuda_module_without_device,
+                        emulated_gpu_backend, gpu_backends, poison, using)
 
 SHAPES = st.lists(st.integers(0, 9), min_size=1, max_size=4).map(tuple)
 
@@ -150,3 +151,16 @@ def test_gpu_elementwise_matches_cpu(shape):
             if b is not None:
                 gba = ops.bias_act(cupy.asarray(x), cupy.asarray(b), out=poison(shape, xp=cupy))
                 assert np.array_equal(gba.get(), ba), be.kernels
+
+
+def test_cuda_bindings_check_arguments_without_a_gpu():
+    c = cuda_module_without_device()
+    for call in (lambda: c.relu_forward(8, 16, 10), lambda: c.relu_backward(8, 16, 24, 10),
+                 lambda: c.bias_act(8, 16, 24, 2, 3, 5, True)):
+        check_cuda_binding(call)
+    for call, exc, name in ((lambda: c.relu_forward(8, 0, 10), ValueError, "out"),
+                            (lambda: c.relu_backward(8, 16, 24, -1), ValueError, "n"),
+                            (lambda: c.bias_act(8, 0, 24, 2, 3, 5, True), ValueError, "b"),
+                            (lambda: c.bias_act(8, 16, 24, 2, 0, 5, True), ValueError, "channels"),
+                            (lambda: c.bias_act(8, 16, 24, 2**31, 2**31, 2**31, True), ValueError, "large")):
+        check_cuda_binding(call, exc, name)

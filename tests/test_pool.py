@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import assert_close, cpu, emulated_gpu_backend, gpu_backends, poison, using
+from k2_support import (assert_close, check_cuda_binding, cpu, cuda_module_without_device,
+                        emulated_gpu_backend, gpu_backends, poison, using)
 
 
 @pytest.fixture(autouse=True)
@@ -242,3 +243,17 @@ def test_gpu_pool_matches_cpu(shape, k, s, p):
             assert np.array_equal(gy.get(), y) and np.array_equal(gam.get(), am), be.kernels
             gdx = ops.maxpool_backward(cupy.asarray(dy), gam, shape, k, s, p, out=poison(shape, xp=cupy))
             assert np.array_equal(gdx.get(), dx), be.kernels  # same gather order: same bits
+
+
+def test_cuda_bindings_check_arguments_without_a_gpu():
+    c = cuda_module_without_device()
+    check_cuda_binding(lambda: c.maxpool_forward(8, 16, 24, 2, 3, 8, 8, 2, 2, 2, 2, 0, 0))
+    check_cuda_binding(lambda: c.maxpool_backward(8, 16, 24, 2, 3, 8, 8, 3, 3, 2, 2, 1, 1))
+    for args, name in (((0, 16, 24, 2, 3, 8, 8, 2, 2, 2, 2, 0, 0), "x"),
+                       ((8, 16, 0, 2, 3, 8, 8, 2, 2, 2, 2, 0, 0), "argmax"),
+                       ((8, 16, 24, 2, 3, 8, 8, 2, 2, 2, 2, 2, 0), "pad"),
+                       ((8, 16, 24, 2, 3, 8, 8, 9, 9, 1, 1, 0, 0), "k"),
+                       ((8, 16, 24, 2, 3, 8, 8, 2, 2, 0, 2, 0, 0), "stride"),
+                       ((8, 16, 24, -1, 3, 8, 8, 2, 2, 2, 2, 0, 0), "N"),
+                       ((8, 16, 24, 2, 3, 2**40, 8, 2, 2, 2, 2, 0, 0), "x")):
+        check_cuda_binding(lambda: c.maxpool_forward(*args), ValueError, name)

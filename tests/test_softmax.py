@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import assert_close, cpu, gpu_backends, poison, using
+from k2_support import (assert_close, check_cuda_binding, cpu, cuda_module_without_device, gpu_backends, poison,
+                        using)
 
 
 @pytest.fixture(autouse=True)
@@ -149,3 +150,12 @@ def test_gpu_softmax_matches_cpu(n, k):
             assert_close(gd, d, tol=1e-6 / n, eps=1e-5, what=be.kernels)
             with pytest.raises(ValueError, match="labels"):
                 ops.softmax_xent(cupy.asarray(z), cupy.full(n, k, cupy.int64))
+
+
+def test_cuda_binding_checks_arguments_without_a_gpu():
+    c = cuda_module_without_device()
+    check_cuda_binding(lambda: c.softmax_xent(8, 16, 24, 32, 40, 4, 10))
+    for args, name in (((0, 16, 24, 32, 40, 4, 10), "logits"), ((8, 0, 24, 32, 40, 4, 10), "labels"),
+                       ((8, 16, 24, 32, 0, 4, 10), "row_loss"), ((8, 16, 24, 32, 40, 0, 10), "N"),
+                       ((8, 16, 24, 32, 40, 4, 0), "K")):
+        check_cuda_binding(lambda: c.softmax_xent(*args), ValueError, name)

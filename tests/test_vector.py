@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import assert_close, cpu, emulated_gpu_backend, gpu_backends, poison, using
+from k2_support import (assert_close, check_cuda_binding, cpu, cuda_module_without_device,
+                        emulated_gpu_backend, gpu_backends, poison, using)
 
 # Sizes below and above the OpenMP threshold (65536) and odd tails.
 SIZES = st.one_of(st.integers(0, 300), st.sampled_from([65535, 65536, 100_003, 1 << 18]))
@@ -236,3 +237,21 @@ def test_gpu_vector_ops_match_cpu(n):
             ops.sgd_update(gw, gv, g(u), 0.05, 0.9, 1e-3)
             assert_close(gw, w2, what=be.kernels)
             assert_close(gv, v2, what=be.kernels)
+
+
+def test_cuda_bindings_check_arguments_without_a_gpu():
+    c = cuda_module_without_device()
+    for call in (lambda: c.axpy(0.5, 8, 16, 10), lambda: c.scale(2.0, 8, 10),
+                 lambda: c.sum_into(8, [16, 24] + [32] * 9, 10),  # 11 buffers: two launches
+                 lambda: c.momentum_step(8, 16, 24, 0.9, 10), lambda: c.sgd_update(8, 16, 24, 0.1, 0.9, 0.0, 10)):
+        check_cuda_binding(call)
+    for call, exc, name in ((lambda: c.axpy(0.5, 0, 16, 10), ValueError, "x"),
+                            (lambda: c.axpy(float("inf"), 8, 16, 10), ValueError, "alpha"),
+                            (lambda: c.scale(1.0, 8, -1), ValueError, "n"),
+                            (lambda: c.sum_into(8, [], 10), ValueError, "bufs"),
+                            (lambda: c.sum_into(8, [16, 8], 10), ValueError, r"bufs\[1\]"),
+                            (lambda: c.sum_into(8, [16, -3], 10), ValueError, r"bufs\[1\]"),
+                            (lambda: c.sum_into(8, [16, "a"], 10), TypeError, r"bufs\[1\]"),
+                            (lambda: c.momentum_step(8, 0, 24, 0.9, 10), ValueError, "delta"),
+                            (lambda: c.sgd_update(8, 16, 24, 0.1, float("nan"), 0.0, 10), ValueError, "momentum")):
+        check_cuda_binding(call, exc, name)
