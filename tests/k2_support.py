@@ -153,3 +153,16 @@ def check_cuda_binding(call, exc=RuntimeError, match="CUDA error"):
     import pytest
     with pytest.raises(exc, match=match):
         call()
+
+
+def compiled_backend_without_device():
+    """The ops' compiled-module GPU path with NumPy arrays whose host
+    addresses stand in for device pointers, on a machine with no device: each
+    op must get through its checks and call its engine._sprint_cuda binding
+    with arguments the binding accepts -- the launch then fails with a
+    RuntimeError naming the CUDA error (no memory is touched)."""
+    c = cuda_module_without_device()
+    be = backend.Backend("gpu", np, c, "compiled")
+    be.ptr = lambda a: 0 if a is None else int(a.ctypes.data)
+    be.stream_ptr = lambda: 0
+    return be

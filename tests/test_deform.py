@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import (assert_close, check_cuda_binding, cpu, cuda_module_without_device,
-                        emulated_gpu_backend, gpu_backends, poison, using)
+from k2_support import (assert_close, check_cuda_binding, compiled_backend_without_device, cpu,
+                        cuda_module_without_device, emulated_gpu_backend, gpu_backends, poison, using)
 
 
 @pytest.fixture(autouse=True)
@@ -248,3 +248,9 @@ def test_cuda_binding_checks_arguments_without_a_gpu():
                        ((8, True, 16, 24, 32, 40, 2, 3, 8, 8, 0, 6), "out_hw"),
                        ((8, True, 16, 24, 32, 40, -1, 3, 8, 8, 6, 6), "batch")):
         check_cuda_binding(lambda: c.deform(*args), ValueError, name)
+
+
+def test_ops_call_the_compiled_binding_correctly():
+    with using(compiled_backend_without_device()):
+        for x in (_x(2, 3, 8, 8), _x(2, 3, 8, 8, dtype=np.float32)):
+            check_cuda_binding(lambda: ops.deform(x, ops.identity_params(2), (6, 7), M3, S3))

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import (assert_close, check_cuda_binding, cpu, cuda_module_without_device,
-                        emulated_gpu_backend, gpu_backends, poison, using)
+from k2_support import (assert_close, check_cuda_binding, compiled_backend_without_device, cpu,
+                        cuda_module_without_device, emulated_gpu_backend, gpu_backends, poison, using)
 
 SHAPES = st.lists(st.integers(0, 9), min_size=1, max_size=4).map(tuple)
 
@@ -164,3 +164,10 @@ def test_cuda_bindings_check_arguments_without_a_gpu():
                             (lambda: c.bias_act(8, 16, 24, 2, 0, 5, True), ValueError, "channels"),
                             (lambda: c.bias_act(8, 16, 24, 2**31, 2**31, 2**31, True), ValueError, "large")):
         check_cuda_binding(call, exc, name)
+
+
+def test_ops_call_the_compiled_bindings_correctly():
+    with using(compiled_backend_without_device()):
+        for call in (lambda: ops.relu_forward(_f(3, 4)), lambda: ops.relu_backward(_f(3, 4), _f(3, 4)),
+                     lambda: ops.bias_act(_f(2, 3, 4), _f(3))):
+            check_cuda_binding(call)

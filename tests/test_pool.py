@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import (assert_close, check_cuda_binding, cpu, cuda_module_without_device,
-                        emulated_gpu_backend, gpu_backends, poison, using)
+from k2_support import (assert_close, check_cuda_binding, compiled_backend_without_device, cpu,
+                        cuda_module_without_device, emulated_gpu_backend, gpu_backends, poison, using)
 
 
 @pytest.fixture(autouse=True)
@@ -257,3 +257,10 @@ def test_cuda_bindings_check_arguments_without_a_gpu():
                        ((8, 16, 24, -1, 3, 8, 8, 2, 2, 2, 2, 0, 0), "N"),
                        ((8, 16, 24, 2, 3, 2**40, 8, 2, 2, 2, 2, 0, 0), "x")):
         check_cuda_binding(lambda: c.maxpool_forward(*args), ValueError, name)
+
+
+def test_ops_call_the_compiled_bindings_correctly():
+    with using(compiled_backend_without_device()):
+        check_cuda_binding(lambda: ops.maxpool_forward(_x(2, 3, 8, 8), 3, 2, 1))
+        check_cuda_binding(lambda: ops.maxpool_backward(_x(2, 3, 4, 4), np.zeros((2, 3, 4, 4), np.int32),
+                                                        (2, 3, 8, 8), 3, 2, 1))

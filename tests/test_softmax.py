@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import (assert_close, check_cuda_binding, cpu, cuda_module_without_device, gpu_backends, poison,
-                        using)
+from k2_support import (assert_close, check_cuda_binding, compiled_backend_without_device, cpu,
+                        cuda_module_without_device, gpu_backends, poison, using)
 
 
 @pytest.fixture(autouse=True)
@@ -159,3 +159,8 @@ def test_cuda_binding_checks_arguments_without_a_gpu():
                        ((8, 16, 24, 32, 0, 4, 10), "row_loss"), ((8, 16, 24, 32, 40, 0, 10), "N"),
                        ((8, 16, 24, 32, 40, 4, 0), "K")):
         check_cuda_binding(lambda: c.softmax_xent(*args), ValueError, name)
+
+
+def test_ops_call_the_compiled_binding_correctly():
+    with using(compiled_backend_without_device()):
+        check_cuda_binding(lambda: ops.softmax_xent(_z(), np.array([0, 1, 2, 0], np.int32)))

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
-from k2_support import (assert_close, check_cuda_binding, cpu, cuda_module_without_device,
-                        emulated_gpu_backend, gpu_backends, poison, using)
+from k2_support import (assert_close, check_cuda_binding, compiled_backend_without_device, cpu,
+                        cuda_module_without_device, emulated_gpu_backend, gpu_backends, poison, using)
 
 # Sizes below and above the OpenMP threshold (65536) and odd tails.
 SIZES = st.one_of(st.integers(0, 300), st.sampled_from([65535, 65536, 100_003, 1 << 18]))
@@ -255,3 +255,12 @@ def test_cuda_bindings_check_arguments_without_a_gpu():
                             (lambda: c.momentum_step(8, 0, 24, 0.9, 10), ValueError, "delta"),
                             (lambda: c.sgd_update(8, 16, 24, 0.1, float("nan"), 0.0, 10), ValueError, "momentum")):
         check_cuda_binding(call, exc, name)
+
+
+def test_ops_call_the_compiled_bindings_correctly():
+    with using(compiled_backend_without_device()):
+        for call in (lambda: ops.axpy(0.5, _f(), _f()), lambda: ops.scale(2.0, _f()),
+                     lambda: ops.sum_into(_f(), [_f() for _ in range(11)]),
+                     lambda: ops.momentum_step(_f(), _f(), _f(), 0.9),
+                     lambda: ops.sgd_update(_f(), _f(), _f(), 0.1, 0.9, 1e-4)):
+            check_cuda_binding(call)
