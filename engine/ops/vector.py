@@ -18,8 +18,6 @@ __all__ = ["axpy", "scale", "sum_into", "momentum_step", "sgd_update"]
 
 # The CUDA kernel sums up to this many buffers per pass (kernels/vector.cu).
 _SUM_PER_PASS = 8
-
-
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
