@@ -113,6 +113,8 @@ def test_mnist_idx(tmp_path, gz):
     tr, te = load_dataset(tmp_path)
     assert np.array_equal(tr.x[:, 0], xtr) and np.array_equal(tr.y, ytr) and tr.n_classes == 4
     assert np.array_equal(te.x[:, 0], xte) and np.array_equal(te.y, yte)
+    (x, y), = list(Loader(te, 3, shuffle=False))   # big-endian file -> native arrays the ops accept
+    np.testing.assert_allclose(x[:, 0], xte / 255.0, atol=1e-6)
 
 
 def test_idx_types_and_corruption(tmp_path):

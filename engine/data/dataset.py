@@ -17,7 +17,8 @@ class Dataset:
     skipped_files: list = field(default_factory=list)
 
     def __post_init__(self):
-        self.x = np.ascontiguousarray(self.x)
+        x = np.asarray(self.x)
+        self.x = np.ascontiguousarray(x, dtype=x.dtype.type)   # canonical dtype object
         self.y = np.ascontiguousarray(self.y, dtype=np.int64)
         if self.x.ndim != 4:
             raise ValueError(f"{self.name or 'dataset'}: x must be (N, C, H, W), got shape {self.x.shape}")

@@ -241,7 +241,9 @@ def read_idx(path) -> np.ndarray:
     if len(data) - off != n * dt.itemsize:
         raise ValueError(f"{path}: expected {n * dt.itemsize} data bytes for shape {tuple(dims)}, "
                          f"found {len(data) - off} (truncated or corrupt)")
-    return np.frombuffer(data, dt, n, off).reshape(tuple(dims)).astype(dt.newbyteorder("="))
+    # .type: numpy's canonical native dtype (a byte-swapped-then-native dtype is
+    # an equal but distinct object, which identity checks in bindings reject)
+    return np.frombuffer(data, dt, n, off).reshape(tuple(dims)).astype(dt.newbyteorder("=").type)
 
 
 def load_mnist(path: Path):
