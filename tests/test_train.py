@@ -106,3 +106,24 @@ def test_config_validation_and_parallel_delegation(monkeypatch):
     monkeypatch.setattr(engine.parallel, "run", lambda cfg: seen.append(cfg) or {"delegated": True})
     cfg = TrainConfig(parallel="asgd", workers=2)
     assert train(cfg) == {"delegated": True} and seen == [cfg]
+
+
+def test_metrics_and_plot_errors(tmp_path):
+    from engine import metrics
+    from engine.plot import plot_run
+    with pytest.raises(FileNotFoundError, match="no metrics"):
+        plot_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no epochs"):
+        plot_run(tmp_path)
+    metrics.append(tmp_path / "metrics.jsonl", {"epoch": 1, "train_loss": 2.0, "test_loss": 1.5,
+                                                "train_acc": 0.3, "test_acc": 0.5})
+    metrics.append(tmp_path / "metrics.jsonl", {"epoch": 2, "train_loss": 1.0, "test_loss": 0.9,
+                                                "train_acc": 0.6, "test_acc": 0.7})
+    paths = plot_run(tmp_path, tmp_path / "png")
+    assert [p.name for p in paths] == ["loss.png", "accuracy.png"] and all(p.stat().st_size > 5000 for p in paths)
+    metrics.truncate(tmp_path / "metrics.jsonl", 1)
+    assert [r["epoch"] for r in metrics.read(tmp_path)] == [1]
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\nnot json\n')
+    with pytest.raises(ValueError, match=":2: not JSON"):
+        metrics.read(tmp_path / "metrics.jsonl")
