@@ -162,6 +162,7 @@ def test_pointwise_conv_skips_im2col_and_matches(monkeypatch):
     assert close(y, ref_conv(x, w, b, 1, 1, 0, 0))
     dy = np.random.default_rng(6).standard_normal(y.shape).astype(np.float32)
     dx, dw, db = ops.conv2d_backward(x, w, dy)
+    assert not calls, "1x1 stride-1 conv backward must not call im2col"
     rdx, rdw, rdb = ref_conv_grads(x, w, dy, 1, 1, 0, 0)
     assert close(dx, rdx) and close(dw, rdw) and close(db, rdb)
 

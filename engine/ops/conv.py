@@ -257,7 +257,10 @@ def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx
         gc = g.with_batch(n1 - n0)
         first = n0 == 0
         cols = be.workspace("conv_cols", gc.K * gc.B * gc.P).reshape(gc.K, gc.B * gc.P)
-        _k_im2col(be, x[n0:n1], cols, gc)
+        if g.is_pointwise:  # the cols of a 1x1 window are x transposed to (C, B*P)
+            _k_nchw_to_cnhw(be, x[n0:n1].reshape(gc.B, gc.C, gc.P), cols, None, False)
+        else:
+            _k_im2col(be, x[n0:n1], cols, gc)
         dyt = be.workspace("conv_yt", M * gc.B * gc.P).reshape(M, gc.B * gc.P)
         _k_nchw_to_cnhw(be, dy[n0:n1].reshape(gc.B, M, gc.P), dyt, db, not first)
         gemm(dyt, cols, trans_b=True, beta=0.0 if first else 1.0, out=dw2)
