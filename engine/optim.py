@@ -76,8 +76,9 @@ class cosine(Schedule):
 
 
 class warmup(Schedule):
-    """Linear ramp from start_factor * after(0) to after(epochs) over ``epochs``,
-    then ``after``."""
+    """``after`` scaled by a linear ramp from start_factor to 1 over the first
+    ``epochs`` (a ramp, not a jump to after(epochs), so it also works when the
+    warm-up is as long as the whole run)."""
     kind = "warmup"
 
     def __init__(self, after, epochs, start_factor=0.0):
@@ -93,7 +94,7 @@ class warmup(Schedule):
         if self.epochs <= 0 or epoch >= self.epochs:
             return self.after(epoch)
         t = epoch / self.epochs
-        return self.after(self.epochs) * (self.start_factor + (1.0 - self.start_factor) * t)
+        return self.after(epoch) * (self.start_factor + (1.0 - self.start_factor) * t)
 
 
 _KINDS = {c.kind: c for c in (constant, step, cosine, warmup)}

@@ -65,6 +65,8 @@ def test_schedules():
     assert c(0) == 2.0 and c(5) == pytest.approx(1.1) and c(10) == pytest.approx(0.2) and c(12) == pytest.approx(0.2)
     wu = warmup(constant(1.0), 2, start_factor=0.1)
     assert wu(0) == pytest.approx(0.1) and wu(1) == pytest.approx(0.55) and wu(2) == 1.0 and wu(9) == 1.0
+    wc = warmup(cosine(1.0, 1), 1)   # warm-up as long as the run still learns
+    assert wc(0.5) == pytest.approx(0.5 * 0.5) and wc(0.25) == pytest.approx(0.25 * cosine(1.0, 1)(0.25))
     for sched in (s, m, c, wu, make_schedule("cosine", 0.1, 5, warmup_epochs=1)):
         again = schedule_from_dict(sched.to_dict())
         assert [again(e) for e in np.linspace(0, 12, 25)] == [sched(e) for e in np.linspace(0, 12, 25)]
