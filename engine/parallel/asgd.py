@@ -182,6 +182,7 @@ class ASGD:
                     self._running.wait()     # paused (evaluation, checkpoint)
                     continue
                 it0 = _now()
+                cpu0 = time.thread_time()
                 # FetchWeights (Algorithm 1, lines 2-6): only when LatestWeights changed.
                 if self.version != my_version:
                     t0 = _now()
@@ -230,6 +231,9 @@ class ASGD:
                 T.add("UpdateGradient", t2 - t1)
                 self._has_grad.set()
                 T.add("Iteration", t2 - it0)
+                # CPU time of this thread: with single-threaded kernels, a
+                # load-independent measure of the work per gradient
+                T.add("IterationCPU", time.thread_time() - cpu0)
                 if self.cfg.lockstep:
                     with self._published:
                         while self.version == my_version and not self._stop.is_set():
@@ -442,7 +446,7 @@ class ASGD:
                 wt.samples.setdefault(k, []).extend(v)
             for k, v in s["updater"].items():
                 ut.samples.setdefault(k, []).extend(v)
-        timers = {**{k: summarize(v) for k, v in wt.samples.items() if k != "Iteration"},
+        timers = {**{k: summarize(v) for k, v in wt.samples.items() if k not in ("Iteration", "IterationCPU")},
                   **{k: summarize(v) for k, v in ut.samples.items() if k != "Iteration"}}
         t_gpu = summarize(wt.samples.get("Iteration", []))
         t_upd = summarize(ut.samples.get("Iteration", []))
@@ -466,6 +470,8 @@ class ASGD:
             "worker_wait_share": waiting / busy if busy else 0.0,
             "lock_wait_share": (wt.total("LockGradient") + wt.total("LockWeights")) / busy if busy else 0.0,
             "wall_s": getattr(self, "wall", 0.0),
+            "worker_cpu_s": wt.total("IterationCPU"),
+            "worker_busy_s": busy,
             "min_grads": self.cfg.min_grads,
             "lockstep": self.cfg.lockstep,
         }
