@@ -1,8 +1,23 @@
 """Distributed training: SPRINT asynchronous SGD and synchronous allreduce SGD.
 
 ``run(cfg)`` is what ``engine.train.train`` calls when ``cfg.parallel`` is
-``'asgd'`` or ``'sync'``; the pieces (``comm``, ``asgd``, ``sync``,
-``timers``) are generic over flat parameter vectors.
+``'asgd'`` or ``'sync'``. The pieces are generic over flat parameter vectors
+and a per-worker "source" (load, deform, compute gradient):
+
+* ``comm``    -- MPI (mpi4py) or single-process communicator: in-place
+                 allreduce of flat vectors (NCCL / CUDA-aware MPI / host
+                 staging for device buffers), broadcast, agreement checks,
+                 job-wide abort naming the failed rank;
+* ``asgd``    -- SPEC section 3: worker threads (Algorithm 1) and the
+                 updater (Algorithm 2) whose allreduce carries the weights;
+* ``sync``    -- gradients averaged over all workers and ranks every step;
+* ``timers``  -- per-step timers named as in SPEC;
+* ``runner``  -- ``run(cfg)`` over engine.Net / Loader: ranks, checkpoints,
+                 metrics, ``asgd_stats.json`` / ``sync_stats.json``;
+* ``report``, ``cli`` -- ``sprint report RUN_DIR``.
+
+Launch: ``mpiexec -n N sprint train --parallel asgd --workers W ...`` (each
+rank a node); without a launcher it is one node.
 """
 from __future__ import annotations
 

@@ -194,7 +194,8 @@ def _run(cfg, comm):
                                                   "deform": deform.to_dict()}, indent=2))
         _metrics.truncate(run_dir / METRICS, start_epoch)
 
-    per_worker = int(cfg.threads or 0) or threads_per_worker(W)
+    # cfg.threads is the process's CPU thread budget, split over its workers
+    per_worker = threads_per_worker(W, int(cfg.threads) if cfg.threads else None)
     sources = []
     for t, net in enumerate(nets):
         loader = Loader(train_ds, cfg.batch, shuffle=True, seed=cfg.seed, deform=deform, prefetch=0,
