@@ -4,6 +4,11 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define SPRINT_HAVE_STREAM 1
+#endif
+
 namespace sprint {
 namespace cpu {
 namespace {
@@ -24,6 +29,9 @@ inline void valid_range(i64 W, i64 OW, i64 s, i64 p, i64 j, i64& lo, i64& hi) {
 // Threads only pay off above this many floats moved: below it the fork/join
 // (and, on a busy machine, waking a descheduled worker) costs more than the copy.
 constexpr i64 kParallelMin = i64(1) << 16;
+// cols larger than this (64 MiB of floats, twice a typical L3) is written with
+// non-temporal stores.
+constexpr i64 kStreamMinFloats = i64(1) << 24;
 
 // One (i, j) block of im2col, row by row: dst[oh*OW + ow] = plane[h][w] or 0.
 inline void copy_rows(const float* plane, float* dst, const ConvGeom& g, i64 i, i64 j) {
@@ -76,12 +84,55 @@ inline void copy_shifted_block(const float* plane, float* dst, const ConvGeom& g
     }
 }
 
+// Rows of cols are written once and read by the SGEMM much later (after the
+// whole block exceeds the caches): non-temporal stores skip the read-for-
+// ownership of each destination line. dst must be 16-byte aligned and n % 4 == 0.
+inline void stream_row(float* dst, const float* src, i64 n) {
+#ifdef SPRINT_HAVE_STREAM
+    for (i64 q = 0; q < n; q += 4) _mm_stream_ps(dst + q, _mm_loadu_ps(src + q));
+#else
+    std::memcpy(dst, src, sizeof(float) * n);
+#endif
+}
+
+inline bool streamable(const float* dst, i64 OW) {
+#ifdef SPRINT_HAVE_STREAM
+    return OW % 4 == 0 && OW <= 1024 && (reinterpret_cast<std::uintptr_t>(dst) & 15) == 0;
+#else
+    return false;
+#endif
+}
+
+// One (i, j) block, stride 1, OW == W: each output row is an input row
+// shifted by s = j - pw with zeros at the edge, assembled in a cached buffer
+// and streamed out.
+inline void stream_shifted_rows(const float* plane, float* dst, const ConvGeom& g, i64 i, i64 j) {
+    alignas(16) float row[1024];
+    const i64 W = g.W, s = j - g.pw;
+    const i64 e = std::min<i64>(s < 0 ? -s : s, W);
+    for (i64 oh = 0; oh < g.OH; ++oh, dst += W) {
+        const i64 h = oh - g.ph + i;
+        if (h < 0 || h >= g.H || e == W) {
+            std::memset(row, 0, sizeof(float) * W);
+        } else if (s >= 0) {
+            std::memcpy(row, plane + h * W + s, sizeof(float) * (W - e));
+            std::memset(row + W - e, 0, sizeof(float) * e);
+        } else {
+            std::memset(row, 0, sizeof(float) * e);
+            std::memcpy(row + e, plane + h * W, sizeof(float) * (W - e));
+        }
+        stream_row(dst, row, W);
+    }
+}
+
 // Each task is one (n, c) input plane: it is read kh*kw times from cache and
 // written to kh*kw rows of cols at column offset n*P.
 void im2col(const float* x, float* cols, const ConvGeom& g) {
     const i64 P = g.P(), BP = g.B * P, HW = g.H * g.W;
     const i64 planes = g.B * g.C;
     const bool same_rows = g.sh == 1 && g.sw == 1 && g.OW == g.W;
+    // Stream only what cannot stay in the last-level cache anyway.
+    const bool stream = same_rows && g.K() * BP > kStreamMinFloats && streamable(cols + BP, g.OW);
 #pragma omp parallel for schedule(static) if (planes * g.kh * g.kw * P > kParallelMin)
     for (i64 t = 0; t < planes; ++t) {
         const i64 n = t / g.C, c = t % g.C;
@@ -89,12 +140,17 @@ void im2col(const float* x, float* cols, const ConvGeom& g) {
         for (i64 i = 0; i < g.kh; ++i) {
             for (i64 j = 0; j < g.kw; ++j) {
                 float* dst = cols + ((c * g.kh + i) * g.kw + j) * BP + n * P;
-                if (same_rows)
+                if (stream && streamable(dst, g.OW))
+                    stream_shifted_rows(plane, dst, g, i, j);
+                else if (same_rows)
                     copy_shifted_block(plane, dst, g, i, j);
                 else
                     copy_rows(plane, dst, g, i, j);
             }
         }
+#ifdef SPRINT_HAVE_STREAM
+        if (stream) _mm_sfence();  // streamed stores visible before cols is read
+#endif
     }
 }
 
