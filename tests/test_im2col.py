@@ -331,3 +331,26 @@ def test_cuda_sources_match_cpu_twins(emulated, win):
     expect = {"sprint_im2col_f32", "sprint_col2im_f32", "sprint_nchw_to_cnhw_f32", "sprint_channel_sum_f32"}
     expect |= {"sprint_add_channel_bias_f32"} if pointwise else {"sprint_cnhw_to_nchw_f32"}
     assert expect <= used, expect - used
+
+
+def _im2col_vectorized_ref(x, k, p):
+    """Stride-1 reference by slicing (fast enough for large inputs)."""
+    N, C, H, W = x.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+    OH, OW = H + 2 * p - k + 1, W + 2 * p - k + 1
+    out = np.empty((C, k, k, N, OH, OW), np.float32)
+    for i in range(k):
+        for j in range(k):
+            out[:, i, j] = xp[:, :, i:i + OH, j:j + OW].transpose(1, 0, 2, 3)
+    return out.reshape(C * k * k, N * OH * OW)
+
+
+@pytest.mark.parametrize("shape", [(8, 64, 64, 64), (9, 64, 60, 62)])
+def test_large_im2col_streaming_path_is_exact(shape):
+    """cols above 64 MiB take the non-temporal-store path (row length % 4 == 0)
+    or the plain one (otherwise); both must be exact, and col2im must agree."""
+    x = _rand(shape, 30)
+    cols = ops.im2col(x, 3, 3, 1, 1, out=np.full((shape[1] * 9, shape[0] * shape[2] * shape[3]), np.nan,
+                                                 np.float32))
+    assert cols.size * 4 > 64 << 20
+    assert np.array_equal(cols, _im2col_vectorized_ref(x, 3, 1))
