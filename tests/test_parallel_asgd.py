@@ -187,3 +187,12 @@ def test_local_comm_and_slices():
 
     with pytest.raises(ConfigMismatch, match="rank 1: other"):
         Disagree().check_agreement("config hash", "mine")
+
+
+def test_local_rank_from_launcher_variables(monkeypatch):
+    from engine.parallel.comm import local_rank
+    for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "PMI_LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert local_rank(LocalComm()) == 0
+    monkeypatch.setenv("MPI_LOCALRANKID", "3")
+    assert local_rank(LocalComm()) == 3

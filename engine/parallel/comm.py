@@ -293,7 +293,11 @@ def _probe_device_path(comm: MPIComm) -> str:
         choice = forced
     else:
         choice = "host"
-        if _nccl_usable(comm):
+        # NCCL needs one GPU per rank; a failed NcclCommunicator on one rank
+        # would leave the others in its collective init, so all ranks decide
+        # together from where everybody's device is.
+        places = comm.comm.allgather(_device_place())
+        if len(set(places)) == len(places) and _nccl_usable(comm):
             choice = "nccl"
         elif _mpi_cuda_aware(comm):
             choice = "cuda-mpi"
@@ -301,9 +305,35 @@ def _probe_device_path(comm: MPIComm) -> str:
         choices = comm.comm.allgather(choice)
         if any(c != choices[0] for c in choices):
             choice = "host"
-    if choice == "nccl" and comm._nccl is None:
-        _nccl_usable(comm)
+    if choice == "nccl" and comm._nccl is None and not _nccl_usable(comm):
+        raise CommError("SPRINT_DEVICE_ALLREDUCE=nccl but NCCL could not be initialised")
     return choice
+
+
+def local_rank(comm: Comm) -> int:
+    """This rank's index among the ranks of its host (launcher variables)."""
+    for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "PMI_LOCAL_RANK"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return comm.rank
+
+
+def select_device(comm: Comm) -> int:
+    """Give each rank of a host its own GPU when there are enough (round robin)."""
+    import cupy
+    n = cupy.cuda.runtime.getDeviceCount()
+    dev = local_rank(comm) % max(1, n)
+    cupy.cuda.Device(dev).use()
+    return dev
+
+
+def _device_place():
+    import socket
+    try:
+        import cupy
+        return (socket.gethostname(), int(cupy.cuda.runtime.getDevice()))
+    except Exception:
+        return (socket.gethostname(), -1)
 
 
 def _nccl_usable(comm: MPIComm) -> bool:

@@ -146,6 +146,8 @@ def _run(cfg, comm):
     extra = dict(cfg.extra or {})
     be = setup_device(cfg)
     gpu = getattr(be, "name", "cpu") == "gpu"
+    if gpu and comm.size > 1:
+        _comm.select_device(comm)
     if gpu and isinstance(comm, _comm.MPIComm):
         comm.setup_device()
     if isinstance(comm, _comm.MPIComm) and comm.size > 1:
