@@ -19,7 +19,10 @@ void relu_fwd_f32(const float* x, float* y, int64_t n) {
 
 void relu_bwd_f32(const float* y, const float* dy, float* dx, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = dy[i];  // read unconditionally: a select, not a branch
+        dx[i] = y[i] > 0.0f ? g : 0.0f;
+    }
 }
 
 void bias_act_f32(const float* x, const float* b, float* y, int64_t outer, int channels,
