@@ -2,8 +2,8 @@
 // geometry is checked by the caller (csrc/pool.h: pad < k, so every window
 // holds a real pixel). Forward keeps the argmax as the flat index h*W + w in
 // the plane (int32). Backward is a gather: every input pixel sums dy over the
-// windows that chose it, in ascending output order: no atomics, deterministic,
-// and the same loop as the CPU twin (csrc/pool.cpp), hence the same bits.
+// windows that chose it, in ascending output order: no atomics, deterministic.
+// The CPU twin (csrc/pool.cpp) compares and adds in the same orders: same bits.
 // In-plane arithmetic is 32-bit (planes are < 2^31 pixels), plane offsets 64-bit.
 #include "common.cuh"
 
