@@ -13,6 +13,12 @@ ranks share this machine's cores):
 It also times each layer's forward and backward in-process and compares them
 with the model's per-layer ComputeGradient terms.
 
+This machine is shared with other jobs whose load drifts from minute to
+minute. The prediction uses the host factor (wall-clock over CPU time of
+one thread) measured by the profile's contention sweep; with ``--probe`` a
+one-second probe before each run (one thread stepping the same net, never
+the ASGD run itself) replaces it, and the summary gives both.
+
     python bench/validate_model.py --profile bench/profiles/cpu.json \
         [--nets tiny,cifar] [--nodes 1,2,4] [--workers 1,2] [--subbatch 1,8,32] [--seconds 8]
 
@@ -97,19 +103,27 @@ def measured(st, n_file):
                                       "ComputeGradient", "ComputeUpdateVal", "LockGradient", "UpdateGradient")}
     # The runner's FetchWeights span includes the wait for the lock.
     steps["FetchWeights"] -= steps["LockWeights"]
+    it_u = max(tm.get("SumGradient", {}).get("count", 1), 1)
+    upd = {k: tm[k]["total"] / it_u for k in ("WaitGradient", "SumGradient", "AddMomentum", "Allreduce",
+                                               "UpdateMomentum", "UpdateWeights") if k in tm}
     return {"T_GPU": st["T_GPU"], "T_Update": st["T_Update"],
             "T_Epoch": n_file * st["wall_s"] / st["samples"] if st.get("samples") else None,
             "N_Minibatch_avg": st["N_Minibatch_avg"], "staleness": st["staleness_mean"],
-            "steps": steps, "updates": st["updates"], "samples": st["samples"]}
+            "steps": steps, "updater": upd, "updates": st["updates"], "samples": st["samples"],
+            "T_GPU_median": st.get("T_GPU_median"), "T_Update_median": st.get("T_Update_median")}
 
 
-def predicted(model, n_node, n_gpu, sub, prof, n_file, sim=True):
+def predicted(model, n_node, n_gpu, sub, prof, n_file, sim=True, host=None):
+    """Closed form (+ simulation) for one run. ``host``: the machine-load
+    factor probed just before the run (None: the one stored at sweep time)."""
     from engine.perf import model as M
     from engine.perf.simulate import simulate
+    prof.host_factor = {} if host is None else {model: host}
     impl = M.Impl(handover="swap", min_grads=1, momentum=True, weight_decay=True)
     p = M.predict(model, n_node, n_gpu, sub, prof, n_file=n_file, ranks_per_host=n_node, impl=impl)
     out = {"T_GPU": p.t_gpu, "T_Update": p.t_update, "T_Epoch": p.t_epoch,
-           "N_Minibatch_avg": p.n_minibatch_avg, "staleness": p.staleness, "steps": dict(p.worker)}
+           "N_Minibatch_avg": p.n_minibatch_avg, "staleness": p.staleness, "steps": dict(p.worker),
+           "host_factor": host, "slowdown": p.slowdown, "updater": dict(p.updater)}
     if sim:
         s = simulate(model, n_node, n_gpu, sub, prof, n_updates=300, min_worker_steps=600, n_file=n_file,
                      ranks_per_host=n_node, impl=impl, seed=1)
@@ -133,9 +147,10 @@ def layer_times(model, sub, prof, repeats=7):
         f = getattr(layer, kind)
 
         def timed(*a, **k):
-            t0 = time.perf_counter()
+            # One thread: its CPU time, the clock of the profile's sweeps.
+            t0 = time.thread_time()
             r = f(*a, **k)
-            acc.setdefault((layer.name, kind), []).append(time.perf_counter() - t0)
+            acc.setdefault((layer.name, kind), []).append(time.thread_time() - t0)
             return r
         setattr(layer, kind, timed)
     for layer in net.layers:
@@ -181,6 +196,8 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=8.0, help="wall time of each run")
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--no-sim", action="store_true")
+    ap.add_argument("--probe", action="store_true",
+                    help="probe the machine's load before each run instead of using the sweep-time factor")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "validation.json"))
     ap.add_argument("--plot", default=str(ROOT / "bench" / "results" / "validation.png"))
     a = ap.parse_args(argv)
@@ -189,6 +206,7 @@ def main(argv=None):
         return 0
     from engine.perf.profile import Profile
     from engine.perf.plots import plot_validation
+    from engine.perf.sweep import probe_host
     prof = Profile.load(a.profile)
     nets = a.nets.split(",")
     rows, layers = [], []
@@ -202,15 +220,19 @@ def main(argv=None):
             for n_node in (int(v) for v in a.nodes.split(",")):
                 for n_gpu in (int(v) for v in a.workers.split(",")):
                     for sub in subs:
+                        host = probe_host(net, seconds=1.0) if a.probe else None
                         try:
                             st = run_config(net, data, n_node, n_gpu, sub, a.seconds, tmp, a.timeout)
                         except Exception as e:   # keep the grid going, report the failure
                             print(f"FAILED {net} {n_node}x{n_gpu}x{sub}: {e}", file=sys.stderr)
                             continue
                         m = measured(st, n_file)
-                        p = predicted(net, n_node, n_gpu, sub, prof, n_file, sim=not a.no_sim)
+                        p = predicted(net, n_node, n_gpu, sub, prof, n_file, sim=not a.no_sim, host=host)
                         row = {"model": net, "n_node": n_node, "n_gpu": n_gpu, "n_subbatch": sub,
                                "measured": m, "predicted": p}
+                        if host is not None:
+                            q = predicted(net, n_node, n_gpu, sub, prof, n_file, sim=False, host=None)
+                            row["predicted_sweep_load"] = {k: q[k] for k in QTY}
                         if "sim" in p:
                             row["simulated"] = p.pop("sim")
                         rows.append(row)
@@ -253,8 +275,14 @@ def format_report(rows, layers) -> str:
     for k in QTY:
         med, mx, n = summarize(rows, k)
         smed, smx, _ = summarize([r for r in rows if "simulated" in r], k, "simulated")
+        if any("predicted_sweep_load" in r for r in rows):
+            umed, _, _ = summarize([r for r in rows if "predicted_sweep_load" in r], k, "predicted_sweep_load")
+            k_label = f"{k} (unprobed {100 * umed:.0f}%)"
+        else:
+            k_label = k
         tgt = f"{100 * TARGETS[k]:.0f} %" if k in TARGETS else ""
-        out.append(f"{k:<16}{100 * med:>12.1f}%{100 * mx:>10.1f}%{n:>6}{tgt:>8}{100 * smed:>11.1f}%{100 * smx:>8.1f}%")
+        out.append(f"{k_label:<16}{100 * med:>12.1f}%{100 * mx:>10.1f}%{n:>6}{tgt:>8}{100 * smed:>11.1f}%"
+                   f"{100 * smx:>8.1f}%")
     steps = {}
     for r in rows:
         for s, v in r["measured"]["steps"].items():

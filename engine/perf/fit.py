@@ -265,7 +265,7 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
         prof["allreduce"] = ar
     cont = [r for r in records if r.get("kind") == "contention" and r.get("ratio")]
     if cont:
-        keys = ("model", "n_subbatch", "ranks", "workers", "ratio", "allreduce", "n_param")
+        keys = ("model", "n_subbatch", "ranks", "workers", "ratio", "rel", "host", "allreduce", "n_param")
         prof["contention"] = {"entries": [{k: r.get(k) for k in keys} for r in cont]}
     loops = [r for r in records if r.get("kind") == "loop"]
     overhead = {}

@@ -55,6 +55,8 @@ class Profile:
         self.source = source
         self.terms = data.get("terms", {})
         self.cores = int(data.get("cores", 1))
+        # {model or "*": wall/CPU factor of one undisturbed step measured now}
+        self.host_factor = {}
 
     # -- file I/O ---------------------------------------------------------
     @classmethod
@@ -139,25 +141,6 @@ class Profile:
         lg = math.log2(max(n_node, 1))
         return (a["a_log"] * lg + a["b"]) * n_param + a.get("c_log", 0.0) * lg + a.get("d", 0.0)
 
-    def allreduce_shared(self, ranks_per_host: int, n_gpu: int, model: str, n_param: int):
-        """Allreduce time measured while ``ranks_per_host`` ranks of ``n_gpu``
-        busy workers share this host (contention sweep), or None.
-
-        Scheduling, not bandwidth, dominates it on an oversubscribed host; a
-        net of another size is scaled by the bandwidth model's ratio.
-        """
-        entries = [e for e in self.data.get("contention", {}).get("entries", [])
-                   if e["ranks"] == ranks_per_host and e["workers"] == n_gpu and e.get("allreduce")]
-        if not entries or ranks_per_host < 2:
-            return None
-        same = [e for e in entries if e.get("model") == model]
-        e = same[0] if same else min(entries, key=lambda e: abs(math.log(max(e.get("n_param") or 1, 1))
-                                                                - math.log(max(n_param, 1))))
-        if e.get("model") == model or "allreduce" not in self.data or not e.get("n_param"):
-            return float(e["allreduce"])
-        return float(e["allreduce"]) * self.allreduce_bw(ranks_per_host, n_param) / \
-            self.allreduce_bw(ranks_per_host, e["n_param"])
-
     def slowdown(self, ranks_per_host: int, n_gpu: int, model: str = "") -> float:
         """Per-step time factor when ``ranks_per_host`` processes of ``n_gpu``
         worker threads share the host, relative to the profile's own sweeps.
@@ -170,12 +153,24 @@ class Profile:
         threads = ranks_per_host * n_gpu
         if not entries:
             return max(1.0, threads / max(self.cores, 1))
+
+        def ratio(e):
+            # rel: this sharing against one thread measured alongside it;
+            # host: that thread's wall/CPU time, i.e. the machine's load --
+            # replaced by a fresh measurement when one is set (host_factor).
+            if "rel" in e and e.get("rel"):
+                h = self.host_factor.get(e.get("model"), self.host_factor.get("*")) \
+                    if self.host_factor else None
+                # Sharing the host cannot make a step faster: a measured rel
+                # below 1 is the other jobs' load dropping during the pair.
+                return max(e["rel"], 1.0) * (h if h is not None else e["host"])
+            return e["ratio"]
         same = [e for e in entries if e["ranks"] == ranks_per_host and e["workers"] == n_gpu]
         if same:
-            mine = [e["ratio"] for e in same if e.get("model") == model]
-            return float(np.mean(mine or [e["ratio"] for e in same]))
+            mine = [ratio(e) for e in same if e.get("model") == model]
+            return float(np.mean(mine or [ratio(e) for e in same]))
         near = min(entries, key=lambda e: (abs(e["ranks"] * e["workers"] - threads), e.get("model") != model))
-        return near["ratio"] * max(1.0, threads / max(near["ranks"] * near["workers"], 1))
+        return ratio(near) * max(1.0, threads / max(near["ranks"] * near["workers"], 1))
 
     @classmethod
     def synthetic(cls, sgemm_flop_s=1e10, vec_bytes_s=5e9, launch=2e-6, allreduce_bw=1e9,

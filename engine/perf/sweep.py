@@ -469,12 +469,14 @@ def _contention_child(args):
     times = [[] for _ in nets]
     cpu = [[] for _ in nets]
     stop = threading.Event()
+    deposit = threading.Event()
 
     def loop(i):
         set_threads(1)
         while not stop.is_set():
             t0, c0 = time.perf_counter(), time.thread_time()
             nets[i].loss_and_grad(x, y)
+            deposit.set()
             if not stop.is_set():
                 times[i].append(time.perf_counter() - t0)
                 cpu[i].append(time.thread_time() - c0)
@@ -486,8 +488,9 @@ def _contention_child(args):
     t_end = time.perf_counter() + args["seconds"]
     ar = []
     while True:
-        # Like the updater: wait for a gradient (here: a sleep of one step), then allreduce.
-        time.sleep(args.get("gap", 0.0))
+        # Like the updater: wait for a local gradient, then allreduce.
+        deposit.wait(0.05)
+        deposit.clear()
         buf[-1] = 1.0 if (comm.rank == 0 and time.perf_counter() > t_end) else 0.0
         t0 = time.perf_counter()
         if comm.size > 1:
@@ -504,8 +507,32 @@ def _contention_child(args):
         print("SPRINT_SWEEP_JSON " + json.dumps(got), flush=True)
 
 
+def probe_host(model, n=None, seconds=1.0):
+    """Wall-clock over CPU time of one thread stepping ``model`` right now:
+    how much other jobs on this machine stretch an undisturbed step."""
+    from engine.net import Net
+    set_threads(1)
+    sp = spec_mod.get_spec(model)
+    n = n or dict(CONTENTION_WORKLOADS).get(model, 4)
+    net = Net(sp, seed=0)
+    x = _rand((n,) + sp.input_shape, 9)
+    y = _xp().asarray(np.random.default_rng(0).integers(0, sp.n_classes, n))
+    net.loss_and_grad(x, y)
+    wall, cpu = [], []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(wall) < 3:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        net.loss_and_grad(x, y)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+    return float(np.mean(wall) / np.median(cpu))
+
+
+CONTENTION_WORKLOADS = (("tiny", 8), ("cifar", 4))
+
+
 def sweep_contention(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)),
-                     workloads=(("tiny", 8), ("cifar", 4)), seconds=None, timeout=300):
+                     workloads=CONTENTION_WORKLOADS, seconds=None, timeout=300):
     """Host sharing: r ranks x w worker threads (1 BLAS thread each) on this
     machine, each rank's main thread allreducing like an updater.
 
@@ -516,28 +543,37 @@ def sweep_contention(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2),
     floats under that load.
     """
     seconds = seconds or (3.0 if cfg["repeats"] < 9 else 6.0)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
+
+    def one(model, n, r, w):
+        arg = json.dumps({"model": model, "n": n, "workers": w, "seconds": seconds})
+        res = subprocess.run(["mpiexec", "-n", str(r), sys.executable, "-m", "mpi4py", "-m",
+                              "engine.perf.sweep", "--contention-child", arg],
+                             capture_output=True, text=True, timeout=timeout + 30, env=env)
+        line = [ln for ln in res.stdout.splitlines() if ln.startswith("SPRINT_SWEEP_JSON ")]
+        if res.returncode or not line:
+            raise RuntimeError(f"contention child failed (rc {res.returncode}): {res.stderr.strip()[-500:]}")
+        return json.loads(line[0].split(" ", 1)[1])
     recs = []
     for model, n in workloads:
-        base = None
         for r, w in pairs:
-            arg = json.dumps({"model": model, "n": n, "workers": w, "seconds": seconds})
-            env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
-            res = subprocess.run(["mpiexec", "-n", str(r), sys.executable, "-m", "mpi4py", "-m",
-                                  "engine.perf.sweep", "--contention-child", arg],
-                                 capture_output=True, text=True, timeout=timeout + 30, env=env)
-            line = [ln for ln in res.stdout.splitlines() if ln.startswith("SPRINT_SWEEP_JSON ")]
-            if res.returncode or not line:
-                raise RuntimeError(f"contention child failed (rc {res.returncode}): {res.stderr.strip()[-500:]}")
-            got = json.loads(line[0].split(" ", 1)[1])
+            # Other jobs' load on a shared machine drifts by minutes: each
+            # pair is measured right after its own one-thread baseline and
+            # stored relative to it (``rel``); ``host`` is that baseline's
+            # wall-clock mean over its CPU time, the load at sweep time.
+            base = one(model, n, 1, 1)
+            got = base if (r, w) == (1, 1) else one(model, n, r, w)
             steps = [v for g in got for v in g["steps"]]
+            bsteps = [v for g in base for v in g["steps"]]
+            bcpu = [v for g in base for v in g["cpu"]]
             ar = [v for g in got for v in g["allreduce"]]
-            if not steps:
+            if not steps or not bsteps:
                 continue
-            if (r, w) == (1, 1):
-                base = float(np.median([v for g in got for v in g["cpu"]]))
+            rel = float(np.mean(steps) / np.mean(bsteps))
+            host = float(np.mean(bsteps) / np.median(bcpu))
             recs.append({"kind": "contention", "model": model, "n_subbatch": n, "ranks": r, "workers": w,
                          "t": float(np.mean(steps)), "t_median": float(np.median(steps)),
-                         "ratio": float(np.mean(steps)) / base if base else None,
+                         "rel": rel, "host": host, "ratio": rel * host,
                          "allreduce": float(np.mean(ar)) if (ar and r > 1) else None,
                          "n_param": spec_mod.n_params(spec_mod.get_spec(model))})
     return recs
