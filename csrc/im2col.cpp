@@ -26,9 +26,9 @@ inline void valid_range(i64 W, i64 OW, i64 s, i64 p, i64 j, i64& lo, i64& hi) {
 
 }  // namespace
 
-// Threads only pay off above this many floats moved: below it the fork/join
+// Threads only pay off above this many floats (4 MiB) moved: below it the fork/join
 // (and, on a busy machine, waking a descheduled worker) costs more than the copy.
-constexpr i64 kParallelMin = i64(1) << 16;
+constexpr i64 kParallelMin = i64(1) << 20;
 // cols larger than this (64 MiB of floats, twice a typical L3) is written with
 // non-temporal stores.
 constexpr i64 kStreamMinFloats = i64(1) << 24;
