@@ -107,8 +107,8 @@ def test_col2im_matches_reference_and_is_adjoint(win):
 
 def test_col2im_deterministic_across_thread_counts():
     ext = get_backend().ext
-    shape, k, s, p = (4, 8, 17, 15), 3, 1, 1
-    c = _rand((8 * 9, 4 * 17 * 15), 3)
+    shape, k, s, p = (8, 32, 33, 31), 3, 1, 1  # large enough to be split over threads
+    c = _rand((32 * 9, 8 * 33 * 31), 3)
     before = ext.get_num_threads()
     try:
         ext.set_num_threads(1)
