@@ -48,18 +48,20 @@ def _plain_sgd_rate(ds, batch, seconds, threads):
     net = Net("cifar", seed=0)
     opt = SGD(net, lr=0.001, momentum=0.9)
     loader = Loader(ds, batch, shuffle=True, deform=DeformConfig(out_hw=(32, 32)).with_stats(ds), prefetch=0)
-    seen, t0, warm = 0, None, 2
+    seen, t0, c0, warm = 0, None, None, 2
     while True:
         for x, y in loader:
             net.loss_and_grad(x, y)
             opt.step(0.0)
             warm -= 1
             if warm == 0:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
             elif warm < 0:
                 seen += len(y)
             if t0 is not None and time.perf_counter() - t0 > seconds:
-                return seen / (time.perf_counter() - t0)
+                cpu = time.thread_time() - c0
+                return {"images_per_s": seen / (time.perf_counter() - t0),
+                        "images_per_cpu_s": seen / cpu if cpu > 0 else 0.0}
 
 
 def asgd_rate(ds, batch, seconds, workers, threads):
@@ -93,8 +95,8 @@ def bench_cifar(args):
     ds = synthetic_cifar(2048)
     half = max(1, cores // 2)
     configs = {
-        "plain_sgd_1t": lambda sec: {"images_per_s": plain_sgd_rate(ds, args.batch, sec, 1)},
-        "plain_sgd": lambda sec: {"images_per_s": plain_sgd_rate(ds, args.batch, sec, cores)},
+        "plain_sgd_1t": lambda sec: plain_sgd_rate(ds, args.batch, sec, 1),
+        "plain_sgd": lambda sec: plain_sgd_rate(ds, args.batch, sec, cores),
         "asgd_1w_1t": lambda sec: asgd_rate(ds, args.batch, sec, 1, 1),
         "asgd_1w": lambda sec: asgd_rate(ds, args.batch, sec, 1, cores),
         "asgd_2w": lambda sec: asgd_rate(ds, args.batch, sec, 2, half),
@@ -115,6 +117,8 @@ def bench_cifar(args):
     out["speedup_2w_vs_best_1w"] = rate["asgd_2w"] / best_1w
     out["speedup_2w_vs_best_plain"] = rate["asgd_2w"] / max(rate["plain_sgd"], rate["plain_sgd_1t"])
     out["asgd_overhead_1w_vs_plain_1t"] = rate["asgd_1w_1t"] / rate["plain_sgd_1t"]
+    out["asgd_cpu_efficiency_1w_vs_plain_1t"] = (out["asgd_1w_1t"]["images_per_cpu_s"]
+                                                 / out["plain_sgd_1t"]["images_per_cpu_s"])
     # On a machine where each worker gets its core, throughput = workers x
     # images per CPU-second; the ratio below is that projection for 2 vs 1.
     eff = {k: out[k]["images_per_cpu_s"] for k in ("asgd_1w_1t", "asgd_2w")}
