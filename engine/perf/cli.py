@@ -8,7 +8,12 @@ from pathlib import Path
 
 def _profile(args):
     from .profile import Profile
-    return Profile.load(getattr(args, "profile", None))
+    prof = Profile.load(getattr(args, "profile", None))
+    if getattr(args, "host_load", None) is not None:
+        if not args.host_load > 0:
+            raise ValueError(f"--host-load must be > 0, got {args.host_load}")
+        prof.host_factor = {"*": float(args.host_load)}
+    return prof
 
 
 def _impl(args):
@@ -29,6 +34,9 @@ def _config_args(p, need_config=True):
                         "seed: the seed's copies and free-running updater")
     p.add_argument("--ranks-per-host", type=int, default=1,
                    help="ranks sharing one host's cores (CPU profiles; N_Node on one machine)")
+    p.add_argument("--host-load", type=float, default=None,
+                   help="CPU profiles: wall/CPU time of one undisturbed step on the target host "
+                        "(1 = an idle machine; default: the load measured when the profile was swept)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
