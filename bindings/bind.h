@@ -55,6 +55,13 @@ inline std::string shape_str(const py::array& a) {
     return s.str();
 }
 
+// NumPy may hand out distinct but equivalent dtype objects (a '>u1' made
+// native, a dtype unpickled from a file), so dtypes are compared by value.
+template <typename T>
+inline bool dtype_is(const py::array& a) {
+    return py::isinstance<py::array_t<T, 0>>(a);
+}
+
 // Checks that `obj` is a numpy array of dtype T, rank `ndim` (-1: any),
 // C-contiguous, and (if `writable`) writeable. Returns it as py::array.
 template <typename T>
@@ -63,7 +70,7 @@ py::array check_array(const py::handle& obj, const char* name, int ndim = -1, bo
         type_error(std::string(name) + " must be a numpy array, got " +
                    std::string(py::str(py::type::of(obj).attr("__name__"))));
     py::array a = py::reinterpret_borrow<py::array>(obj);
-    if (!a.dtype().is(py::dtype::of<T>()))
+    if (!dtype_is<T>(a))
         type_error(std::string(name) + " must have dtype " + std::string(py::str(py::dtype::of<T>())) +
                    ", got " + std::string(py::str(a.dtype())));
     if (ndim >= 0 && a.ndim() != ndim)

@@ -32,7 +32,7 @@ void check_stats(const py::array& mean, const py::array& stdv) {
 
 void deform(py::handle x_, py::handle params_, py::handle mean_, py::handle std_, py::handle out_) {
     if (!py::isinstance<py::array>(x_)) type_error("x must be a numpy array");
-    const bool u8 = py::reinterpret_borrow<py::array>(x_).dtype().is(py::dtype::of<uint8_t>());
+    const bool u8 = dtype_is<uint8_t>(py::reinterpret_borrow<py::array>(x_));
     py::array x = u8 ? check_array<uint8_t>(x_, "x", 4) : check_array<float>(x_, "x", 4);
     py::array params = check_array<float>(params_, "params", 2);
     py::array mean = check_array<float>(mean_, "mean", 1);

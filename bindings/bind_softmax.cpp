@@ -24,10 +24,10 @@ double softmax_xent(py::handle logits_, py::handle labels_, py::handle probs_, p
     if (N < 1) value_error("logits must hold at least one row, got shape " + shape_str(logits));
     check_int(K, "logits classes (K)", 1, INT32_MAX);
     if (!py::isinstance<py::array>(labels_)) type_error("labels must be a numpy array");
-    const auto ldt = py::reinterpret_borrow<py::array>(labels_).dtype();
-    const bool is64 = ldt.is(py::dtype::of<int64_t>());
-    if (!is64 && !ldt.is(py::dtype::of<int32_t>()))
-        type_error("labels must have dtype int32 or int64, got " + std::string(py::str(ldt)));
+    const auto larr = py::reinterpret_borrow<py::array>(labels_);
+    const bool is64 = dtype_is<int64_t>(larr);
+    if (!is64 && !dtype_is<int32_t>(larr))
+        type_error("labels must have dtype int32 or int64, got " + std::string(py::str(larr.dtype())));
     py::array labels = is64 ? check_array<int64_t>(labels_, "labels", 1) : check_array<int32_t>(labels_, "labels", 1);
     check_shape(labels, "labels", {N});
     py::array probs = check_array<float>(probs_, "probs", 2, true);

@@ -35,6 +35,12 @@ BLOCK = 256
 MAX_BLOCKS = 1 << 20
 
 _CHOICES = ("auto", "cpu", "gpu")
+
+
+class BackendError(RuntimeError):
+    """The requested backend cannot run here (no GPU, no extension): a user's
+    setup problem with a message to show, not a bug."""
+
 _KERNEL_MODES = ("compiled", "rawmodule")
 
 
@@ -204,7 +210,7 @@ def _make_cpu() -> Backend:
     try:
         from engine import _sprint_cpu
     except ImportError as e:
-        raise RuntimeError("the C++ extension engine._sprint_cpu is not built: run "
+        raise BackendError("the C++ extension engine._sprint_cpu is not built: run "
                            "`pip install -e .` in the repository") from e
     return Backend("cpu", np, _sprint_cpu, "cpp")
 
@@ -212,7 +218,7 @@ def _make_cpu() -> Backend:
 def _make_gpu() -> Backend:
     reason = _gpu_unavailable_reason()
     if reason:
-        raise RuntimeError(f"GPU backend requested but unavailable: {reason}. "
+        raise BackendError(f"GPU backend requested but unavailable: {reason}. "
                            "Use --device cpu / SPRINT_DEVICE=cpu.")
     import cupy
     mode = os.environ.get("SPRINT_KERNELS", "").strip().lower()
@@ -227,7 +233,7 @@ def _make_gpu() -> Backend:
         except ImportError as e:
             why = f"it is not importable ({e})"
         if mode == "compiled":
-            raise RuntimeError(f"SPRINT_KERNELS=compiled but engine._sprint_cuda {why}")
+            raise BackendError(f"SPRINT_KERNELS=compiled but engine._sprint_cuda {why}")
     return Backend("gpu", cupy, RawKernels(cupy), "rawmodule")
 
 

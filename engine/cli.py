@@ -38,12 +38,13 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    if args.device:
-        from engine import backend
-        backend.set_backend(args.device)
+    from engine.backend import BackendError
     try:
+        if args.device:
+            from engine import backend
+            backend.set_backend(args.device)
         rc = args.func(args)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, FileNotFoundError, BackendError) as e:
         print(f"sprint {args.command}: error: {e}", file=sys.stderr)
         return 2
     return int(rc or 0)

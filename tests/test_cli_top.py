@@ -1,0 +1,36 @@
+"""The top-level ``sprint`` dispatcher, run as a user runs it."""
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+
+def sprint(*args):
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_help_lists_every_subcommand():
+    r = sprint("--help")
+    assert r.returncode == 0
+    for cmd in ("train", "eval", "plot", "info", "report", "profile", "predict", "tune", "simulate",
+                "selfcheck"):
+        assert f"    {cmd}" in r.stdout, cmd
+
+
+def test_no_command_prints_help_and_fails():
+    r = sprint()
+    assert r.returncode == 2 and "usage: sprint" in r.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
+def test_gpu_without_cupy_is_a_clear_error():
+    r = sprint("--device", "gpu", "info", "tiny")
+    assert r.returncode == 2
+    assert "GPU backend requested but unavailable" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_info_prints_n_param():
+    r = sprint("info", "cifar")
+    assert r.returncode == 0 and "3,248,202" in r.stdout
