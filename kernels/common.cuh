@@ -16,6 +16,19 @@ typedef long long i64;
 #define SPRINT_BLOCK 256
 #define SPRINT_MAX_BLOCKS (1 << 20)
 
+// Index arithmetic (division/modulo) in 64 bits is several times slower on a
+// GPU than in 32 bits; kernels run their body with 32-bit indices when every
+// index fits (a uniform branch) and with 64-bit ones otherwise. Tests lower
+// this bound (-DSPRINT_NARROW_INDEX_MAX=0) to exercise the 64-bit path.
+#ifndef SPRINT_NARROW_INDEX_MAX
+#define SPRINT_NARROW_INDEX_MAX 0x7fffffffLL
+#endif
+
+// Grid-stride loop over [0, n) with indices of type I.
+#define SPRINT_FOR_T(I, idx, n)                                                         \
+    for (I idx = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; idx < (I)(n);         \
+         idx += (I)blockDim.x * (I)gridDim.x)
+
 // Grid-stride loop over [0, n) with 64-bit indices.
 #define SPRINT_FOR(idx, n)                                                       \
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < (i64)(n); \

@@ -2,47 +2,61 @@
 // csrc/im2col.h: x (B,C,H,W); cols (K, B*P) with row (c,i,j), column (n,oh,ow).
 #include "common.cuh"
 
+// Kernel bodies are templates on the index type I (unsigned or i64); each
+// extern "C" kernel picks I from the largest index it will form.
+
 // One thread per cols element; idx decomposes as (c, i, j, n, oh, ow).
-extern "C" __global__ void sprint_im2col_f32(const float* __restrict__ x, float* __restrict__ cols,
-                                             i64 B, i64 C, i64 H, i64 W, i64 kh, i64 kw, i64 sh,
-                                             i64 sw, i64 ph, i64 pw, i64 OH, i64 OW) {
-    const i64 total = C * kh * kw * B * OH * OW;
-    SPRINT_FOR(idx, total) {
-        i64 t = idx;
-        const i64 ow = t % OW; t /= OW;
-        const i64 oh = t % OH; t /= OH;
-        const i64 n = t % B; t /= B;
-        const i64 j = t % kw; t /= kw;
-        const i64 i = t % kh;
-        const i64 c = t / kh;
-        const i64 h = oh * sh - ph + i, w = ow * sw - pw + j;
-        cols[idx] = (h >= 0 && h < H && w >= 0 && w < W) ? x[((n * C + c) * H + h) * W + w] : 0.0f;
+template <typename I>
+__device__ __forceinline__ void im2col_body(const float* __restrict__ x, float* __restrict__ cols, I B, I C, I H,
+                                            I W, I kh, I kw, I sh, I sw, I ph, I pw, I OH, I OW) {
+    const I total = C * kh * kw * B * OH * OW;
+    SPRINT_FOR_T(I, idx, total) {
+        I t = idx;
+        const I ow = t % OW; t /= OW;
+        const I oh = t % OH; t /= OH;
+        const I n = t % B; t /= B;
+        const I j = t % kw; t /= kw;
+        const I i = t % kh;
+        const I c = t / kh;
+        // unsigned wrap-around makes "h < 0" an "h >= H" test
+        const I h = oh * sh + i - ph, w = ow * sw + j - pw;
+        const bool inside = oh * sh + i >= ph && h < H && ow * sw + j >= pw && w < W;
+        cols[idx] = inside ? x[((n * C + c) * H + h) * W + w] : 0.0f;
     }
 }
 
-// Gather: one thread per x element sums its contributions in (i, j) order.
-extern "C" __global__ void sprint_col2im_f32(const float* __restrict__ cols, float* __restrict__ x,
+extern "C" __global__ void sprint_im2col_f32(const float* __restrict__ x, float* __restrict__ cols,
                                              i64 B, i64 C, i64 H, i64 W, i64 kh, i64 kw, i64 sh,
                                              i64 sw, i64 ph, i64 pw, i64 OH, i64 OW) {
-    const i64 total = B * C * H * W, P = OH * OW, BP = B * P;
-    SPRINT_FOR(idx, total) {
-        i64 t = idx;
-        const i64 w = t % W; t /= W;
-        const i64 h = t % H; t /= H;
-        const i64 c = t % C;
-        const i64 n = t / C;
+    const i64 nc = C * kh * kw * B * OH * OW, nx = B * C * H * W;
+    if (nc <= SPRINT_NARROW_INDEX_MAX && nx <= SPRINT_NARROW_INDEX_MAX &&
+        (OH - 1) * sh + kh <= SPRINT_NARROW_INDEX_MAX && (OW - 1) * sw + kw <= SPRINT_NARROW_INDEX_MAX)
+        im2col_body<unsigned>(x, cols, B, C, H, W, kh, kw, sh, sw, ph, pw, OH, OW);
+    else
+        im2col_body<i64>(x, cols, B, C, H, W, kh, kw, sh, sw, ph, pw, OH, OW);
+}
+
+// Gather: one thread per x element sums its contributions in (i, j) order.
+template <typename I>
+__device__ __forceinline__ void col2im_body(const float* __restrict__ cols, float* __restrict__ x, I B, I C, I H,
+                                            I W, I kh, I kw, I sh, I sw, I ph, I pw, I OH, I OW) {
+    const I total = B * C * H * W, P = OH * OW, BP = B * P;
+    SPRINT_FOR_T(I, idx, total) {
+        I t = idx;
+        const I w = t % W; t /= W;
+        const I h = t % H; t /= H;
+        const I c = t % C;
+        const I n = t / C;
         float acc = 0.0f;
-        for (i64 i = 0; i < kh; ++i) {
-            const i64 th = h + ph - i;
-            if (th < 0) break;
+        for (I i = 0; i < kh && i <= h + ph; ++i) {
+            const I th = h + ph - i;
             if (th % sh) continue;
-            const i64 oh = th / sh;
+            const I oh = th / sh;
             if (oh >= OH) continue;
-            for (i64 j = 0; j < kw; ++j) {
-                const i64 tw = w + pw - j;
-                if (tw < 0) break;
+            for (I j = 0; j < kw && j <= w + pw; ++j) {
+                const I tw = w + pw - j;
                 if (tw % sw) continue;
-                const i64 ow = tw / sw;
+                const I ow = tw / sw;
                 if (ow >= OW) continue;
                 acc += cols[((c * kh + i) * kw + j) * BP + n * P + oh * OW + ow];
             }
@@ -51,22 +65,51 @@ extern "C" __global__ void sprint_col2im_f32(const float* __restrict__ cols, flo
     }
 }
 
+extern "C" __global__ void sprint_col2im_f32(const float* __restrict__ cols, float* __restrict__ x,
+                                             i64 B, i64 C, i64 H, i64 W, i64 kh, i64 kw, i64 sh,
+                                             i64 sw, i64 ph, i64 pw, i64 OH, i64 OW) {
+    const i64 nc = C * kh * kw * B * OH * OW, nx = B * C * H * W;
+    if (nc <= SPRINT_NARROW_INDEX_MAX && nx <= SPRINT_NARROW_INDEX_MAX &&
+        H + ph <= SPRINT_NARROW_INDEX_MAX && W + pw <= SPRINT_NARROW_INDEX_MAX)
+        col2im_body<unsigned>(cols, x, B, C, H, W, kh, kw, sh, sw, ph, pw, OH, OW);
+    else
+        col2im_body<i64>(cols, x, B, C, H, W, kh, kw, sh, sw, ph, pw, OH, OW);
+}
+
 // y (B,M,P) <- yt (M,B*P) transposed (+ bias[m] if has_bias).
-extern "C" __global__ void sprint_cnhw_to_nchw_f32(const float* __restrict__ yt, const float* __restrict__ bias,
-                                                   i64 has_bias, float* __restrict__ y, i64 B, i64 M, i64 P) {
-    SPRINT_FOR(idx, B * M * P) {
-        const i64 p = idx % P, m = (idx / P) % M, n = idx / (P * M);
+template <typename I>
+__device__ __forceinline__ void cnhw_to_nchw_body(const float* __restrict__ yt, const float* __restrict__ bias,
+                                                  bool has_bias, float* __restrict__ y, I B, I M, I P) {
+    SPRINT_FOR_T(I, idx, B * M * P) {
+        const I p = idx % P, m = (idx / P) % M, n = idx / (P * M);
         y[idx] = yt[(m * B + n) * P + p] + (has_bias ? bias[m] : 0.0f);
     }
 }
 
+extern "C" __global__ void sprint_cnhw_to_nchw_f32(const float* __restrict__ yt, const float* __restrict__ bias,
+                                                   i64 has_bias, float* __restrict__ y, i64 B, i64 M, i64 P) {
+    if (B * M * P <= SPRINT_NARROW_INDEX_MAX)
+        cnhw_to_nchw_body<unsigned>(yt, bias, has_bias != 0, y, B, M, P);
+    else
+        cnhw_to_nchw_body<i64>(yt, bias, has_bias != 0, y, B, M, P);
+}
+
 // out (M,B*P) <- y (B,M,P) transposed.
-extern "C" __global__ void sprint_nchw_to_cnhw_f32(const float* __restrict__ y, float* __restrict__ out,
-                                                   i64 B, i64 M, i64 P) {
-    SPRINT_FOR(idx, B * M * P) {
-        const i64 p = idx % P, n = (idx / P) % B, m = idx / (P * B);
+template <typename I>
+__device__ __forceinline__ void nchw_to_cnhw_body(const float* __restrict__ y, float* __restrict__ out, I B, I M,
+                                                  I P) {
+    SPRINT_FOR_T(I, idx, B * M * P) {
+        const I p = idx % P, n = (idx / P) % B, m = idx / (P * B);
         out[idx] = y[(n * M + m) * P + p];
     }
+}
+
+extern "C" __global__ void sprint_nchw_to_cnhw_f32(const float* __restrict__ y, float* __restrict__ out,
+                                                   i64 B, i64 M, i64 P) {
+    if (B * M * P <= SPRINT_NARROW_INDEX_MAX)
+        nchw_to_cnhw_body<unsigned>(y, out, B, M, P);
+    else
+        nchw_to_cnhw_body<i64>(y, out, B, M, P);
 }
 
 // db[m] (+)= sum over (n, p) of y[n,m,p]; one block of SPRINT_BLOCK threads per m.

@@ -262,8 +262,10 @@ def test_gpu_im2col_family_matches_cpu(win):
 # index): checks kernel index arithmetic and the launch arguments (order,
 # types) against the C++ twins. Helpers shared with K2's kernel tests.
 
-@pytest.fixture(scope="module")
-def emulated(tmp_path_factory):
+@pytest.fixture(scope="module", params=["index32", "index64"])
+def emulated(tmp_path_factory, request):
+    """index64 forces the kernels' 64-bit index path (normally taken only
+    beyond 2^31 elements) by lowering SPRINT_NARROW_INDEX_MAX to 0."""
     import ctypes
     import shutil
     import subprocess
@@ -272,13 +274,14 @@ def emulated(tmp_path_factory):
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler to run the CUDA sources on the CPU")
-    d = tmp_path_factory.mktemp("im2col_emulated")
+    d = tmp_path_factory.mktemp(f"im2col_emulated_{request.param}")
+    defines = ["-DSPRINT_NARROW_INDEX_MAX=0"] if request.param == "index64" else []
     shim = d / "shim.h"
     shim.write_text(k2_support._SHIM + "\n#define __shared__ static\n")
     src = backend_kernel("im2col.cu")
     lib_path = d / "libim2col_emulated.so"
-    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-include", str(shim), "-x", "c++", str(src),
-                    "-I", str(src.parent), "-o", str(lib_path)], check=True)
+    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", *defines, "-include", str(shim), "-x", "c++",
+                    str(src), "-I", str(src.parent), "-o", str(lib_path)], check=True)
     lib = ctypes.CDLL(str(lib_path))
 
     from engine.backend import Backend
