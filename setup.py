@@ -93,7 +93,9 @@ setup(
     # the same sources at run time on a machine without nvcc.
     packages=find_packages(include=["engine", "engine.*"]) + ["engine.kernels"],
     package_dir={"engine.kernels": "kernels"},
-    package_data={"engine.kernels": ["*.cu", "*.cuh"]},
+    package_data={"engine.kernels": ["*.cu", "*.cuh"],
+                  "engine.data": ["digits.csv.gz", "DIGITS_LICENSE.txt"],
+                  "engine.perf": ["*.json"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": CMakeBuild},
     zip_safe=False,
