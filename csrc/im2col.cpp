@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -154,39 +155,53 @@ void im2col(const float* x, float* cols, const ConvGeom& g) {
     }
 }
 
-// The adjoint of im2col, computed by the owner of each (n, c) plane: the
-// plane is zeroed, then every cols entry that im2col copied from it is added
-// back, in (i, j, oh, ow) order. Each pixel thus sums its contributions in a
-// fixed order (kernel row, then column) with no atomics and no sharing between
-// threads: deterministic whatever the thread count. cols rows are streamed
-// sequentially while the plane stays in cache.
+// The adjoint of im2col, computed by the owner of each (n, c) plane. The
+// owner accumulates into a zeroed, padded copy of the plane (every window
+// position in range, so the inner loops have no edge tests), adding the cols
+// entries in (i, j, oh, ow) order: each pixel sums its contributions in a
+// fixed order (kernel row, then column), with no atomics and no sharing
+// between threads -- deterministic whatever the thread count. The interior is
+// then copied out (pixels no window covers get 0). cols rows are streamed
+// sequentially while the padded plane stays in cache.
 void col2im(const float* cols, float* x, const ConvGeom& g) {
     const i64 P = g.P(), BP = g.B * P, HW = g.H * g.W;
+    const i64 Hp = (g.OH - 1) * g.sh + g.kh, Wp = (g.OW - 1) * g.sw + g.kw;
     const i64 planes = g.B * g.C;
-#pragma omp parallel for schedule(static) if (planes * g.kh * g.kw * P > kParallelMin)
-    for (i64 t = 0; t < planes; ++t) {
-        const i64 n = t / g.C, c = t % g.C;
-        float* plane = x + t * HW;
-        std::memset(plane, 0, sizeof(float) * HW);
-        for (i64 i = 0; i < g.kh; ++i) {
-            for (i64 j = 0; j < g.kw; ++j) {
-                const float* src = cols + ((c * g.kh + i) * g.kw + j) * BP + n * P;
-                i64 lo, hi;
-                valid_range(g.W, g.OW, g.sw, g.pw, j, lo, hi);
-                const i64 len = hi - lo;
-                if (len == 0) continue;
-                for (i64 oh = 0; oh < g.OH; ++oh) {
-                    const i64 h = oh * g.sh - g.ph + i;
-                    if (h < 0 || h >= g.H) continue;
-                    float* d = plane + h * g.W + lo * g.sw - g.pw + j;  // d[q*sw] is column (lo+q)*sw-pw+j
-                    const float* s = src + oh * g.OW + lo;
-                    if (g.sw == 1) {
+#pragma omp parallel if (planes * g.kh * g.kw * P > kParallelMin)
+    {
+        std::vector<float> padded(static_cast<size_t>(Hp * Wp));
+#pragma omp for schedule(static)
+        for (i64 t = 0; t < planes; ++t) {
+            const i64 n = t / g.C, c = t % g.C;
+            float* pp = padded.data();
+            std::memset(pp, 0, sizeof(float) * Hp * Wp);
+            for (i64 i = 0; i < g.kh; ++i) {
+                for (i64 j = 0; j < g.kw; ++j) {
+                    const float* src = cols + ((c * g.kh + i) * g.kw + j) * BP + n * P;
+                    for (i64 oh = 0; oh < g.OH; ++oh) {
+                        float* d = pp + (oh * g.sh + i) * Wp + j;
+                        const float* s = src + oh * g.OW;
+                        if (g.sw == 1) {
 #pragma omp simd
-                        for (i64 q = 0; q < len; ++q) d[q] += s[q];
-                    } else {
-                        for (i64 q = 0; q < len; ++q) d[q * g.sw] += s[q];
+                            for (i64 q = 0; q < g.OW; ++q) d[q] += s[q];
+                        } else {
+                            for (i64 q = 0; q < g.OW; ++q) d[q * g.sw] += s[q];
+                        }
                     }
                 }
+            }
+            float* plane = x + t * HW;
+            // input (h, w) is padded (h + ph, w + pw)
+            const i64 wn = std::max<i64>(0, std::min(g.W, Wp - g.pw));
+            for (i64 h = 0; h < g.H; ++h) {
+                float* row = plane + h * g.W;
+                const i64 hp = h + g.ph;
+                if (hp >= Hp) {
+                    std::memset(row, 0, sizeof(float) * g.W);
+                    continue;
+                }
+                std::memcpy(row, pp + hp * Wp + g.pw, sizeof(float) * wn);
+                if (wn < g.W) std::memset(row + wn, 0, sizeof(float) * (g.W - wn));
             }
         }
     }
