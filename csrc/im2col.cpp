@@ -12,51 +12,34 @@
 
 namespace sprint {
 namespace cpu {
-namespace {
-
-// Output columns ow whose input column w = ow*s - p + j lies in [0, W):
-// [lo, hi), possibly empty (lo == hi).
-inline void valid_range(i64 W, i64 OW, i64 s, i64 p, i64 j, i64& lo, i64& hi) {
-    const i64 t = p - j;
-    lo = t <= 0 ? 0 : (t + s - 1) / s;
-    const i64 u = W - 1 + p - j;
-    hi = u < 0 ? 0 : std::min(OW, u / s + 1);
-    lo = std::min(lo, OW);
-    if (hi < lo) hi = lo;
-}
-
-}  // namespace
-
 // Threads only pay off above this many floats (4 MiB) moved: below it the fork/join
 // (and, on a busy machine, waking a descheduled worker) costs more than the copy.
 constexpr i64 kParallelMin = i64(1) << 20;
-// cols larger than this (64 MiB of floats, twice a typical L3) is written with
-// non-temporal stores.
+// cols larger than this (2^24 floats = 64 MiB, twice a typical L3) is written
+// with non-temporal stores.
 constexpr i64 kStreamMinFloats = i64(1) << 24;
 
-// One (i, j) block of im2col, row by row: dst[oh*OW + ow] = plane[h][w] or 0.
-inline void copy_rows(const float* plane, float* dst, const ConvGeom& g, i64 i, i64 j) {
-    i64 lo, hi;
-    valid_range(g.W, g.OW, g.sw, g.pw, j, lo, hi);
+// One (i, j) block of im2col from a zero-padded copy of the plane (Hp x Wp,
+// every window position in range): rows without edge tests.
+inline void copy_rows_padded(const float* pp, i64 Wp, float* dst, const ConvGeom& g, i64 i, i64 j) {
     for (i64 oh = 0; oh < g.OH; ++oh, dst += g.OW) {
-        const i64 h = oh * g.sh - g.ph + i;
-        if (h < 0 || h >= g.H || lo == hi) {
-            for (i64 q = 0; q < g.OW; ++q) dst[q] = 0.0f;
-            continue;
-        }
-        // src[q] is input column (lo+q)*sw - pw + j
-        const float* src = plane + h * g.W + lo * g.sw - g.pw + j;
-        for (i64 q = 0; q < lo; ++q) dst[q] = 0.0f;
-        float* d = dst + lo;
-        const i64 len = hi - lo;
+        const float* src = pp + (oh * g.sh + i) * Wp + j;
         if (g.sw == 1) {
 #pragma omp simd
-            for (i64 q = 0; q < len; ++q) d[q] = src[q];
+            for (i64 q = 0; q < g.OW; ++q) dst[q] = src[q];
         } else {
-            for (i64 q = 0; q < len; ++q) d[q] = src[q * g.sw];
+            for (i64 q = 0; q < g.OW; ++q) dst[q] = src[q * g.sw];
         }
-        for (i64 q = hi; q < g.OW; ++q) dst[q] = 0.0f;
     }
+}
+
+// Zero-padded copy of one plane: padded (hp, wp) = input (hp - ph, wp - pw).
+inline void pad_plane(const float* plane, float* pp, i64 Hp, i64 Wp, const ConvGeom& g) {
+    std::memset(pp, 0, sizeof(float) * Hp * Wp);
+    const i64 rows = std::max<i64>(0, std::min(g.H, Hp - g.ph));
+    const i64 cols = std::max<i64>(0, std::min(g.W, Wp - g.pw));
+    for (i64 h = 0; h < rows; ++h)
+        std::memcpy(pp + (h + g.ph) * Wp + g.pw, plane + h * g.W, sizeof(float) * cols);
 }
 
 // The same block when stride is 1 and OW == W ("same" padding): output rows
@@ -131,27 +114,33 @@ inline void stream_shifted_rows(const float* plane, float* dst, const ConvGeom& 
 void im2col(const float* x, float* cols, const ConvGeom& g) {
     const i64 P = g.P(), BP = g.B * P, HW = g.H * g.W;
     const i64 planes = g.B * g.C;
+    const i64 Hp = (g.OH - 1) * g.sh + g.kh, Wp = (g.OW - 1) * g.sw + g.kw;
     const bool same_rows = g.sh == 1 && g.sw == 1 && g.OW == g.W;
     // Stream only what cannot stay in the last-level cache anyway.
     const bool stream = same_rows && g.K() * BP > kStreamMinFloats && streamable(cols + BP, g.OW);
-#pragma omp parallel for schedule(static) if (planes * g.kh * g.kw * P > kParallelMin)
-    for (i64 t = 0; t < planes; ++t) {
-        const i64 n = t / g.C, c = t % g.C;
-        const float* plane = x + t * HW;
-        for (i64 i = 0; i < g.kh; ++i) {
-            for (i64 j = 0; j < g.kw; ++j) {
-                float* dst = cols + ((c * g.kh + i) * g.kw + j) * BP + n * P;
-                if (stream && streamable(dst, g.OW))
-                    stream_shifted_rows(plane, dst, g, i, j);
-                else if (same_rows)
-                    copy_shifted_block(plane, dst, g, i, j);
-                else
-                    copy_rows(plane, dst, g, i, j);
+#pragma omp parallel if (planes * g.kh * g.kw * P > kParallelMin)
+    {
+        std::vector<float> padded(same_rows ? 0 : static_cast<size_t>(Hp * Wp));
+#pragma omp for schedule(static)
+        for (i64 t = 0; t < planes; ++t) {
+            const i64 n = t / g.C, c = t % g.C;
+            const float* plane = x + t * HW;
+            if (!same_rows) pad_plane(plane, padded.data(), Hp, Wp, g);
+            for (i64 i = 0; i < g.kh; ++i) {
+                for (i64 j = 0; j < g.kw; ++j) {
+                    float* dst = cols + ((c * g.kh + i) * g.kw + j) * BP + n * P;
+                    if (!same_rows)
+                        copy_rows_padded(padded.data(), Wp, dst, g, i, j);
+                    else if (stream && streamable(dst, g.OW))
+                        stream_shifted_rows(plane, dst, g, i, j);
+                    else
+                        copy_shifted_block(plane, dst, g, i, j);
+                }
             }
-        }
 #ifdef SPRINT_HAVE_STREAM
-        if (stream) _mm_sfence();  // streamed stores visible before cols is read
+            if (stream) _mm_sfence();  // streamed stores visible before cols is read
 #endif
+        }
     }
 }
 
