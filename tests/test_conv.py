@@ -137,6 +137,33 @@ def test_backward_matches_central_differences(xs, ws, stride, pad):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * (1 + np.abs(ref).max()))
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv_cases())
+def test_backward_central_differences_random_shapes(case):
+    """Engine gradients vs central differences of the float64 reference on
+    random shapes (a random sample of elements of x, w and b)."""
+    xs, wsh, stride, pad, _, seed = case
+    x, w, b = (a.astype(np.float64) for a in _data(xs, wsh, True, seed))
+    g = np.random.default_rng(seed + 2).standard_normal(ref_conv(x, w, b, *stride, *pad).shape)
+    loss = lambda: float((ref_conv(x, w, b, *stride, *pad) * g).sum())  # noqa: E731
+    dx, dw, db = ops.conv2d_backward(x.astype(np.float32), w.astype(np.float32), g.astype(np.float32),
+                                     stride=stride, pad=pad)
+    rng = np.random.default_rng(seed + 3)
+    for arr, got in ((x, dx), (w, dw), (b, db)):
+        for _ in range(4):
+            idx = tuple(int(rng.integers(s)) for s in arr.shape)
+            old = arr[idx]
+            arr[idx] = old + 1e-6
+            up = loss()
+            arr[idx] = old - 1e-6
+            down = loss()
+            arr[idx] = old
+            fd = (up - down) / 2e-6
+            # float32 accumulation bound: eps * (sum of |terms|) <= eps * sum|g| * max(|x|, |w|, 1)
+            tol = 1e-5 + 1e-6 * np.abs(g).sum() * max(np.abs(x).max(), np.abs(w).max(), 1.0)
+            assert abs(got[idx] - fd) <= tol + 1e-5 * abs(fd), (idx, got[idx], fd, tol)
+
+
 def test_chunked_equals_whole_batch():
     x, w, b = _data((7, 3, 12, 10), (5, 3, 3, 3), True, 3)
     dy = np.random.default_rng(4).standard_normal((7, 5, 12, 10)).astype(np.float32)
