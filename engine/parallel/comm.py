@@ -112,9 +112,10 @@ class Comm:
             per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
             raise ConfigMismatch(f"ranks disagree on {what} ({per_rank}); refusing to start")
 
-    def abort(self, message: str, code: int = 1):
+    def abort(self, message: str, code: int = 1, report: bool = True):
         """Print a message naming this rank and end the whole job."""
-        _report_failure(self.rank, self.size, message)
+        if report:
+            _report_failure(self.rank, self.size, message)
         os._exit(code)
 
     def slice_bounds(self, n: int, rank=None):
@@ -249,8 +250,12 @@ class MPIComm(Comm):
         self._claim()
         self.comm.Barrier()
 
-    def abort(self, message: str, code: int = 1):
-        _report_failure(self.rank, self.size, message)
+    def abort(self, message: str, code: int = 1, report: bool = True):
+        if report:
+            _report_failure(self.rank, self.size, message)
+        # MPI_Abort makes the launcher kill every process at once and output
+        # still in the pipes can be lost: give the forwarders a moment.
+        time.sleep(0.5)
         self.comm.Abort(code)
         os._exit(code)  # pragma: no cover - Abort does not return
 
@@ -392,8 +397,9 @@ def install_abort_hooks(comm: Comm) -> None:
 
     def _hook(exc_type, exc, tb):
         import traceback
+        _report_failure(comm.rank, comm.size, f"{exc_type.__name__}: {exc}")
         traceback.print_exception(exc_type, exc, tb)
-        comm.abort(f"{exc_type.__name__}: {exc}")
+        comm.abort(f"{exc_type.__name__}: {exc}", report=False)
 
     def _thread_hook(args):
         _hook(args.exc_type, args.exc_value, args.exc_traceback)
@@ -415,5 +421,7 @@ def abort_on_error(comm: Comm):
         if comm.size <= 1:
             raise
         import traceback
+        # the line naming the rank first: it is what the other ranks' logs need
+        _report_failure(comm.rank, comm.size, f"{type(e).__name__}: {e}")
         traceback.print_exc()
-        comm.abort(f"{type(e).__name__}: {e}")
+        comm.abort(f"{type(e).__name__}: {e}", report=False)
