@@ -324,7 +324,10 @@ def test_cuda_sources_match_cpu_twins(emulated, win):
         xx = ops.col2im(c, shape, kh, kw, (sh, sw), (ph, pw), out=np.full(shape, np.nan, np.float32))
         y = ops.conv2d_forward(x, wt, b, (sh, sw), (ph, pw), out=np.full(ref_y.shape, np.nan, np.float32))
         g = ops.conv2d_backward(x, wt, dy, (sh, sw), (ph, pw))
+        g1 = ops.conv2d_backward(x, wt, dy, (sh, sw), (ph, pw), workspace_bytes=1)  # one image per chunk
     assert np.array_equal(cols, ref_cols)
+    for a, r in zip(g1, ref_g):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(xx, ref_x, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(y, ref_y, rtol=1e-6, atol=1e-5)
     for a, r in zip(g, ref_g):

@@ -39,7 +39,7 @@ def gemm(a, b, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
         else:
             out *= np.float32(beta)
         return out
-    if be.is_gpu and beta != 0.0:
+    if beta != 0.0 and xp.__name__ == "cupy":
         from cupy import cublas
         cublas.gemm("T" if trans_a else "N", "T" if trans_b else "N", a, b, out=out,
                     alpha=alpha, beta=beta)
