@@ -34,3 +34,25 @@ def test_gpu_without_cupy_is_a_clear_error():
 def test_info_prints_n_param():
     r = sprint("info", "cifar")
     assert r.returncode == 0 and "3,248,202" in r.stdout
+
+
+def test_asgd_defaults_differ_from_sync(monkeypatch):
+    """`--parallel asgd` without lr/momentum gets the stale-gradient-safe
+    defaults; anything the user gives wins."""
+    from engine import train_cli
+    seen = {}
+
+    def fake_train(cfg):
+        seen["cfg"] = cfg
+        return {"rank": 1}
+
+    monkeypatch.setattr("engine.train.train", fake_train)
+    p = __import__("engine.cli", fromlist=["build_parser"]).build_parser()
+    args = p.parse_args(["train", "--parallel", "asgd", "--lr", "0.01", "--out", "x"])
+    assert train_cli.cmd_train(args) == 0
+    cfg = seen["cfg"]
+    assert cfg.lr == 0.01 and cfg.momentum == train_cli.ASGD_DEFAULTS["momentum"]
+    assert cfg.extra["max_pending"] == 2
+    args = p.parse_args(["train", "--max-pending", "3", "--out", "x"])
+    with pytest.raises(ValueError, match="max-pending"):
+        train_cli.cmd_train(args)
