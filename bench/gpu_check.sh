@@ -46,9 +46,10 @@ step tests 150 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/
 step selfcheck_compiled 60 env SPRINT_KERNELS=compiled python -m engine.cli --device gpu selfcheck
 step selfcheck_rawmodule 60 env SPRINT_KERNELS=rawmodule python -m engine.cli --device gpu selfcheck
 step asgd_two_streams 90 python bench/parallel_gpu_check.py --seconds 15
-step bench 150 python -m pytest -q -m gpu -p no:cacheprovider --benchmark-only \
+step bench 150 python -m pytest -q -s -m gpu -p no:cacheprovider --benchmark-only \
     --benchmark-min-rounds=3 --benchmark-max-time=0.2 \
-    bench/test_bench_im2col.py bench/test_bench_gemm.py bench/test_bench_conv.py
+    bench/test_bench_im2col.py bench/test_bench_gemm.py bench/test_bench_conv.py \
+    bench/test_bench_train.py
 
 log "summary"
 python - "$RESULTS" <<'PY'

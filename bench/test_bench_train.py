@@ -63,11 +63,12 @@ def engine_step_fn(n):
     return step
 
 
-def torch_step_fn(n):
+def torch_step_fn(n, device="cpu"):
     import torch
     from torch import nn
     from engine.spec import get_spec
     torch.set_num_threads(THREADS)
+    torch.backends.cudnn.benchmark = True
     spec = get_spec("cifar")
     mods, ch, side = [], spec.m0, spec.x0
     for m, p in spec.convs:
@@ -82,16 +83,18 @@ def torch_step_fn(n):
         if j < len(spec.fcs) - 1:
             mods.append(nn.ReLU())
         fin = m
-    model = nn.Sequential(*mods)
+    model = nn.Sequential(*mods).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
     loss_fn = nn.CrossEntropyLoss()
     xn, yn = _batch(n)
-    x, y = torch.from_numpy(xn), torch.from_numpy(yn)
+    x, y = torch.from_numpy(xn).to(device), torch.from_numpy(yn).to(device)
 
     def step():
         opt.zero_grad(set_to_none=False)
         loss_fn(model(x), y).backward()
         opt.step()
+        if device != "cpu":
+            torch.cuda.synchronize()
     return step
 
 
@@ -143,6 +146,37 @@ def test_train_step_vs_torch(benchmark, n):
         line += ", torch absent"
     benchmark.extra_info.update(info)
     print(line)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", BATCHES)
+def test_train_step_vs_torch_gpu(benchmark, n):
+    """The same step on the GPU (CuPy + cuBLAS + the CUDA kernels) against
+    PyTorch + cuDNN on the same device, both synchronised after each step."""
+    from engine import backend
+    backend.set_backend("gpu")
+    try:
+        xp = backend.get_backend().xp
+        inner = engine_step_fn(n)
+
+        def step():
+            inner()
+            xp.cuda.get_current_stream().synchronize()
+        rounds = 20
+        torch_ts = _times(torch_step_fn(n, "cuda"), rounds) if _has_torch() else None
+        benchmark.pedantic(step, rounds=rounds, warmup_rounds=3, iterations=1)
+        st = benchmark.stats.stats
+        info = {"batch": n, "device": "gpu", "kernels": backend.get_backend().kernels,
+                "engine_img_s_median": n / st.median}
+        line = f"\ncifar step batch {n}, GPU ({info['kernels']}): engine {n / st.median:,.1f} img/s"
+        if torch_ts:
+            tm = statistics.median(torch_ts)
+            info.update(torch_img_s_median=n / tm, ratio_vs_torch_median=tm / st.median)
+            line += f", torch+cuDNN {n / tm:,.1f} img/s; engine/torch {tm / st.median:.2f}x"
+        benchmark.extra_info.update(info)
+        print(line)
+    finally:
+        backend.set_backend("cpu")
 
 
 _MEM_SCRIPT = r"""
