@@ -8,16 +8,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
-
-try:  # load PyTorch (the optional peer) before engine sets OMP_WAIT_POLICY, so it runs with its defaults
-    import torch  # noqa: F401
-except ImportError:
-    pass
 
 RESULTS = Path(__file__).resolve().parent / "results"
 _SUMMARY: list[str] = []
@@ -111,3 +108,39 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("SPRINT kernel benchmarks (ratios measured in the same run)")
         for line in _SUMMARY:
             terminalreporter.write_line(line)
+
+
+# PyTorch brings its own OpenMP runtime: with it loaded, the engine's cifar
+# step ran 1.8x slower (152.7 -> 83.7 img/s at batch 32 from the import
+# alone), and PyTorch's own convolutions slowed too. So no benchmark process
+# imports both: PyTorch baselines run in fresh processes of their own.
+_FRESH = r"""
+import importlib, json, sys
+sys.path.insert(0, {bench!r}); sys.path.insert(0, {root!r})
+if sys.argv[1] == "torch":
+    import torch
+mod = importlib.import_module(sys.argv[2])
+print(json.dumps(getattr(mod, sys.argv[3])(*json.loads(sys.argv[4]))))
+"""
+
+
+def in_fresh_process(framework: str, module: str, fn: str, *args, threads: int | None = None,
+                     timeout: float = 900):
+    """bench module `module`'s fn(*args) in a new interpreter that imports
+    PyTorch only when framework == "torch"; its JSON result."""
+    bench = Path(__file__).resolve().parent
+    code = _FRESH.format(bench=str(bench), root=str(bench.parent))
+    env = dict(os.environ)
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    p = subprocess.run([sys.executable, "-c", code, framework, module, fn, json.dumps(args)],
+                       capture_output=True, text=True, env=env, timeout=timeout)
+    if p.returncode:
+        raise RuntimeError(f"{module}.{fn} in a fresh process failed:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def torch_available() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
+

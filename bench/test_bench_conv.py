@@ -6,7 +6,7 @@ the 2nd, 4th and 6th), batch 32, against, in the same run (interleaved):
   the first layer, as in training) on preallocated operands -- the bound an
   im2col convolution can reach;
 - PyTorch CPU (torch.nn.functional.conv2d + autograd, same thread count), if
-  importable.
+  installed, timed in a fresh process of its own (see conftest.py).
 
 Writes bench/results/conv_cifar.json.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import interleaved, machine_info, save_json
+from conftest import adaptive_median, in_fresh_process, interleaved, machine_info, save_json, torch_available
 
 from engine import backend, ops
 
@@ -28,13 +28,28 @@ REPS = 7
 _records: list[dict] = []
 
 
-def _torch(threads: int):
-    try:
-        import torch
-    except ImportError:
-        return None
+_torch_times: dict = {}
+
+
+def torch_layer_times(threads: int) -> dict:
+    """Median seconds of PyTorch's conv fwd+bwd per layer; run in a process
+    of its own (conftest.py says why)."""
+    import torch
     torch.set_num_threads(threads)
-    return torch
+    out = {}
+    for name, C, M, S in LAYERS:
+        first = name == "conv1"
+        out[name] = adaptive_median(torch_case(torch, layer_case(C, M, S, first)[3], first), min_reps=REPS)
+    return out
+
+
+def _torch_time(name: str, threads: int):
+    if not torch_available():
+        return None
+    if threads not in _torch_times:
+        _torch_times[threads] = in_fresh_process("torch", "test_bench_conv", "torch_layer_times", threads,
+                                                 threads=threads)
+    return _torch_times[threads][name]
 
 
 def layer_case(C, M, S, first, xp=np):
@@ -88,11 +103,10 @@ def test_conv_fwd_bwd_cifar_layer(benchmark, layer, summary):
     first = name == "conv1"
     conv, sgemm, flops, arrays = layer_case(C, M, S, first)
     threads = be.ext.get_num_threads()
-    fns = {"conv": conv, "sgemm": sgemm}
-    torch = _torch(threads)
-    if torch is not None:
-        fns["torch"] = torch_case(torch, arrays, first)
-    t = interleaved(fns, reps=REPS)
+    t = interleaved({"conv": conv, "sgemm": sgemm}, reps=REPS)
+    t_torch = _torch_time(name, threads)
+    if t_torch is not None:
+        t["torch"] = t_torch
     rec = {"layer": name, "C": C, "M": M, "side": S, "batch": BATCH, "threads": threads, "flops": flops,
            **{f"{k}_s": v for k, v in t.items()}, **{f"{k}_gflops": flops / v / 1e9 for k, v in t.items()}}
     rec["conv_vs_sgemm"] = t["sgemm"] / t["conv"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import adaptive_median, in_fresh_process, torch_available
 from engine import backend, ops
 from k2_bandwidth import measure, use_cpu
 
@@ -51,12 +52,27 @@ def test_maxpool(benchmark, summary, direction, shape, window):
            shape=shape, window=window)
 
 
+def torch_pool_seconds(shape, threads):
+    """Median seconds of PyTorch's max_pool2d (2x2/2, with indices); run in a
+    process of its own (conftest.py says why)."""
+    import torch
+    from conftest import adaptive_median
+    torch.set_num_threads(threads)
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal(shape).astype(np.float32))
+    return adaptive_median(lambda: torch.nn.functional.max_pool2d(x, 2, 2, return_indices=True), min_reps=15)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_maxpool_torch_reference(benchmark, summary, shape):
-    torch = pytest.importorskip("torch")
-    torch.set_num_threads(backend.get_backend().ext.get_num_threads())
-    x = torch.from_numpy(np.random.default_rng(0).standard_normal(shape).astype(np.float32))
-    benchmark.group = "maxpool forward"
-    x_bytes, moved = _traffic(shape, 2, 2, 0)
-    measure(benchmark, lambda: torch.nn.functional.max_pool2d(x, 2, 2, return_indices=True), moved, x_bytes,
-            summary=summary, op="torch_max_pool2d", shape=shape)
+    if not torch_available():
+        pytest.skip("PyTorch is not installed (optional reference)")
+    threads = backend.get_backend().ext.get_num_threads()
+    t = benchmark.pedantic(in_fresh_process, args=("torch", "test_bench_pool", "torch_pool_seconds",
+                                                   list(shape), threads),
+                           kwargs={"threads": threads}, rounds=1, iterations=1)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    y, am = ops.maxpool_forward(x, 2, 2, 0)
+    ours = adaptive_median(lambda: ops.maxpool_forward(x, 2, 2, 0, out=y, argmax_out=am), min_reps=15)
+    benchmark.extra_info.update(torch_seconds=t, engine_seconds=ours, engine_vs_torch=t / ours)
+    summary(f"maxpool 2x2/2 {'x'.join(map(str, shape))}: engine {ours * 1e6:8.1f} us, "
+            f"PyTorch max_pool2d (own process) {t * 1e6:8.1f} us -> engine {t / ours:.2f} x torch")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import in_fresh_process as _fresh, torch_available
 
 THREADS = int(os.environ.get("SPRINT_BENCH_THREADS", os.cpu_count() or 1))
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,34 +115,33 @@ def _median_time(step, rounds, warmup=2):
 
 
 def _has_torch():
-    try:
-        import torch  # noqa: F401
-        return True
-    except ImportError:
-        return False
+    return torch_available()
 
 
 @pytest.mark.parametrize("n", BATCHES)
 def test_train_step_vs_torch(benchmark, n):
-    """images/s of one full step; PyTorch measured right before, same shapes and
-    threads.  Both the median and the best round are reported: on a shared
-    machine the best round is the closer estimate of the uncontended speed."""
-    _limit_threads()
-    rounds = 8 if n == 32 else 4
-    torch_ts = _times(torch_step_fn(n), rounds) if _has_torch() else None
-    step = engine_step_fn(n)
-    benchmark.pedantic(step, rounds=rounds, warmup_rounds=2, iterations=1)
-    st = benchmark.stats.stats
+    """images/s of one full step, engine and PyTorch each in fresh processes,
+    alternated (3 processes each) so that drifting machine load hits both;
+    medians and best steps over all rounds."""
+    rounds = 6 if n == 32 else 3
+    eng, tor = [], []
+
+    def one_pair():
+        eng.extend(in_fresh_process("engine", "step_times", "engine", n, rounds))
+        if _has_torch():
+            tor.extend(in_fresh_process("torch", "step_times", "torch", n, rounds))
+    benchmark.pedantic(one_pair, rounds=3, iterations=1)
+    em, eb = statistics.median(eng), min(eng)
     info = {"batch": n, "threads": THREADS, "openblas": _blas_arch(),
-            "engine_img_s_median": n / st.median, "engine_img_s_best": n / st.min}
+            "engine_img_s_median": n / em, "engine_img_s_best": n / eb}
     line = (f"\ncifar step batch {n}, {THREADS} threads, OpenBLAS {info['openblas']}: "
-            f"engine {n / st.median:,.1f} img/s (best {n / st.min:,.1f})")
-    if torch_ts:
-        tm, tb = statistics.median(torch_ts), min(torch_ts)
+            f"engine {n / em:,.1f} img/s (best {n / eb:,.1f})")
+    if tor:
+        tm, tb = statistics.median(tor), min(tor)
         info.update(torch_img_s_median=n / tm, torch_img_s_best=n / tb,
-                    ratio_vs_torch_median=tm / st.median, ratio_vs_torch_best=tb / st.min)
+                    ratio_vs_torch_median=tm / em, ratio_vs_torch_best=tb / eb)
         line += (f", torch {n / tm:,.1f} img/s (best {n / tb:,.1f}); engine/torch "
-                 f"{tm / st.median:.2f}x (best {tb / st.min:.2f}x)")
+                 f"{tm / em:.2f}x (best {tb / eb:.2f}x)")
     else:
         line += ", torch absent"
     benchmark.extra_info.update(info)
@@ -179,42 +179,42 @@ def test_train_step_vs_torch_gpu(benchmark, n):
         backend.set_backend("cpu")
 
 
-_MEM_SCRIPT = r"""
-import json, sys, tracemalloc
-sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
-which, n = sys.argv[1], int(sys.argv[2])
+def in_fresh_process(which, fn, *args):
+    """fn of this module in a new interpreter that loads only `which`'s
+    framework (bench/conftest.py says why)."""
+    return _fresh(which, "test_bench_train", fn, *args, threads=THREADS)
 
-def hwm_mib():  # peak RSS of this process image (ru_maxrss would include the parent's, kept over exec)
+
+def step_times(which, n, rounds):
+    _limit_threads()
+    return _times((torch_step_fn if which == "torch" else engine_step_fn)(n), rounds)
+
+
+def _hwm_mib():  # peak RSS of this process image (ru_maxrss would include the parent's, kept over exec)
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
 
-import test_bench_train as B
-B._limit_threads()
-if which == "torch":
-    import torch
-else:
-    import engine.ops, engine.net
-base = hwm_mib()
-tracemalloc.start()
-step = (B.torch_step_fn if which == "torch" else B.engine_step_fn)(n)
-for _ in range(3):
-    step()
-peak = tracemalloc.get_traced_memory()[1]
-rss = hwm_mib()
-print(json.dumps({{"maxrss_mib": rss, "maxrss_after_import_mib": base, "step_rss_mib": rss - base,
-                  "tracemalloc_peak_mib": peak / 2**20}}))
-"""
+
+def memory_of_steps(which, n):
+    import tracemalloc
+    _limit_threads()
+    if which != "torch":
+        import engine.net  # noqa: F401
+        import engine.ops  # noqa: F401
+    base = _hwm_mib()
+    tracemalloc.start()
+    step = (torch_step_fn if which == "torch" else engine_step_fn)(n)
+    for _ in range(3):
+        step()
+    peak = tracemalloc.get_traced_memory()[1]
+    rss = _hwm_mib()
+    return {"maxrss_mib": rss, "maxrss_after_import_mib": base, "step_rss_mib": rss - base,
+            "tracemalloc_peak_mib": peak / 2**20}
 
 
 def peak_memory(which, n):
-    code = _MEM_SCRIPT.format(root=str(ROOT), bench=str(Path(__file__).parent))
-    env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), OPENBLAS_NUM_THREADS=str(THREADS))
-    p = subprocess.run([sys.executable, "-c", code, which, str(n)], capture_output=True, text=True,
-                       env=env, timeout=600)
-    if p.returncode:
-        raise RuntimeError(p.stderr[-2000:])
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return in_fresh_process(which, "memory_of_steps", which, n)
 
 
 @pytest.mark.parametrize("n", BATCHES)
@@ -308,7 +308,7 @@ def _data_time(n, rounds=5):
 
 @pytest.mark.parametrize("n", BATCHES)
 def test_step_breakdown(benchmark, n):
-    wall, parts = benchmark.pedantic(breakdown, args=(n,), rounds=1, iterations=1)
+    wall, parts = benchmark.pedantic(in_fresh_process, args=("engine", "breakdown", n), rounds=1, iterations=1)
     benchmark.extra_info.update({"step_ms": 1e3 * wall, **{f"{k}_ms": 1e3 * v for k, v in parts.items()}})
     print(f"\nwhere the time goes, cifar batch {n} ({1e3 * wall:.1f} ms/step, {THREADS} threads):")
     for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):
