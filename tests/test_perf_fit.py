@@ -115,3 +115,30 @@ def test_piecewise_linear_term_finds_the_cache_edge():
         assert fit.eval_pieces(pieces, v) == pytest.approx(want, rel=0.02)
     # A straight line stays one piece.
     assert len(fit.fit_linear_pieces(x, 3e-9 * x + 2e-6)) == 1
+
+
+def test_sgemm_grid_covers_outer_products():
+    """k = 1 (an FC dW at batch 1) is its own BLAS regime: the grids sweep it."""
+    from engine.perf import sweep
+    for quick in (True, False):
+        cfg = sweep.mode_config(quick)
+        pts = sweep.sgemm_grid(cfg)
+        assert any(k == 1 and not hold and m * n >= 2 ** 20 for m, n, k, hold in pts)
+
+
+def test_outer_product_regime_is_fitted_apart():
+    """Points at k = 1 costing far more per m*n than k >= 2 get a regime of their own."""
+    rng = np.random.default_rng(0)
+    pts, t = [], []
+    for m in (1, 4, 16, 64, 256, 512):
+        for n in (1, 4, 16, 64, 256, 1024, 4096, 16384):
+            for k in (1, 4, 16, 64, 256, 1024):
+                if m * n * k > 2 ** 30:
+                    continue
+                pts.append((m, n, k))
+                slow = 1e-9 * m * n if k == 1 else 0.0
+                t.append((6e-6 + 2e-11 * m * n * k + 5e-11 * m * n + slow) * (1 + 0.01 * rng.standard_normal()))
+    regimes = fit.fit_sgemm_regimes(pts, t)
+    pred = fit.predict_sgemm(regimes, 512, 4096, 1)
+    true = 6e-6 + 2e-11 * 512 * 4096 + 5e-11 * 512 * 4096 + 1e-9 * 512 * 4096
+    assert abs(pred / true - 1) < 0.15
