@@ -472,6 +472,12 @@ def _contention_child(args):
     y = _xp().asarray(np.random.default_rng(0).integers(0, sp.n_classes, n))
     for net in nets:
         net.loss_and_grad(x, y)
+    # CPU time of an undisturbed step (what the CPU-clock sweeps price).
+    solo = []
+    for _ in range(5):
+        c0 = time.thread_time()
+        nets[0].loss_and_grad(x, y)
+        solo.append(time.thread_time() - c0)
     times = [[] for _ in nets]
     cpu = [[] for _ in nets]
     stop = threading.Event()
@@ -487,6 +493,20 @@ def _contention_child(args):
                 times[i].append(time.perf_counter() - t0)
                 cpu[i].append(time.thread_time() - c0)
     buf = np.zeros(spec_mod.n_params(sp) + 1, np.float32)
+    # The updater's flat-vector work of one cycle (SumGradient, AddMomentum,
+    # UpdateMomentum): it runs beside the workers and competes with them for
+    # the memory bandwidth, the caches and the GIL.
+    npar = spec_mod.n_params(sp)
+    lo, hi = comm.rank * npar // comm.size, (comm.rank + 1) * npar // comm.size
+    grad, old, delta, tmp = (np.full(npar, 0.5, np.float32) for _ in range(4))
+
+    def updater_work():
+        np.copyto(buf[:npar], grad)
+        s, o, d, t = buf[lo:hi], old[lo:hi], delta[lo:hi], tmp[lo:hi]
+        s += o
+        np.multiply(d, 0.9, out=t)
+        s += t
+        return s, o, d
     comm.barrier()
     th = [threading.Thread(target=loop, args=(i,)) for i in range(len(nets))]
     for t in th:
@@ -495,20 +515,24 @@ def _contention_child(args):
     ar = []
     while True:
         # Like the updater: wait for a local gradient, then allreduce.
-        deposit.wait(0.05)
+        got_one = deposit.wait(0.05)
         deposit.clear()
+        if got_one:
+            s_, o_, d_ = updater_work()
         buf[-1] = 1.0 if (comm.rank == 0 and time.perf_counter() > t_end) else 0.0
         t0 = time.perf_counter()
         if comm.size > 1:
             comm.allreduce_(buf)
         ar.append(time.perf_counter() - t0)
+        if got_one:
+            np.subtract(s_, o_, out=d_)
         if buf[-1] > 0 or (comm.size == 1 and time.perf_counter() > t_end):
             break
     stop.set()
     for t in th:
         t.join()
     got = comm.allgather_obj({"steps": [v for t in times for v in t], "cpu": [v for t in cpu for v in t],
-                              "allreduce": ar[1:]})
+                              "allreduce": ar[1:], "solo_cpu": solo})
     if comm.rank == 0:
         print("SPRINT_SWEEP_JSON " + json.dumps(got), flush=True)
 
@@ -540,11 +564,13 @@ CONTENTION_WORKLOADS = (("tiny", 8), ("cifar", 4))
 def sweep_contention(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)),
                      workloads=CONTENTION_WORKLOADS, seconds=None, timeout=300):
     """Host sharing: r ranks x w worker threads (1 BLAS thread each) on this
-    machine, each rank's main thread allreducing like an updater.
+    machine, each rank's main thread running an updater's cycle after every
+    deposit (its flat-vector work on N_Param, then the allreduce).
 
-    ``ratio``: mean wall-clock step time over the median CPU time of a step
-    of one thread alone (what the CPU-clock kernel sweeps price), so it
-    carries the GIL, the oversubscribed cores, other jobs' load and the
+    ``ratio``: mean wall-clock step time over the median CPU time of an
+    undisturbed step (what the CPU-clock kernel sweeps price), so it
+    carries the updater's competition for memory bandwidth, caches and GIL,
+    the oversubscribed cores, other jobs' load and the
     scheduling tail; ``allreduce``: the mean allreduce time of N_Param
     floats under that load.
     """
@@ -571,7 +597,9 @@ def sweep_contention(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2),
             got = base if (r, w) == (1, 1) else one(model, n, r, w)
             steps = [v for g in got for v in g["steps"]]
             bsteps = [v for g in base for v in g["steps"]]
-            bcpu = [v for g in base for v in g["cpu"]]
+            # Undisturbed CPU time when the child measured it, else the
+            # base run's own (older records).
+            bcpu = [v for g in base for v in g.get("solo_cpu") or g["cpu"]]
             ar = [v for g in got for v in g["allreduce"]]
             if not steps or not bsteps:
                 continue
