@@ -82,6 +82,22 @@ class ASGDConfig:
         return float(self.lr(epoch)) if callable(self.lr) else float(self.lr)
 
 
+def source_step(src, T: StepTimers, xp=None):
+    """LoadImage, DeformImage and ComputeGradient of one worker-source step,
+    each under its SPEC timer (shared by ASGD and sync workers). With ``xp``
+    the device is synchronised inside ComputeGradient, so that its timer
+    holds the kernels' time on a GPU."""
+    with T("LoadImage"):
+        batch = src.load()
+    with T("DeformImage"):
+        batch = src.deform(batch)
+    with T("ComputeGradient"):
+        step = src.compute(batch)
+        if xp is not None:
+            device_sync(xp)
+    return step
+
+
 class WorkerFailed(RuntimeError):
     pass
 
@@ -193,12 +209,7 @@ class ASGD:
                         device_sync(xp)
                     T.add("LockWeights", t1 - t0)
                     T.add("FetchWeights", _now() - t0)
-                with T("LoadImage"):
-                    batch = src.load()
-                with T("DeformImage"):
-                    batch = src.deform(batch)
-                with T("ComputeGradient"):
-                    step = src.compute(batch)
+                step = source_step(src, T)
                 with T("ComputeUpdateVal"):
                     lr = self.cfg.lr_at(self.epoch)
                     # Grad = -eta * (grad + wd * w)

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 
 from ._xp import array_module, device_sync, to_host
+from .asgd import source_step
 from .comm import Comm, LocalComm
 from .timers import StepTimers, summarize
 
@@ -104,13 +105,7 @@ class SyncSGD:
         it0 = _now()
         with T("FetchWeights"):
             self.xp.copyto(src.weights, self.w)
-        with T("LoadImage"):
-            batch = src.load()
-        with T("DeformImage"):
-            batch = src.deform(batch)
-        with T("ComputeGradient"):
-            step = src.compute(batch)
-            device_sync(self.xp)
+        step = source_step(src, T, self.xp)
         T.add("Iteration", _now() - it0)
         return step
 
