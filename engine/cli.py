@@ -38,13 +38,12 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from engine.backend import BackendError
+    from engine import backend
     try:
         if args.device:
-            from engine import backend
             backend.set_backend(args.device)
         rc = args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, BackendError) as e:
+    except (ValueError, TypeError, FileNotFoundError, backend.BackendError) as e:
         print(f"sprint {args.command}: error: {e}", file=sys.stderr)
         return 2
     return int(rc or 0)
