@@ -93,6 +93,20 @@ def test_sweep_vectors(benchmark):
     assert prof["terms"]["copy"]["a"] > 0
 
 
+def test_sweep_vectors_cold(benchmark):
+    cfg = _cfg()
+    cfg["vec_exp"] = range(10, 24, 2)
+    recs = benchmark.pedantic(lambda: sweep.sweep_vectors(cfg) + sweep.sweep_vectors_cold(cfg),
+                              rounds=1, iterations=1)
+    _save("vectors_cold", recs)
+    # Baseline of the same run: the warm sweep of the same operation and size.
+    warm = {(r["kind"], r["x"]): r["t"] for r in recs if not r["kind"].endswith("_cold")}
+    for r in recs:
+        if r["kind"].endswith("_cold") and r["x"] in (1 << 12, 1 << 20):
+            benchmark.extra_info[f"{r['kind']}_{r['x']}_vs_warm"] = r["t"] / warm[(r["kind"][:-5], r["x"])]
+    assert all(r["t"] > 0 for r in recs)
+
+
 def test_sweep_data(benchmark):
     cfg = _cfg()
     cfg["data_batches"] = (1, 4, 16, 64)

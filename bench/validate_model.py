@@ -13,11 +13,11 @@ ranks share this machine's cores):
 It also times each layer's forward and backward in-process and compares them
 with the model's per-layer ComputeGradient terms.
 
-This machine is shared with other jobs whose load drifts from minute to
-minute. The prediction uses the host factor (wall-clock over CPU time of
-one thread) measured by the profile's contention sweep; with ``--probe`` a
-one-second probe before each run (one thread stepping the same net, never
-the ASGD run itself) replaces it, and the summary gives both.
+This machine is shared with other jobs, and its speed drifts from minute
+to minute. With ``--probe`` a one-second probe before each run (one thread
+stepping the same net, never the ASGD run itself) measures how much slower
+it steps now than when the profile was swept, and the prediction is scaled
+by that; the summary gives the unprobed error too.
 
     python bench/validate_model.py --profile bench/profiles/cpu.json \
         [--nets tiny,cifar] [--nodes 1,2,4] [--workers 1,2] [--subbatch 1,8,32] [--seconds 8]
@@ -179,6 +179,21 @@ def layer_times(model, sub, prof, repeats=7):
              "measured": float(np.median(v)), "predicted": pred.get(k, 0.0)} for k, v in acc.items()]
 
 
+def median_runs(ms):
+    """One measurement per configuration: the median of its runs, per
+    quantity and per step."""
+    out = {}
+    for k, v in ms[0].items():
+        if isinstance(v, dict):
+            out[k] = {s: float(np.median([m[k].get(s, 0.0) for m in ms])) for s in v}
+        elif isinstance(v, (int, float)) and v is not None:
+            vals = [m[k] for m in ms if m.get(k) is not None]
+            out[k] = float(np.median(vals)) if vals else None
+        else:
+            out[k] = v
+    return out
+
+
 def rel(p, m):
     return (p - m) / m if m else float("nan")
 
@@ -198,6 +213,9 @@ def main(argv=None):
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--subbatch", default=None, help="comma list (default per net: tiny 1,8,32; cifar 1,4,16)")
     ap.add_argument("--seconds", type=float, default=8.0, help="wall time of each run")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="passes over the grid (interleaved, so drift spreads over all configurations); "
+                         "each configuration is scored by the median of its runs")
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--no-sim", action="store_true")
     ap.add_argument("--probe", action="store_true",
@@ -223,34 +241,50 @@ def main(argv=None):
     from engine.perf.sweep import probe_host
     prof = Profile.load(a.profile)
     nets = a.nets.split(",")
-    rows, layers = [], []
+    if a.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
+    rows, layers, grid, runs = [], [], [], {}
     with tempfile.TemporaryDirectory(prefix="sprint-validate-") as tmp:
+        datasets = {}
         for net in nets:
-            data = Path(tmp) / f"{net}.npz"
-            n_file = make_data(net, data)
+            datasets[net] = (Path(tmp) / f"{net}.npz", make_data(net, Path(tmp) / f"{net}.npz"))
             subs = [int(s) for s in a.subbatch.split(",")] if a.subbatch else DEFAULT_SUB.get(net, (1, 8, 32))
             for sub in subs:
                 layers += layer_times(net, sub, prof)
-            for n_node in (int(v) for v in a.nodes.split(",")):
-                for n_gpu in (int(v) for v in a.workers.split(",")):
-                    for sub in subs:
-                        host = probe_host(net, seconds=1.0) if a.probe else None
-                        try:
-                            st = run_config(net, data, n_node, n_gpu, sub, a.seconds, tmp, a.timeout)
-                        except Exception as e:   # keep the grid going, report the failure
-                            print(f"FAILED {net} {n_node}x{n_gpu}x{sub}: {e}", file=sys.stderr)
-                            continue
-                        m = measured(st, n_file)
-                        p = predicted(net, n_node, n_gpu, sub, prof, n_file, sim=not a.no_sim, host=host)
-                        row = {"model": net, "n_node": n_node, "n_gpu": n_gpu, "n_subbatch": sub,
-                               "measured": m, "predicted": p}
-                        if host is not None:
-                            q = predicted(net, n_node, n_gpu, sub, prof, n_file, sim=False, host=None)
-                            row["predicted_sweep_load"] = {k: q[k] for k in QTY}
-                        if "sim" in p:
-                            row["simulated"] = p.pop("sim")
-                        rows.append(row)
-                        print(_row_line(row), flush=True)
+            grid += [(net, int(n), int(g), sub) for n in a.nodes.split(",") for g in a.workers.split(",")
+                     for sub in subs]
+        for rep in range(a.repeats):
+            for key in grid:
+                net, n_node, n_gpu, sub = key
+                data, n_file = datasets[net]
+                host = probe_host(net, seconds=1.0, profile=prof) if a.probe else None
+                try:
+                    st = run_config(net, data, n_node, n_gpu, sub, a.seconds, tmp, a.timeout)
+                except Exception as e:   # keep the grid going, report the failure
+                    print(f"FAILED {net} {n_node}x{n_gpu}x{sub}: {e}", file=sys.stderr)
+                    continue
+                runs.setdefault(key, []).append((measured(st, n_file), host))
+                print(f"pass {rep + 1}/{a.repeats} {net} {n_node}x{n_gpu}x{sub}: T_GPU "
+                      f"{runs[key][-1][0]['T_GPU']:.4g} s" + (f", probe {host:.3f}" if host else ""), flush=True)
+        for key in grid:
+            if key not in runs:
+                continue
+            net, n_node, n_gpu, sub = key
+            n_file = datasets[net][1]
+            ms = [m for m, _ in runs[key]]
+            probes = [h for _, h in runs[key] if h is not None]
+            host = float(np.median(probes)) if probes else None
+            p = predicted(net, n_node, n_gpu, sub, prof, n_file, sim=not a.no_sim, host=host)
+            row = {"model": net, "n_node": n_node, "n_gpu": n_gpu, "n_subbatch": sub,
+                   "measured": median_runs(ms), "predicted": p, "runs": [{k: m.get(k) for k in QTY} for m in ms],
+                   "probes": probes}
+            if host is not None:
+                q = predicted(net, n_node, n_gpu, sub, prof, n_file, sim=False, host=None)
+                row["predicted_sweep_load"] = {k: q[k] for k in QTY}
+            if "sim" in p:
+                row["simulated"] = p.pop("sim")
+            rows.append(row)
+            print(_row_line(row), flush=True)
     report = format_report(rows, layers)
     print(report)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -297,6 +331,14 @@ def format_report(rows, layers) -> str:
         tgt = f"{100 * TARGETS[k]:.0f} %" if k in TARGETS else ""
         out.append(f"{k_label:<16}{100 * med:>12.1f}%{100 * mx:>10.1f}%{n:>6}{tgt:>8}{100 * smed:>11.1f}%"
                    f"{100 * smx:>8.1f}%")
+    if any(len(r.get("runs", ())) > 1 for r in rows):
+        out.append("")
+        out.append("single runs (each run against the prediction), median |err|: " + ", ".join(
+            f"{k} {100 * np.median([abs(rel(r['predicted'][k], x[k])) for r in rows for x in r['runs'] if x.get(k)]):.1f}%"
+            for k in QTY))
+        out.append("run-to-run spread (max/min - 1 of each configuration's runs), median: " + ", ".join(
+            f"{k} {100 * np.median([max(x[k] for x in r['runs']) / min(x[k] for x in r['runs']) - 1 for r in rows if len(r['runs']) > 1]):.1f}%"
+            for k in QTY))
     wall = [abs(rel(r["predicted"]["T_Epoch"], r["measured"]["T_Epoch_wall"])) for r in rows
             if r["measured"].get("T_Epoch_wall")]
     if wall:

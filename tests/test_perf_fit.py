@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from engine.perf import fit
+from engine.perf import fit, sweep
 from engine.perf.profile import SGEMM_FEATURES, Profile, sgemm_features
 
 TRUE = {"mnk": 2e-10, "mn": 3e-9, "mk": 1e-9, "nk": 5e-10, "m": 0.0, "n": 4e-8, "k": 1e-8, "1": 3e-6}
@@ -142,3 +142,24 @@ def test_outer_product_regime_is_fitted_apart():
     pred = fit.predict_sgemm(regimes, 512, 4096, 1)
     true = 6e-6 + 2e-11 * 512 * 4096 + 5e-11 * 512 * 4096 + 1e-9 * 512 * 4096
     assert abs(pred / true - 1) < 0.15
+
+
+def test_in_situ_allreduce_is_timed_from_the_last_arrival():
+    # Two ranks, three calls: (enter, exit) on one host's monotonic clock.
+    got = [{"allreduce": [(0.0, 1.0), (2.0, 2.5), (3.0, 3.2)]},
+           {"allreduce": [(0.6, 1.0), (2.1, 2.5), (3.1, 3.2)]}]
+    assert sweep._allreduce_after_last(got) == pytest.approx([0.4, 0.4, 0.4, 0.4, 0.1, 0.1])
+    # Records of plain durations (older sweeps) pass through.
+    assert sweep._allreduce_after_last([{"allreduce": [0.3, 0.2]}]) == [0.3, 0.2]
+
+
+def test_cold_vector_records_fit_and_carry_the_cache_size():
+    recs = []
+    for i, n in enumerate((1 << 10, 1 << 14, 1 << 18, 1 << 22)):
+        for name, a in (("copy_cold", 2e-10), ("add_cold", 3e-10)):
+            recs.append({"kind": name, "x": n, "t": a * n + 1e-6, "std": 0.0, "holdout": i == 2,
+                         "llc_bytes": 32 << 20})
+    prof = fit.fit_profile(recs)
+    assert prof["cache"] == {"llc_bytes": 32 << 20}
+    assert prof["terms"]["add_cold"]["a"] == pytest.approx(3e-10, rel=1e-3)
+    assert prof["terms"]["copy_cold"]["error"]["holdout"]["median"] < 1e-3

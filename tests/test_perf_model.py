@@ -156,3 +156,120 @@ def test_contention_slows_compute_on_cpu_profiles():
     one = model.predict("cifar", 1, 1, 8, prof)
     two = model.predict("cifar", 2, 1, 8, prof, ranks_per_host=2)
     assert two.worker["ComputeGradient"] == pytest.approx(1.1 / 0.6 * one.worker["ComputeGradient"])
+
+
+def test_cold_vector_terms_price_the_flat_buffer_steps():
+    # A profile with cold sweeps of the vector ops uses them for the steps
+    # that touch N_Param (their operands were evicted by ComputeGradient);
+    # the warm ones stay for everything else.
+    terms = dict(PROF.terms)
+    for k in ("copy", "add", "scale", "sub", "fill"):
+        t = terms[k]
+        terms[k + "_cold"] = dict(t, a=7 * t["a"], b=7 * t["b"])
+    cold = Profile(dict(PROF.data, terms=terms))
+    n = spec_mod.n_params(spec_mod.get_spec("cifar"))
+    warm_p = model.predict("cifar", 2, 2, 4, PROF)
+    cold_p = model.predict("cifar", 2, 2, 4, cold)
+    assert cold_p.worker["FetchWeights"] == pytest.approx(cold_p.p_fetch * cold.term("copy_cold", n))
+    assert cold_p.worker["FetchWeights"] / cold_p.p_fetch == pytest.approx(
+        7 * warm_p.worker["FetchWeights"] / warm_p.p_fetch)
+    assert cold_p.worker["ComputeUpdateVal"] > warm_p.worker["ComputeUpdateVal"]
+    assert cold_p.updater["AddMomentum"] == pytest.approx(7 * warm_p.updater["AddMomentum"])
+    assert cold_p.worker["ComputeGradient"] == pytest.approx(warm_p.worker["ComputeGradient"])
+
+
+def test_core_share_by_hand():
+    # 4 workers on 2 cores, updaters idle: each gets half a core.
+    assert model.core_share(2, 2, 2, 0.0) == pytest.approx(2.0)
+    # Two updaters keep 0.25 core each busy: 4 workers split 1.5 cores.
+    assert model.core_share(2, 2, 2, 0.25) == pytest.approx(4 / 1.5)
+    # Fewer workers than free cores: no slowdown.
+    assert model.core_share(1, 1, 2, 0.3) == 1.0
+
+
+def test_contention_factor_is_rescaled_by_the_updater_duty():
+    # The sweep measured x2.5 for 2 ranks x 2 workers of cifar at N_Subbatch 4.
+    entries = [{"model": "cifar", "ranks": 1, "workers": 1, "rel": 1.0, "host": 1.0, "n_subbatch": 4},
+               {"model": "cifar", "ranks": 2, "workers": 2, "rel": 2.5, "host": 1.0, "n_subbatch": 4}]
+    prof = Profile(dict(PROF.data, backend="cpu", cores=2, contention={"entries": entries}))
+    at_sweep = model.predict("cifar", 2, 2, 4, prof, ranks_per_host=2)
+    assert at_sweep.slowdown == pytest.approx(2.5, rel=1e-3)
+    # Smaller steps: the updaters cycle more often and take more of the
+    # cores; larger ones leave the workers more. Each is a fixed point of
+    # the duty it implies.
+    small = model.predict("cifar", 2, 2, 1, prof, ranks_per_host=2)
+    large = model.predict("cifar", 2, 2, 64, prof, ranks_per_host=2)
+    assert small.slowdown > 2.5 > large.slowdown
+    for p in (small, large):
+        d_ref = p.extra["core_share"]["sweep_duty"]
+        expect = 2.5 * model.core_share(2, 2, 2, model.updater_duty(p, prof)) / model.core_share(2, 2, 2, d_ref)
+        assert p.slowdown == pytest.approx(expect, rel=1e-3)
+    # A GPU profile has no host sharing at all.
+    gpu = model.predict("cifar", 2, 2, 1, Profile(dict(prof.data, backend="gpu")), ranks_per_host=2)
+    assert gpu.slowdown == 1.0
+
+
+def test_cold_terms_only_when_a_step_overflows_the_last_level_cache():
+    terms = dict(PROF.terms)
+    for k in ("copy", "add", "scale", "sub", "fill"):
+        terms[k + "_cold"] = dict(terms[k], a=7 * terms[k]["a"], b=7 * terms[k]["b"])
+    prof = Profile(dict(PROF.data, terms=terms, cache={"llc_bytes": 32 << 20}))
+    tiny, cifar = spec_mod.get_spec("tiny"), spec_mod.get_spec("cifar")
+    assert model.step_footprint(tiny, 8) < 32 << 20 < model.step_footprint(cifar, 1)
+    # tiny's vectors stay cached between steps: warm prices.
+    p = model.predict("tiny", 1, 1, 8, prof)
+    assert p.worker["FetchWeights"] == pytest.approx(p.p_fetch * prof.term("copy", 580))
+    c = model.predict("cifar", 1, 1, 1, prof)
+    assert c.worker["FetchWeights"] == pytest.approx(
+        c.p_fetch * prof.term("copy_cold", spec_mod.n_params(cifar)))
+
+
+def test_allreduce_load_scales_the_fit_on_a_shared_host():
+    n_tiny = spec_mod.n_params(spec_mod.get_spec("tiny"))
+    base = PROF.allreduce_bw(4, n_tiny)
+    entries = [{"model": "tiny", "ranks": 4, "workers": 1, "rel": 2.0, "host": 1.0, "n_subbatch": 8,
+                "allreduce": 3 * base, "n_param": n_tiny, "source": "child"}]
+    prof = Profile(dict(PROF.data, backend="cpu", cores=2, contention={"entries": entries}))
+    assert prof.allreduce_load(4, 1, "tiny") == pytest.approx(3.0)
+    assert prof.allreduce_load(2, 1, "tiny") == 1.0           # not measured: the idle fit
+    shared = model.step_costs("tiny", 4, 1, 8, prof, ranks_per_host=4)
+    alone = model.step_costs("tiny", 4, 1, 8, prof, ranks_per_host=1)
+    assert shared["allreduce_bw"][0] == pytest.approx(3 * alone["allreduce_bw"][0])
+
+
+def test_probe_scales_runner_entries_and_replaces_the_load_of_older_ones():
+    new = {"model": "cifar", "ranks": 1, "workers": 1, "rel": 1.0, "host": 1.2, "n_subbatch": 4,
+           "source": "runner", "solo_wall": 0.04}
+    prof = Profile(dict(PROF.data, backend="cpu", cores=2, contention={"entries": [new]}))
+    assert prof.slowdown(1, 1, "cifar") == pytest.approx(1.2)
+    prof.host_factor = {"cifar": 1.1}          # the machine runs 10 % slower than at sweep time
+    assert prof.slowdown(1, 1, "cifar") == pytest.approx(1.32)
+    old = {k: v for k, v in new.items() if k not in ("source", "solo_wall")}
+    prof = Profile(dict(PROF.data, backend="cpu", cores=2, contention={"entries": [old]}))
+    prof.host_factor = {"cifar": 1.1}
+    assert prof.slowdown(1, 1, "cifar") == pytest.approx(1.1)
+
+
+def test_runner_entries_take_precedence_over_the_synthetic_child():
+    child = {"model": "cifar", "ranks": 2, "workers": 1, "rel": 1.5, "host": 1.0, "source": "child"}
+    runner = dict(child, rel=1.2, source="runner", solo_wall=0.04)
+    prof = Profile(dict(PROF.data, backend="cpu", cores=2, contention={"entries": [child, runner]}))
+    assert prof.slowdown(2, 1, "cifar") == pytest.approx(1.2)
+    assert prof.contention_entry(2, 1, "cifar")["source"] == "runner"
+
+
+def test_updater_excess_of_the_sharing_adds_to_each_cycle():
+    e = {"model": "tiny", "ranks": 1, "workers": 2, "rel": 2.0, "host": 1.0, "n_subbatch": 8,
+         "source": "runner", "solo_wall": 1e-3}
+    plain = Profile(dict(PROF.data, backend="cpu", cores=2, contention={"entries": [e]}))
+    extra = Profile(dict(PROF.data, backend="cpu", cores=2,
+                         contention={"entries": [dict(e, updater_excess=5e-5)]}))
+    a = model.step_costs("tiny", 1, 2, 8, plain)
+    b = model.step_costs("tiny", 1, 2, 8, extra)
+    assert b["updater_loop"][0] == pytest.approx(a["updater_loop"][0] + 5e-5)
+    # Another sharing, or a GPU profile, is not charged.
+    assert model.step_costs("tiny", 1, 1, 8, extra)["updater_loop"][0] == pytest.approx(
+        model.step_costs("tiny", 1, 1, 8, plain)["updater_loop"][0])
+    gpu = Profile(dict(extra.data, backend="gpu"))
+    assert model.step_costs("tiny", 1, 2, 8, gpu)["updater_loop"][0] == pytest.approx(
+        gpu.overhead("updater_loop"))

@@ -32,6 +32,13 @@ from .sync import SyncConfig, SyncSGD
 from .threads import limit_this_thread, threads_per_worker
 
 STATS = {"asgd": "asgd_stats.json", "sync": "sync_stats.json"}
+# CPU runs, where the updater shares cores with the workers: it waits for an
+# allreduce by sleeping between polls (seconds) rather than in MPICH's busy
+# loop, and the workers run this much nicer. The profile sweeps
+# (engine.perf.sweep) use the same two numbers, so the model prices the same
+# scheduling the runner gets.
+CPU_MPI_POLL = 2e-4
+CPU_WORKER_NICE = 10
 # TrainConfig fields that may differ between ranks without changing the run.
 _LOCAL_FIELDS = ("progress", "verbose", "out", "resume", "device", "threads", "prefetch")
 
@@ -153,7 +160,7 @@ def _run(cfg, comm):
     if isinstance(comm, _comm.MPIComm) and comm.size > 1:
         # On CPU the updater shares cores with the workers: wait for the
         # allreduce by polling with sleeps, not by MPICH's busy loop.
-        comm.poll_interval = float(extra.get("mpi_poll", 0.0 if gpu else 2e-4))
+        comm.poll_interval = float(extra.get("mpi_poll", 0.0 if gpu else CPU_MPI_POLL))
     spec = get_spec(cfg.model)
     train_ds, test_ds, deform = prepare_data(cfg, spec)
     root = comm.rank == 0
@@ -203,7 +210,7 @@ def _run(cfg, comm):
         loader = Loader(train_ds, cfg.batch, shuffle=True, seed=cfg.seed, deform=deform, prefetch=0,
                         rank=comm.rank * W + t, world=world)
         sources.append(NetSource(net, loader, epoch=start_epoch, threads=None if gpu else per_worker,
-                                 gpu=gpu, nice=int(extra.get("worker_nice", 0 if gpu else 10))))
+                                 gpu=gpu, nice=int(extra.get("worker_nice", 0 if gpu else CPU_WORKER_NICE))))
     sched = make_schedule(cfg.schedule, cfg.lr, cfg.epochs, cfg.warmup)
     max_samples = int(extra.get("max_samples", cfg.epochs * n_file))
     last_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)

@@ -35,8 +35,8 @@ def _config_args(p, need_config=True):
     p.add_argument("--ranks-per-host", type=int, default=1,
                    help="ranks sharing one host's cores (CPU profiles; N_Node on one machine)")
     p.add_argument("--host-load", type=float, default=None,
-                   help="CPU profiles: wall/CPU time of one undisturbed step on the target host "
-                        "(1 = an idle machine; default: the load measured when the profile was swept)")
+                   help="CPU profiles: how much slower the host steps a net now than when the profile "
+                        "was swept (1 = as then; older profiles: wall/CPU time of an undisturbed step)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 

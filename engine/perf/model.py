@@ -11,6 +11,13 @@ Lock waiting: a thread that arrives at a lock at a uniformly random moment
 finds a holder inside its critical section with probability
 ``T_cs / T_iteration`` and then waits the *remaining* part of it, ``T_cs / 2``
 on average, so each holder contributes ``T_cs**2 / (2 T_iteration)``.
+
+CPU hosts shared by several "nodes" (validation on one machine): every
+worker step is multiplied by the host slowdown the runner contention sweep
+measured for that sharing, rescaled by ``core_share`` for the updaters'
+duty at this configuration; the flat-vector steps are priced cold once a
+step's data overflow the last-level cache; the allreduce fit is scaled by
+the load measured under busy workers. A GPU profile has none of these.
 """
 from __future__ import annotations
 
@@ -218,18 +225,48 @@ ENGINE_IMPL = Impl()
 def _allreduce_cost(pr, cpu, slow, n_node, n_gpu, ranks_per_host, model, n_param):
     """Allreduce of N_Param + a few counters, from the allreduce fit.
 
-    Its sweep is timed by the wall clock under mpiexec on the same host, so
-    on a shared CPU host it already carries the host's load and is not
-    slowed again. (The contention sweep also records an allreduce under
-    busy workers; it came out 3-5x above the runner's and is kept in the
-    profile for diagnosis only.)
+    Its sweep runs on an otherwise idle host. When the ranks share a CPU
+    host with busy workers, each poll of the collective waits for a core:
+    the fit is scaled by the load the contention sweep measured for this
+    sharing (``Profile.allreduce_load``).
     """
     if n_node <= 1:
         return 0.0
-    return pr.allreduce_bw(n_node, n_param)
+    load = pr.allreduce_load(ranks_per_host, n_gpu, model) if (cpu and ranks_per_host > 1) else 1.0
+    return load * pr.allreduce_bw(n_node, n_param)
 
 
-def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl: Impl = ENGINE_IMPL):
+def _cold(profile, name, footprint=None):
+    """``name`` priced with cold caches when the profile swept it so and a
+    step's data (``footprint`` bytes) do not fit in the last-level cache."""
+    llc = profile.data.get("cache", {}).get("llc_bytes")
+    if footprint is not None and llc and footprint <= llc:
+        return name
+    return name + "_cold" if profile.has(name + "_cold") else name
+
+
+def _updater_excess(pr, cpu, ranks_per_host, n_gpu, model):
+    """Seconds per cycle the runner's updater spent beyond its modelled
+    steps in the contention sweep of this host sharing (GIL waits behind
+    the node's workers); 0 off CPU hosts or when not measured."""
+    if not cpu:
+        return 0.0
+    e = pr.contention_entry(ranks_per_host, n_gpu, model)
+    return float(e.get("updater_excess", 0.0)) if e else 0.0
+
+
+def step_footprint(sp, n_subbatch) -> int:
+    """Bytes a worker iteration streams through the caches: the flat
+    parameter, gradient and published-weights vectors, and per layer its
+    activations and column matrix."""
+    acts = 0
+    for g in spec_mod.layers(sp, n_subbatch):
+        acts += g.im2col_elems + n_subbatch * spec_mod._prod(g.extra.get("conv_out", g.out_shape))
+    return 4 * (3 * spec_mod.n_params(sp) + acts)
+
+
+def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl: Impl = ENGINE_IMPL,
+               slowdown=None):
     """Mean and spread of every indivisible step, lock waits and barrier excluded.
 
     The closed form and the simulator both start from these numbers.
@@ -245,15 +282,22 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     cpu = profile.data.get("backend", "cpu") == "cpu"
     # On the CPU every worker thread of the ranks sharing a host competes for
     # its cores; on GPUs each worker owns its device.
-    slow = profile.slowdown(ranks_per_host, n_gpu, sp.name) if cpu else 1.0
+    if slowdown is not None:
+        slow = float(slowdown)
+    else:
+        slow = profile.slowdown(ranks_per_host, n_gpu, sp.name) if cpu else 1.0
     pr = profile
     v = lambda name, n: (pr.term(name, n), pr.cv(name))
-    vs = lambda name, n: (slow * pr.term(name, n), pr.cv(name))
+    # The flat vectors are touched once per step, between kernels that
+    # stream other data through the caches: priced cold where swept so.
+    foot = step_footprint(sp, n_subbatch)
+    vs = lambda name, n: (slow * pr.term(_cold(pr, name, foot), n), pr.cv(_cold(pr, name, foot)))
     rows = [r[:4] + (slow * r[4],) for r in compute_gradient_terms(sp, n_subbatch, pr)]
     pixels = n_subbatch * sp.m0 * sp.x0 * sp.x0
     grad = (sum(r[4] for r in rows) + slow * pr.overhead("per_step"), pr.cv("sgemm"))
-    update_val = (slow * (pr.term("scale", n_param) + (pr.term("scale", n_param) + pr.term("sub", n_param)
-                                                         if impl.weight_decay else 0.0)), pr.cv("scale"))
+    scale, sub, add = (_cold(pr, k, foot) for k in ("scale", "sub", "add"))
+    update_val = (slow * (pr.term(scale, n_param) + (pr.term(scale, n_param) + pr.term(sub, n_param)
+                                                       if impl.weight_decay else 0.0)), pr.cv(scale))
     parts = [vs("load", pixels), vs("deform", pixels), grad, update_val]
     sl = n_param / n_node
     swap = impl.handover == "swap"
@@ -270,13 +314,14 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
         "sum_out_first": vs("copy", n_param) if swap else (0.0, 0.0),
         "sum_out_add": vs("add", n_param) if swap else (0.0, 0.0),
         "sum_zero": vs("fill", n_param),
-        "add_momentum": (slow * (pr.term("add", sl) + ((pr.term("scale", sl) + pr.term("add", sl))
-                                                       if impl.momentum else 0.0)), pr.cv("add")),
+        "add_momentum": (slow * (pr.term(add, sl) + ((pr.term(scale, sl) + pr.term(add, sl))
+                                                     if impl.momentum else 0.0)), pr.cv(add)),
         "allreduce_bw": (_allreduce_cost(pr, cpu, slow, n_node, n_gpu, ranks_per_host, sp.name, n_param),
                          float(pr.data.get("allreduce", {}).get("cv", 0.0))),
-        "update_momentum": (slow * pr.term("sub", sl), pr.cv("sub")),
+        "update_momentum": (slow * pr.term(sub, sl), pr.cv(sub)),
         "update_weights": hand if swap else vs("copy", n_param),
-        "updater_loop": (slow * pr.overhead("updater_loop"), 0.0),
+        "updater_loop": (max(slow * pr.overhead("updater_loop") + _updater_excess(pr, cpu, ranks_per_host, n_gpu,
+                                                                                 sp.name), 0.0), 0.0),
     }
     for k in ("first", "add"):
         a, b = c[f"sum_cs_{k}"], c[f"sum_out_{k}"]
@@ -399,7 +444,21 @@ def _updater_steps(c, n_gpu, n_node, t_gpu, t_update):
     return s, barrier, p_ne
 
 
-def expected_staleness(w, u, n_gpu, t_gpu, t_update, offset=1.0):
+def _idle_at_deposit(c, n_gpu, t_gpu, t_update):
+    """P(a deposit finds the updater waiting for it).
+
+    Not the updater's idle share of time: deposits are not random arrivals,
+    the updater's work starts with one. A cycle ends its wait on exactly one
+    of its N_GPU T_Update / T_GPU deposits, and cycles wait with the
+    probability pi the waiting model solved for (None: no such model).
+    """
+    st = c["_wait_state"][0]
+    if not c["_impl"][0].min_grads or "pi" not in st or t_update <= 0:
+        return None
+    return min(1.0, st["pi"] * t_gpu / (n_gpu * t_update))
+
+
+def expected_staleness(w, u, n_gpu, t_gpu, t_update, offset=1.0, idle=None):
     """Updates published between a worker reading LatestWeights and the
     update that applies its gradient.
 
@@ -417,8 +476,31 @@ def expected_staleness(w, u, n_gpu, t_gpu, t_update, offset=1.0):
     g = t_gpu - w["LockWeights"] - w["LockGradient"] - w["UpdateGradient"]
     delta = u["LockGradient"] / 2 + u["SumGradient"] * (n_gpu - 1) / (2 * n_gpu)
     q = min(u["UpdateWeights"] / t_update, 1.0)
-    idle = u.get("WaitGradient", 0.0) / t_update
+    if idle is None:
+        idle = u.get("WaitGradient", 0.0) / t_update
     return (g - delta) / t_update + offset * (1 - idle) - q / 2
+
+
+def updater_duty(p: "Prediction", profile) -> float:
+    """Share of one core a node's updater keeps busy: its vector steps
+    (without the host slowdown they were given) and the allreduce's own
+    summing and copying, 2 (N-1)/N N_Param elements, per T_Update. The
+    polls and the waits sleep."""
+    if p.t_update <= 0:
+        return 0.0
+    work = sum(p.updater.get(k, 0.0) for k in ("SumGradient", "AddMomentum", "UpdateMomentum")) / p.slowdown
+    if p.n_node > 1:
+        work += profile.term(_cold(profile, "add"), 2 * (p.n_node - 1) * p.n_param // p.n_node)
+    return min(work / p.t_update, 1.0)
+
+
+def core_share(ranks, n_gpu, cores, duty):
+    """Slowdown of each worker thread when ``ranks`` nodes of ``n_gpu``
+    workers share ``cores`` with their updaters. The workers run niced
+    (engine.parallel.runner.CPU_WORKER_NICE), so the updaters take their
+    ``duty`` first and the workers split the rest."""
+    free = max(cores - ranks * duty, 0.1 * cores)
+    return max(1.0, ranks * n_gpu / free)
 
 
 def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None,
@@ -430,8 +512,41 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None
     (1 on a real cluster; N_Node when validating on one machine).
     ``impl``: ENGINE_IMPL (engine.parallel.asgd) or SEED_IMPL (the seed's
     copies and free-running updater).
+
+    On a CPU host the contention sweep measured the slowdown of sharing it
+    at one N_Subbatch per net; the updaters' share of the cores differs with
+    N_Subbatch (small steps: frequent updates), so that factor is rescaled
+    by ``core_share`` at this configuration's updater duty over the one at
+    the sweep's, which depends on the slowdown itself: iterated to agree.
     """
-    c = step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host, impl)
+    sp = spec_mod.get_spec(spec)
+    kw = dict(n_file=n_file, ranks_per_host=ranks_per_host, impl=impl, staleness_offset=staleness_offset,
+              tol=tol, max_iter=max_iter)
+    entry = profile.contention_entry(ranks_per_host, n_gpu, sp.name) \
+        if profile.data.get("backend", "cpu") == "cpu" else None
+    if entry is None or not entry.get("n_subbatch") or ranks_per_host * n_gpu < 2:
+        return _predict(spec, n_node, n_gpu, n_subbatch, profile, **kw)
+    base = profile.slowdown(ranks_per_host, n_gpu, sp.name)
+    R, cores = ranks_per_host, profile.cores
+    # The sweep's own configuration: R ranks of n_gpu workers on this host.
+    ref = _predict(spec, R, n_gpu, int(entry["n_subbatch"]), profile, **dict(kw, ranks_per_host=R))
+    ref_share = core_share(R, n_gpu, cores, updater_duty(ref, profile))
+    slow = base
+    for _ in range(20):
+        p = _predict(spec, n_node, n_gpu, n_subbatch, profile, slowdown=slow, **kw)
+        new = base * core_share(R, n_gpu, cores, updater_duty(p, profile)) / ref_share
+        if abs(new - slow) < 1e-4 * slow:
+            break
+        slow = 0.5 * (slow + new)
+    p.extra["core_share"] = {"sweep_slowdown": base, "sweep_duty": updater_duty(ref, profile),
+                             "duty": updater_duty(p, profile)}
+    return p
+
+
+def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None,
+             ranks_per_host: int = 1, impl: Impl = ENGINE_IMPL, staleness_offset: float = 1.0,
+             tol: float = 1e-7, max_iter: int = 400, slowdown=None) -> Prediction:
+    c = step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host, impl, slowdown)
     sp = spec_mod.get_spec(spec)
     n_param = c["_n_param"][0]
     if n_file is None:
@@ -455,7 +570,8 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None
     t_gpu, t_update = sum(w.values()), sum(u.values())
     workers = n_node * n_gpu
     nmb = workers * n_subbatch * t_update / t_gpu
-    stal = expected_staleness(w, u, n_gpu, t_gpu, t_update, staleness_offset)
+    stal = expected_staleness(w, u, n_gpu, t_gpu, t_update, staleness_offset,
+                              idle=_idle_at_deposit(c, n_gpu, t_gpu, t_update))
     t_epoch = n_file * t_gpu / (workers * n_subbatch)
     return Prediction(model=sp.name, n_node=n_node, n_gpu=n_gpu, n_subbatch=n_subbatch,
                       n_param=n_param, n_file=n_file, worker=w, updater=u, layers=c["_layers"][0],

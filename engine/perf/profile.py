@@ -141,6 +141,35 @@ class Profile:
         lg = math.log2(max(n_node, 1))
         return (a["a_log"] * lg + a["b"]) * n_param + a.get("c_log", 0.0) * lg + a.get("d", 0.0)
 
+    def _contention(self):
+        """Contention entries that price the workers' slowdown: the runner's
+        own (``sweep_contention_runner``) where the profile has them."""
+        entries = self.data.get("contention", {}).get("entries", [])
+        runner = [e for e in entries if e.get("source") == "runner"]
+        return runner or entries
+
+    def contention_entry(self, ranks_per_host: int, n_gpu: int, model: str = ""):
+        """The contention sweep's record for exactly this sharing (this net's
+        when it was swept), or None."""
+        same = [e for e in self._contention()
+                if e["ranks"] == ranks_per_host and e["workers"] == n_gpu]
+        mine = [e for e in same if e.get("model") == model]
+        return (mine or same or [None])[0]
+
+    def allreduce_load(self, ranks_per_host: int, n_gpu: int, model: str = "") -> float:
+        """Allreduce time under the workers' load over the allreduce fit's
+        (swept on an idle host): on a shared CPU host the collective's polls
+        wait for cores. From the contention sweep's in-situ allreduces of
+        this sharing (timed from the last rank's arrival), this net's where
+        swept, else the mean over nets; 1 when not measured."""
+        es = [e for e in self.data.get("contention", {}).get("entries", [])
+              if e.get("allreduce") and e["ranks"] == ranks_per_host and e["workers"] == n_gpu
+              and e.get("n_param") and e["ranks"] > 1]
+        if not es or "allreduce" not in self.data:
+            return 1.0
+        mine = [e for e in es if e.get("model") == model] or es
+        return float(np.mean([e["allreduce"] / self.allreduce_bw(e["ranks"], e["n_param"]) for e in mine]))
+
     def slowdown(self, ranks_per_host: int, n_gpu: int, model: str = "") -> float:
         """Per-step time factor when ``ranks_per_host`` processes of ``n_gpu``
         worker threads share the host, relative to the profile's own sweeps.
@@ -149,20 +178,24 @@ class Profile:
         nets; the nearest net by name, else the mean over nets; unmeasured
         pairs scale the nearest measured one by the thread count.
         """
-        entries = self.data.get("contention", {}).get("entries", [])
+        entries = self._contention()
         threads = ranks_per_host * n_gpu
         if not entries:
             return max(1.0, threads / max(self.cores, 1))
 
         def ratio(e):
             # rel: this sharing against one thread measured alongside it;
-            # host: that thread's wall/CPU time, i.e. the machine's load --
-            # replaced by a fresh measurement when one is set (host_factor).
+            # host: that thread's time over an undisturbed step's CPU time.
+            h = self.host_factor.get(e.get("model"), self.host_factor.get("*")) \
+                if self.host_factor else None
             if "rel" in e and e.get("rel"):
-                h = self.host_factor.get(e.get("model"), self.host_factor.get("*")) \
-                    if self.host_factor else None
+                if e.get("solo_wall"):
+                    # A probe (sweep.probe_host) gives the machine's drift
+                    # since the sweep: it scales the stored factor.
+                    return max(e["rel"], 1.0) * e["host"] * (h if h is not None else 1.0)
                 # Sharing the host cannot make a step faster: a measured rel
                 # below 1 is the other jobs' load dropping during the pair.
+                # Older entries: a probe's wall/CPU replaces the load.
                 return max(e["rel"], 1.0) * (h if h is not None else e["host"])
             return e["ratio"]
         same = [e for e in entries if e["ranks"] == ranks_per_host and e["workers"] == n_gpu]

@@ -166,7 +166,11 @@ def simulate(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_updates:
     """
     import time as _time
     wall0 = _time.perf_counter()
-    base = model_mod.step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host, impl)
+    # The host slowdown depends on the updaters' share of the cores, which
+    # the closed form solves for; the simulation runs at that slowdown.
+    slow = model_mod.predict(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=ranks_per_host,
+                             impl=impl).slowdown
+    base = model_mod.step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host, impl, slow)
     rng = np.random.default_rng(seed)
 
     def mk(name):

@@ -292,6 +292,53 @@ def sweep_vectors(cfg, skipped=None):
     return recs
 
 
+def _llc_bytes():
+    try:
+        txt = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
+        return int(txt[:-1]) * {"K": 1 << 10, "M": 1 << 20}[txt[-1]]
+    except (OSError, ValueError, KeyError):
+        return 32 << 20
+
+
+def sweep_vectors_cold(cfg, skipped=None):
+    """The same flat-buffer operations with their operands evicted from the
+    caches first (kinds ``<op>_cold``).
+
+    In a run they are cold: between two fetches a worker's ComputeGradient
+    streams its activations and im2col buffers through the caches, and the
+    updater touches each vector once per cycle. On the CPU that is up to 3x
+    the warm sweep's time for N_Param in the millions; on a GPU the step
+    sizes dwarf the caches' reach and the warm sweep stands.
+    """
+    from engine import backend
+    if backend.get_backend().name != "cpu":
+        if skipped is not None:
+            skipped.append("cold vectors (CPU only)")
+        return []
+    llc = _llc_bytes()
+    scratch = np.ones(2 * llc // 4, np.float32)
+    clock = CLOCK["fn"]
+    recs = []
+    for i, e in enumerate(cfg["vec_exp"]):
+        n = 2 ** e + (0 if i % 2 else 2 ** (e - 1))
+        hold = i % 4 == 3
+        a, b, c = _rand((n,), 1), _rand((n,), 2), np.empty(n, np.float32)
+        fns = {"copy_cold": lambda: np.copyto(c, a), "add_cold": lambda: c.__iadd__(a),
+               "scale_cold": lambda: np.multiply(a, 0.5, out=c), "sub_cold": lambda: np.subtract(a, b, out=c),
+               "fill_cold": lambda: c.fill(0)}
+        for name, fn in fns.items():
+            fn()
+            samples = []
+            for _ in range(3 * cfg["repeats"]):
+                scratch += 1.0          # evicts a, b and c from every cache level
+                t0 = clock()
+                fn()
+                samples.append(clock() - t0)
+            recs.append(dict(kind=name, t=float(np.median(samples)), std=float(np.std(samples)),
+                             clock=CLOCK["name"], x=n, holdout=hold, llc_bytes=llc))
+    return recs
+
+
 def sweep_handover(cfg):
     """A lock round trip with a pointer swap: the O(1) critical sections of the runner."""
     import threading
@@ -362,9 +409,21 @@ def sweep_net_steps(cfg, skipped=None):
 
 # -- allreduce under mpiexec ---------------------------------------------------
 
-def _allreduce_child(sizes, repeats, min_time):
+def _host_scheduling():
+    """(MPI poll interval, worker niceness) the runner uses on this backend."""
+    from engine import backend
+    from engine.parallel.runner import CPU_MPI_POLL, CPU_WORKER_NICE
+    if backend.get_backend().name == "cpu":
+        return CPU_MPI_POLL, CPU_WORKER_NICE
+    return 0.0, 0
+
+
+def _allreduce_child(sizes, repeats, min_time, poll=0.0):
     from engine.parallel import comm as comm_mod
     comm = comm_mod.get_comm()
+    # The runner's way of waiting: on CPU it polls with sleeps, and each
+    # round of the collective then costs about one poll interval.
+    comm.poll_interval = float(poll)
     out = []
     for n in sizes:
         buf = np.ones(n, np.float32)
@@ -385,7 +444,7 @@ def _allreduce_child(sizes, repeats, min_time):
         # The slowest rank's time is the collective's time.
         med = comm.allreduce_scalars([float(np.median(samples))], op="max")[0]
         out.append({"kind": "allreduce", "n_node": comm.size, "n_param": n, "t": med,
-                    "std": float(np.std(samples))})
+                    "std": float(np.std(samples)), "poll": float(poll)})
     if comm.rank == 0:
         print("SPRINT_SWEEP_JSON " + json.dumps(out), flush=True)
 
@@ -394,10 +453,11 @@ def sweep_allreduce(cfg, ranks=None, timeout=300):
     """Allreduce over message size x rank count, one mpiexec job per rank count."""
     recs = []
     sizes = [2 ** e for e in cfg["allreduce_exp"]]
+    poll = _host_scheduling()[0]
     for i, r in enumerate(ranks or cfg["ranks"]):
         cmd = ["mpiexec", "-n", str(r), sys.executable, "-m", "mpi4py", "-m", "engine.perf.sweep",
                "--allreduce-child", json.dumps(sizes), "--repeats", str(cfg["repeats"]),
-               "--min-time", str(cfg["min_time"])]
+               "--min-time", str(cfg["min_time"]), "--poll", str(poll)]
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env)
         line = [ln for ln in res.stdout.splitlines() if ln.startswith("SPRINT_SWEEP_JSON ")]
@@ -465,6 +525,8 @@ def _contention_child(args):
     from engine.parallel import comm as comm_mod
     comm = comm_mod.get_comm()
     set_threads(1)
+    poll, nice = _host_scheduling()
+    comm.poll_interval = poll
     sp = spec_mod.get_spec(args["model"])
     n = args["n"]
     nets = [Net(sp, seed=0) for _ in range(args["workers"])]
@@ -485,6 +547,8 @@ def _contention_child(args):
 
     def loop(i):
         set_threads(1)
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
         while not stop.is_set():
             t0, c0 = time.perf_counter(), time.thread_time()
             nets[i].loss_and_grad(x, y)
@@ -523,7 +587,7 @@ def _contention_child(args):
         t0 = time.perf_counter()
         if comm.size > 1:
             comm.allreduce_(buf)
-        ar.append(time.perf_counter() - t0)
+        ar.append((t0, time.perf_counter()))
         if got_one:
             np.subtract(s_, o_, out=d_)
         if buf[-1] > 0 or (comm.size == 1 and time.perf_counter() > t_end):
@@ -537,28 +601,149 @@ def _contention_child(args):
         print("SPRINT_SWEEP_JSON " + json.dumps(got), flush=True)
 
 
-def probe_host(model, n=None, seconds=1.0):
-    """Wall-clock over CPU time of one thread stepping ``model`` right now:
-    how much other jobs on this machine stretch an undisturbed step."""
-    from engine.net import Net
-    set_threads(1)
-    sp = spec_mod.get_spec(model)
+def _allreduce_after_last(got):
+    """Allreduce times from the last rank's arrival on (the barrier wait
+    before it is the model's T_Barrier, not the collective's cost). The
+    ranks share this host's monotonic clock; older records hold plain
+    durations and are returned as they are."""
+    if not got or not got[0]["allreduce"] or not isinstance(got[0]["allreduce"][0], (list, tuple)):
+        return [v for g in got for v in g["allreduce"]]
+    out = []
+    for calls in zip(*(g["allreduce"] for g in got)):
+        last = max(t0 for t0, _ in calls)
+        out += [t1 - last for _, t1 in calls]
+    return out
+
+
+def probe_host(model, n=None, seconds=1.0, profile=None):
+    """How much slower this machine steps ``model`` right now than when
+    ``profile`` was swept: the mean wall time of one undisturbed thread's
+    step over the one the runner contention sweep stored (other jobs' load
+    and the CPU's own speed both drift on a shared machine). Without a
+    profile that stored one: the wall-clock over CPU time of the step."""
+    ref = None
+    if profile is not None:
+        es = [e for e in profile.data.get("contention", {}).get("entries", [])
+              if e.get("model") == model and e.get("solo_wall")]
+        if es:
+            ref = es[0]
+            n = ref["n_subbatch"]
     n = n or dict(CONTENTION_WORKLOADS).get(model, 4)
-    net = Net(sp, seed=0)
-    x = _rand((n,) + sp.input_shape, 9)
-    y = _xp().asarray(np.random.default_rng(0).integers(0, sp.n_classes, n))
-    net.loss_and_grad(x, y)
-    wall, cpu = [], []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end or len(wall) < 3:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        net.loss_and_grad(x, y)
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.thread_time() - c0)
+    cpu, wall = _step_times(model, n, seconds)
+    if ref is not None:
+        return float(np.median(wall) / ref["solo_wall"])
     return float(np.mean(wall) / np.median(cpu))
 
 
 CONTENTION_WORKLOADS = (("tiny", 8), ("cifar", 4))
+
+
+# The updater's own work per cycle (its waits and the allreduce aside).
+UPDATER_WORK = ("SumGradient", "AddMomentum", "UpdateMomentum", "UpdateWeights")
+
+
+def _runner_child(args):
+    """One rank of a runner contention run: SPRINT ASGD itself (engine.parallel.run)."""
+    from engine.parallel import run
+    from engine.train import TrainConfig
+    cfg = TrainConfig(model=args["model"], data=args["data"], fmt="npz", epochs=1000, batch=args["n"],
+                      lr=0.001, momentum=0.9, weight_decay=5e-4, schedule="constant", parallel="asgd",
+                      workers=args["workers"], threads=1, out=args["out"], progress=False, verbose=False,
+                      device="cpu", extra={"max_seconds": args["seconds"], "min_grads": 1})
+    run(cfg)
+
+
+def synthetic_npz(model, path, n):
+    """Random images and labels in the shape of ``model``'s input: timing
+    does not depend on the pixel values."""
+    sp = spec_mod.get_spec(model)
+    rng = np.random.default_rng(0)
+    np.savez(path, x_train=rng.integers(0, 256, (n,) + sp.input_shape, dtype=np.uint8),
+             y_train=rng.integers(0, sp.n_classes, n),
+             x_test=rng.integers(0, 256, (64,) + sp.input_shape, dtype=np.uint8),
+             y_test=rng.integers(0, sp.n_classes, 64))
+
+
+def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)),
+                            workloads=CONTENTION_WORKLOADS, seconds=None, timeout=300):
+    """Host sharing measured on the ASGD runner itself: r ranks x w workers
+    on this machine, one N_Subbatch per net, for a few seconds each.
+
+    ``rel``: the runner's mean ComputeGradient time over the one of a
+    (1, 1) run made just before it (other jobs' load drifts by minutes);
+    ``host``: that (1, 1) time over the undisturbed CPU time of a step
+    (probe in this process), so ``rel * host`` is the factor the CPU-clock
+    kernel sweeps must be multiplied by. Unlike ``sweep_contention`` this
+    carries the runner's whole loop (loading, deformation, the flat-vector
+    steps, the timers) into the competition for the GIL and the cores.
+    """
+    import tempfile
+    seconds = seconds or (3.0 if cfg["repeats"] < 9 else 6.0)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
+    recs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        def one(model, data, n, r, w):
+            out = os.path.join(tmp, f"{model}-{r}-{w}")
+            arg = json.dumps({"model": model, "data": data, "n": n, "workers": w, "seconds": seconds,
+                              "out": out})
+            res = subprocess.run(["mpiexec", "-n", str(r), sys.executable, "-m", "mpi4py", "-m",
+                                  "engine.perf.sweep", "--runner-child", arg],
+                                 capture_output=True, text=True, timeout=timeout + 30, env=env)
+            if res.returncode:
+                raise RuntimeError(f"runner contention child failed (rc {res.returncode}): "
+                                   f"{res.stderr.strip()[-500:]}")
+            with open(os.path.join(out, "asgd_stats.json")) as f:
+                st = json.load(f)
+            tm = st["timers"]
+            t = tm["ComputeGradient"]
+            cycles = max(tm.get("SumGradient", {}).get("count", 1), 1)
+            upd = {k: tm[k]["total"] / cycles for k in UPDATER_WORK if k in tm}
+            return t["total"] / max(t["count"], 1), upd
+        for model, n in workloads:
+            data = os.path.join(tmp, f"{model}.npz")
+            synthetic_npz(model, data, 200_000 if spec_mod._prod(spec_mod.get_spec(model).input_shape) < 1024
+                          else 20_000)
+            solo = None
+            for r, w in pairs:
+                base, base_upd = one(model, data, n, 1, 1)
+                got, upd = (base, base_upd) if (r, w) == (1, 1) else one(model, data, n, r, w)
+                if solo is None or (r, w) == (1, 1):
+                    solo = _solo(model, n)
+                rel = got / base
+                host = base / solo[0]
+                recs.append({"kind": "contention", "source": "runner", "model": model, "n_subbatch": n,
+                             "ranks": r, "workers": w, "t": got, "rel": rel, "host": host,
+                             "ratio": rel * host, "allreduce": None, "solo_cpu": solo[0], "solo_wall": solo[1],
+                             "updater": upd,
+                             "n_param": spec_mod.n_params(spec_mod.get_spec(model))})
+    return recs
+
+
+def _step_times(model, n, seconds=1.0):
+    """(CPU, wall) seconds of each undisturbed forward+backward of
+    ``model`` on ``n`` samples, one thread stepping for ``seconds``."""
+    from engine.net import Net
+    set_threads(1)
+    sp = spec_mod.get_spec(model)
+    net = Net(sp, seed=0)
+    x = _rand((n,) + sp.input_shape, 9)
+    y = _xp().asarray(np.random.default_rng(0).integers(0, sp.n_classes, n))
+    net.loss_and_grad(x, y)
+    cpu, wall = [], []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(wall) < 5:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        net.loss_and_grad(x, y)
+        cpu.append(time.thread_time() - c0)
+        wall.append(time.perf_counter() - t0)
+    return np.array(cpu), np.array(wall)
+
+
+def _solo(model, n):
+    """(CPU, wall) median seconds of one undisturbed step; ``probe_host``
+    later compares its own wall median with the stored one."""
+    cpu, wall = _step_times(model, n)
+    return float(np.median(cpu)), float(np.median(wall))
 
 
 def sweep_contention(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)),
@@ -571,8 +756,11 @@ def sweep_contention(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2),
     undisturbed step (what the CPU-clock kernel sweeps price), so it
     carries the updater's competition for memory bandwidth, caches and GIL,
     the oversubscribed cores, other jobs' load and the
-    scheduling tail; ``allreduce``: the mean allreduce time of N_Param
-    floats under that load.
+    scheduling tail; ``allreduce``: the median allreduce time of N_Param
+    floats under that load, from the last rank's arrival on
+    (``Profile.allreduce_load``). The model takes the workers' slowdown
+    from ``sweep_contention_runner`` where the profile has it (this child
+    runs a bare loss-and-gradient loop, not the runner's).
     """
     seconds = seconds or (3.0 if cfg["repeats"] < 9 else 6.0)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
@@ -600,7 +788,7 @@ def sweep_contention(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2),
             # Undisturbed CPU time when the child measured it, else the
             # base run's own (older records).
             bcpu = [v for g in base for v in g.get("solo_cpu") or g["cpu"]]
-            ar = [v for g in got for v in g["allreduce"]]
+            ar = _allreduce_after_last(got)
             if not steps or not bsteps:
                 continue
             rel = float(np.mean(steps) / np.mean(bsteps))
@@ -608,7 +796,7 @@ def sweep_contention(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2),
             recs.append({"kind": "contention", "model": model, "n_subbatch": n, "ranks": r, "workers": w,
                          "t": float(np.mean(steps)), "t_median": float(np.median(steps)),
                          "rel": rel, "host": host, "ratio": rel * host,
-                         "allreduce": float(np.mean(ar)) if (ar and r > 1) else None,
+                         "allreduce": float(np.median(ar)) if (ar and r > 1) else None, "source": "child",
                          "n_param": spec_mod.n_params(spec_mod.get_spec(model))})
     return recs
 
@@ -639,13 +827,16 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print) -
     t0 = time.perf_counter()
     steps = [("sgemm", lambda: sweep_sgemm(cfg, extra_shapes=net_gemm_shapes(batches=cfg["net_batches"]))),
              ("layers", lambda: sweep_layers(cfg, skipped)), ("fc+softmax", lambda: sweep_fc_softmax(cfg, skipped)),
-             ("vectors", lambda: sweep_vectors(cfg, skipped)), ("handover", lambda: sweep_handover(cfg)),
+             ("vectors", lambda: sweep_vectors(cfg, skipped)),
+             ("cold vectors", lambda: sweep_vectors_cold(cfg, skipped)), ("handover", lambda: sweep_handover(cfg)),
              ("data", lambda: sweep_data(cfg, skipped)), ("net steps", lambda: sweep_net_steps(cfg, skipped))]
     if allreduce:
         steps.append(("allreduce", lambda: sweep_allreduce(cfg)))
     if contention:
         steps += [("loop overhead", lambda: sweep_loop_overhead(cfg)),
                   ("contention", lambda: sweep_contention(cfg))]
+        if be.name == "cpu":
+            steps.append(("runner contention", lambda: sweep_contention_runner(cfg)))
     for name, fn in steps:
         t1 = time.perf_counter()
         try:
@@ -666,14 +857,19 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--allreduce-child", default=None)
     p.add_argument("--contention-child", default=None)
+    p.add_argument("--runner-child", default=None)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--min-time", type=float, default=2e-3)
+    p.add_argument("--poll", type=float, default=0.0)
     a = p.parse_args(argv)
+    if a.runner_child:
+        _runner_child(json.loads(a.runner_child))
+        return 0
     if a.contention_child:
         _contention_child(json.loads(a.contention_child))
         return 0
     if a.allreduce_child:
-        _allreduce_child(json.loads(a.allreduce_child), a.repeats, a.min_time)
+        _allreduce_child(json.loads(a.allreduce_child), a.repeats, a.min_time, a.poll)
         return 0
     p.print_help()
     return 2
