@@ -112,3 +112,20 @@ def test_profile_refits_saved_records(tmp_path, capsys):
     assert (tmp_path / "fit_sgemm.png").exists() and (tmp_path / "fit_terms.png").exists()
     p = Profile.load(out)
     assert p.sgemm(100, 100, 100, "tn") == pytest.approx(2e-10 * 1e6 + 1e-6, rel=1e-3)
+
+
+def test_profile_reruns_only_the_named_sweeps_and_keeps_the_rest(tmp_path, capsys):
+    recs = [{"kind": "sgemm", "trans": "nn", "m": m, "n": n, "k": k, "t": 2e-10 * m * n * k + 1e-6}
+            for m in (1, 16, 256) for n in (1, 16, 256) for k in (1, 16, 256)]
+    recs += [{"kind": "handover", "x": 1, "t": 123.0}, {"kind": "handover", "x": 1, "t": 456.0}]
+    src, merged = tmp_path / "old.json", tmp_path / "new.json"
+    src.write_text(json.dumps({"records": recs, "meta": {"quick": True}}))
+    assert cli.main(["profile", "--from-records", str(src), "--only", "handover", "--records", str(merged),
+                     "--out", str(tmp_path / "p.json")]) == 0
+    got = json.loads(merged.read_text())
+    hand = [r for r in got["records"] if r["kind"] == "handover"]
+    assert hand and all(r["t"] < 1.0 for r in hand)          # re-swept, the old ones replaced
+    assert sum(r["kind"] == "sgemm" for r in got["records"]) == 27
+    assert "resweep handover" in got["meta"] and got["meta"]["quick"] is True
+    assert cli.main(["profile", "--from-records", str(src), "--only", "no-such-sweep"]) == 2
+    assert "no-such-sweep" in capsys.readouterr().err

@@ -163,3 +163,18 @@ def test_cold_vector_records_fit_and_carry_the_cache_size():
     assert prof["cache"] == {"llc_bytes": 32 << 20}
     assert prof["terms"]["add_cold"]["a"] == pytest.approx(3e-10, rel=1e-3)
     assert prof["terms"]["copy_cold"]["error"]["holdout"]["median"] < 1e-3
+
+
+def test_repeated_runner_sweeps_pool_to_one_entry_per_sharing():
+    prof = Profile.synthetic(backend="cpu").data
+    mk = lambda r, rel, t, base: {"kind": "contention", "source": "runner", "model": "tiny", "n_subbatch": 8,
+                                  "ranks": r, "workers": 1, "rel": rel, "t": t, "host": base, "ratio": rel * base}
+    prof["contention"] = {"entries": [mk(1, 1.0, 1e-3, 1.0), mk(1, 1.0, 3e-3, 1.0), mk(2, 1.2, 1.2e-3, 1.0),
+                                      mk(2, 1.4, 4.2e-3, 1.0), mk(2, 2.0, 2e-3, 1.0)]}
+    fit.anchor_contention(prof)
+    es = prof["contention"]["entries"]
+    assert [(e["ranks"], e["n_runs"]) for e in es] == [(1, 2), (2, 3)]
+    assert es[1]["rel"] == pytest.approx(1.4)
+    # One factor for the net: the median of every run's (1, 1) time over the model's step.
+    cg = es[0]["host"] * 1.0
+    assert es[1]["host"] == pytest.approx(cg) and es[1]["ratio"] == pytest.approx(1.4 * cg)

@@ -273,3 +273,16 @@ def test_updater_excess_of_the_sharing_adds_to_each_cycle():
     gpu = Profile(dict(extra.data, backend="gpu"))
     assert model.step_costs("tiny", 1, 2, 8, gpu)["updater_loop"][0] == pytest.approx(
         gpu.overhead("updater_loop"))
+
+
+def test_updater_steps_share_memory_bandwidth_not_the_cores():
+    mk = lambda r, w, rel: {"model": "cifar", "ranks": r, "workers": w, "rel": rel, "host": 1.0,
+                            "n_subbatch": 4, "source": "runner", "solo_wall": 0.04}
+    prof = Profile(dict(PROF.data, backend="cpu", cores=2,
+                        contention={"entries": [mk(1, 1, 1.0), mk(2, 1, 1.2), mk(4, 2, 5.0)]}))
+    assert prof.updater_slowdown("cifar") == pytest.approx(1.2)
+    c = model.step_costs("cifar", 4, 2, 4, prof, ranks_per_host=4)
+    assert c["_slowdown"][0] == pytest.approx(5.0) and c["_updater_slowdown"][0] == pytest.approx(1.2)
+    n = spec_mod.n_params(spec_mod.get_spec("cifar"))
+    assert c["sum_zero"][0] == pytest.approx(1.2 * prof.term("fill", n))
+    assert c["fetch"][0] == pytest.approx(5.0 * prof.term("copy", n))      # a worker step

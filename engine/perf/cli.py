@@ -43,12 +43,14 @@ def _config_args(p, need_config=True):
 def cmd_profile(args) -> int:
     from . import fit, sweep
     from .profile import Profile
-    if args.from_records:
-        data = json.loads(Path(args.from_records).read_text())
+    only = [n.strip() for n in args.only.split(",")] if args.only else None
+    old = json.loads(Path(args.from_records).read_text()) if args.from_records else None
+    if old is not None and only is None:
+        data = old
     else:
         log = (lambda m: print(m, file=sys.stderr, flush=True))
         data = sweep.run_all(quick=args.quick, threads=args.threads, allreduce=not args.no_allreduce,
-                             contention=not args.no_contention, log=log)
+                             contention=not args.no_contention, log=log, only=only, merge=old)
         if args.records:
             Path(args.records).write_text(json.dumps(data))
     from engine import backend
@@ -110,8 +112,9 @@ def cmd_simulate(args) -> int:
 
 
 def register(sub):
+    from .sweep import SWEEPS
     p = sub.add_parser("profile", help="sweep the kernels and fit a machine profile (SPEC section 4)")
-    p.add_argument("--quick", action="store_true", help="small grids (a few minutes)")
+    p.add_argument("--quick", action="store_true", help="small grids (about 10 minutes on 2 cores)")
     p.add_argument("--out", default=None, help="profile JSON to write (default profile.json)")
     p.add_argument("--records", default=None, help="also save the raw sweep records here")
     p.add_argument("--from-records", default=None, help="refit saved records instead of sweeping")
@@ -119,6 +122,9 @@ def register(sub):
     p.add_argument("--machine", default=None, help="machine description stored in the profile")
     p.add_argument("--no-allreduce", action="store_true", help="skip the mpiexec allreduce sweep")
     p.add_argument("--no-contention", action="store_true", help="skip the core-sharing sweep")
+    p.add_argument("--only", default=None,
+                   help="comma list of sweeps to run (with --from-records: re-run them and keep the "
+                        "rest of the saved records): " + ", ".join(SWEEPS))
     p.add_argument("--plots", default=None, help="directory for PNGs of each fit against its sweep")
     p.set_defaults(func=cmd_profile)
 

@@ -321,11 +321,27 @@ def anchor_contention(prof: dict) -> None:
     for e in prof["contention"]["entries"]:
         if e.get("source") == "runner" and "host_solo" in e:
             by_net.setdefault(e["model"], []).append(e)
-    for es in by_net.values():
+    for net, es in by_net.items():
         h = float(np.median([e["host"] for e in es]))
+        # Repeated sweeps of one sharing (records merged from several runs):
+        # one entry each, at the median of their rel and updater steps.
+        pooled = {}
         for e in es:
-            e["host_base"], e["host"] = e["host"], h
+            pooled.setdefault((e["ranks"], e["workers"], e["n_subbatch"]), []).append(e)
+        by_net[net] = []
+        for group in pooled.values():
+            e = group[0]
+            e["host_base"], e["host"] = float(np.median([g["host"] for g in group])), h
+            e["rel"] = float(np.median([g["rel"] for g in group]))
+            e["t"] = float(np.median([g["t"] for g in group]))
+            upd = [g["updater"] for g in group if g.get("updater")]
+            if upd:
+                e["updater"] = {k: float(np.median([u[k] for u in upd if k in u])) for k in upd[0]}
             e["ratio"] = e["rel"] * h
+            e["n_runs"] = len(group)
+            by_net[net].append(e)
+            for g in group[1:]:
+                prof["contention"]["entries"].remove(g)
     # What the updater's own steps cost in the runner beyond their kernels:
     # its Python between them waits for the GIL the node's workers hold.
     from .model import Impl, predict

@@ -292,6 +292,10 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     # stream other data through the caches: priced cold where swept so.
     foot = step_footprint(sp, n_subbatch)
     vs = lambda name, n: (slow * pr.term(_cold(pr, name, foot), n), pr.cv(_cold(pr, name, foot)))
+    # The updater runs at a higher priority than the (niced) workers: it
+    # gets a core when it wants one and shares only the memory bandwidth.
+    uslow = min(slow, pr.updater_slowdown(sp.name)) if cpu else slow
+    vu = lambda name, n: (uslow * pr.term(_cold(pr, name, foot), n), pr.cv(_cold(pr, name, foot)))
     rows = [r[:4] + (slow * r[4],) for r in compute_gradient_terms(sp, n_subbatch, pr)]
     pixels = n_subbatch * sp.m0 * sp.x0 * sp.x0
     grad = (sum(r[4] for r in rows) + slow * pr.overhead("per_step"), pr.cv("sgemm"))
@@ -309,18 +313,18 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
         "deposit_set": hand if swap else vs("copy", n_param),
         "deposit_add": vs("add", n_param),
         # SumGradient per non-empty buffer: the part under its lock, then the rest.
-        "sum_cs_first": hand if swap else vs("copy", n_param),
-        "sum_cs_add": hand if swap else vs("add", n_param),
-        "sum_out_first": vs("copy", n_param) if swap else (0.0, 0.0),
-        "sum_out_add": vs("add", n_param) if swap else (0.0, 0.0),
-        "sum_zero": vs("fill", n_param),
-        "add_momentum": (slow * (pr.term(add, sl) + ((pr.term(scale, sl) + pr.term(add, sl))
+        "sum_cs_first": hand if swap else vu("copy", n_param),
+        "sum_cs_add": hand if swap else vu("add", n_param),
+        "sum_out_first": vu("copy", n_param) if swap else (0.0, 0.0),
+        "sum_out_add": vu("add", n_param) if swap else (0.0, 0.0),
+        "sum_zero": vu("fill", n_param),
+        "add_momentum": (uslow * (pr.term(add, sl) + ((pr.term(scale, sl) + pr.term(add, sl))
                                                      if impl.momentum else 0.0)), pr.cv(add)),
         "allreduce_bw": (_allreduce_cost(pr, cpu, slow, n_node, n_gpu, ranks_per_host, sp.name, n_param),
                          float(pr.data.get("allreduce", {}).get("cv", 0.0))),
-        "update_momentum": (slow * pr.term(sub, sl), pr.cv(sub)),
-        "update_weights": hand if swap else vs("copy", n_param),
-        "updater_loop": (max(slow * pr.overhead("updater_loop") + _updater_excess(pr, cpu, ranks_per_host, n_gpu,
+        "update_momentum": (uslow * pr.term(sub, sl), pr.cv(sub)),
+        "update_weights": hand if swap else vu("copy", n_param),
+        "updater_loop": (max(uslow * pr.overhead("updater_loop") + _updater_excess(pr, cpu, ranks_per_host, n_gpu,
                                                                                  sp.name), 0.0), 0.0),
     }
     for k in ("first", "add"):
@@ -335,6 +339,7 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
                                          ("add_momentum", "update_momentum", "update_weights"))), 0.0)
     c["_layers"] = (rows, 0.0)
     c["_slowdown"] = (slow, 0.0)
+    c["_updater_slowdown"] = (uslow, 0.0)
     c["_n_param"] = (n_param, 0.0)
     c["_n_file"] = (N_FILE.get(sp.name, 50000), 0.0)
     c["_impl"] = (impl, 0.0)
@@ -488,7 +493,8 @@ def updater_duty(p: "Prediction", profile) -> float:
     polls and the waits sleep."""
     if p.t_update <= 0:
         return 0.0
-    work = sum(p.updater.get(k, 0.0) for k in ("SumGradient", "AddMomentum", "UpdateMomentum")) / p.slowdown
+    work = sum(p.updater.get(k, 0.0) for k in ("SumGradient", "AddMomentum", "UpdateMomentum")) \
+        / p.extra.get("updater_slowdown", p.slowdown)
     if p.n_node > 1:
         work += profile.term(_cold(profile, "add"), 2 * (p.n_node - 1) * p.n_param // p.n_node)
     return min(work / p.t_update, 1.0)
@@ -578,7 +584,8 @@ def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=Non
                       t_gpu=t_gpu, t_update=t_update, p_fetch=p_fetch, p_nonempty=p_ne,
                       t_barrier=barrier, n_minibatch_avg=nmb, staleness=stal,
                       t_epoch=t_epoch, iterations=it, converged=converged, slowdown=c["_slowdown"][0],
-                      extra={"impl": impl.__dict__ if hasattr(impl, "__dict__") else str(impl)})
+                      extra={"impl": impl.__dict__ if hasattr(impl, "__dict__") else str(impl),
+                             "updater_slowdown": c["_updater_slowdown"][0]})
 
 
 def _fmt_t(s):

@@ -170,6 +170,15 @@ class Profile:
         mine = [e for e in es if e.get("model") == model] or es
         return float(np.mean([e["allreduce"] / self.allreduce_bw(e["ranks"], e["n_param"]) for e in mine]))
 
+    def updater_slowdown(self, model: str = "") -> float:
+        """Factor for the updater's own steps on a shared CPU host: the one
+        of an undisturbed (1, 1) run times the memory-bandwidth share of two
+        busy processes (the (2, 1) sharing's rel); the updater outranks the
+        niced workers for the cores themselves."""
+        e = self.contention_entry(2, 1, model)
+        bw = max(float(e.get("rel") or 1.0), 1.0) if e else 1.0
+        return self.slowdown(1, 1, model) * bw
+
     def slowdown(self, ranks_per_host: int, n_gpu: int, model: str = "") -> float:
         """Per-step time factor when ``ranks_per_host`` processes of ``n_gpu``
         worker threads share the host, relative to the profile's own sweeps.

@@ -814,8 +814,29 @@ def set_threads(threads):
     return limit_this_thread(int(threads))
 
 
-def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print) -> dict:
-    """All sweeps; returns {"records", "skipped", "meta"}."""
+def _steps(cfg, skipped, be):
+    """name -> sweep of every step ``run_all`` knows, in running order."""
+    steps = {"sgemm": lambda: sweep_sgemm(cfg, extra_shapes=net_gemm_shapes(batches=cfg["net_batches"])),
+             "layers": lambda: sweep_layers(cfg, skipped), "fc+softmax": lambda: sweep_fc_softmax(cfg, skipped),
+             "vectors": lambda: sweep_vectors(cfg, skipped), "cold vectors": lambda: sweep_vectors_cold(cfg, skipped),
+             "handover": lambda: sweep_handover(cfg), "data": lambda: sweep_data(cfg, skipped),
+             "net steps": lambda: sweep_net_steps(cfg, skipped), "allreduce": lambda: sweep_allreduce(cfg),
+             "loop overhead": lambda: sweep_loop_overhead(cfg), "contention": lambda: sweep_contention(cfg)}
+    if be.name == "cpu":
+        steps["runner contention"] = lambda: sweep_contention_runner(cfg)
+    return steps
+
+
+SWEEPS = ("sgemm", "layers", "fc+softmax", "vectors", "cold vectors", "handover", "data", "net steps",
+          "allreduce", "loop overhead", "contention", "runner contention")
+
+
+def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, only=None, merge=None) -> dict:
+    """All sweeps (or the ``only`` ones); returns {"records", "skipped", "meta"}.
+
+    ``merge``: an earlier result whose records of the re-run sweeps are
+    replaced and the rest kept (``sprint profile --from-records OLD --only ...``).
+    """
     cfg = mode_config(quick)
     applied = set_threads(threads)
     from engine import backend as _be
@@ -823,24 +844,24 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print) -
     skipped = []
     from engine import backend
     be = backend.get_backend()
+    steps = _steps(cfg, skipped, be)
+    names = list(steps)
+    if only is not None:
+        bad = [n for n in only if n not in SWEEPS]
+        if bad:
+            raise ValueError(f"unknown sweep(s) {bad}; choose from {', '.join(SWEEPS)}")
+        names = [n for n in names if n in only]
+    else:
+        if not allreduce:
+            names.remove("allreduce")
+        if not contention:
+            names = [n for n in names if n not in ("loop overhead", "contention", "runner contention")]
     recs = []
     t0 = time.perf_counter()
-    steps = [("sgemm", lambda: sweep_sgemm(cfg, extra_shapes=net_gemm_shapes(batches=cfg["net_batches"]))),
-             ("layers", lambda: sweep_layers(cfg, skipped)), ("fc+softmax", lambda: sweep_fc_softmax(cfg, skipped)),
-             ("vectors", lambda: sweep_vectors(cfg, skipped)),
-             ("cold vectors", lambda: sweep_vectors_cold(cfg, skipped)), ("handover", lambda: sweep_handover(cfg)),
-             ("data", lambda: sweep_data(cfg, skipped)), ("net steps", lambda: sweep_net_steps(cfg, skipped))]
-    if allreduce:
-        steps.append(("allreduce", lambda: sweep_allreduce(cfg)))
-    if contention:
-        steps += [("loop overhead", lambda: sweep_loop_overhead(cfg)),
-                  ("contention", lambda: sweep_contention(cfg))]
-        if be.name == "cpu":
-            steps.append(("runner contention", lambda: sweep_contention_runner(cfg)))
-    for name, fn in steps:
+    for name in names:
         t1 = time.perf_counter()
         try:
-            got = fn()
+            got = steps[name]()
         except Exception as e:
             skipped.append(f"{name}: {type(e).__name__}: {e}")
             got = []
@@ -850,7 +871,14 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print) -
     meta = {"quick": quick, "threads": threads, "threads_applied": applied, "backend": be.name,
             "clock": CLOCK["name"],
             "seconds": time.perf_counter() - t0, "repeats": cfg["repeats"], "min_time": cfg["min_time"]}
-    return {"records": recs, "skipped": skipped, "meta": meta}
+    if merge is None:
+        return {"records": recs, "skipped": skipped, "meta": meta}
+    # A re-run sweep replaces its own kinds (the contention sweeps by source).
+    fresh = {(r["kind"], r.get("source")) for r in recs}
+    kept = [r for r in merge.get("records", []) if (r["kind"], r.get("source")) not in fresh]
+    meta = dict(merge.get("meta", {}), **{f"resweep {n}": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                                          for n in names})
+    return {"records": kept + recs, "skipped": merge.get("skipped", []) + skipped, "meta": meta}
 
 
 def main(argv=None):
