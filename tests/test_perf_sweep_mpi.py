@@ -24,6 +24,8 @@ def test_runner_contention_sweep_records_the_runner_and_fits():
     for r in recs:
         assert r["source"] == "runner" and r["model"] == "tiny" and r["n_subbatch"] == 4
         assert r["t"] > 0 and r["rel"] > 0 and r["solo_cpu"] > 0 and r["solo_wall"] > 0
+        assert set(r["updater"]) == set(sweep.UPDATER_WORK) and set(r["worker"]) == set(sweep.WORKER_SMALL)
+        assert all(v >= 0 for v in list(r["updater"].values()) + list(r["worker"].values()))
     assert recs[0]["rel"] == 1.0
     # The fit re-anchors them on the model's own step (a synthetic profile
     # here) and prices every pair with the median of the (1, 1) runs.

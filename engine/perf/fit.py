@@ -266,7 +266,7 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
     cont = [r for r in records if r.get("kind") == "contention" and r.get("ratio")]
     if cont:
         keys = ("model", "n_subbatch", "ranks", "workers", "ratio", "rel", "host", "allreduce", "n_param",
-                "source", "solo_cpu", "solo_wall", "t", "updater")
+                "source", "solo_cpu", "solo_wall", "t", "updater", "worker")
         prof["contention"] = {"entries": [{k: r.get(k) for k in keys} for r in cont]}
     llc = [r["llc_bytes"] for r in records if r.get("llc_bytes")]
     if llc:
@@ -334,9 +334,10 @@ def anchor_contention(prof: dict) -> None:
             e["host_base"], e["host"] = float(np.median([g["host"] for g in group])), h
             e["rel"] = float(np.median([g["rel"] for g in group]))
             e["t"] = float(np.median([g["t"] for g in group]))
-            upd = [g["updater"] for g in group if g.get("updater")]
-            if upd:
-                e["updater"] = {k: float(np.median([u[k] for u in upd if k in u])) for k in upd[0]}
+            for key in ("updater", "worker"):
+                got = [g[key] for g in group if g.get(key)]
+                if got:
+                    e[key] = {k: float(np.median([u[k] for u in got if k in u])) for k in got[0]}
             e["ratio"] = e["rel"] * h
             e["n_runs"] = len(group)
             by_net[net].append(e)
@@ -357,6 +358,11 @@ def anchor_contention(prof: dict) -> None:
             except ValueError:
                 continue
             e["updater_excess"] = sum(e["updater"].values()) - sum(q.updater.get(k, 0.0) for k in e["updater"])
+            # The worker's small steps as the runner timed them, beside the
+            # model's: kept for diagnosis, not priced yet (a per-step factor
+            # at one N_Subbatch over- or under-shoots the others).
+            if e.get("worker"):
+                e["worker_model"] = {k: q.worker.get(k, 0.0) for k in e["worker"]}
 
 
 def fit_overhead(prof: dict, steps, held=()) -> dict:

@@ -640,6 +640,8 @@ CONTENTION_WORKLOADS = (("tiny", 8), ("cifar", 4))
 
 # The updater's own work per cycle (its waits and the allreduce aside).
 UPDATER_WORK = ("SumGradient", "AddMomentum", "UpdateMomentum", "UpdateWeights")
+# A worker's steps besides ComputeGradient (the lock waits aside).
+WORKER_SMALL = ("FetchWeights", "LoadImage", "DeformImage", "ComputeUpdateVal", "UpdateGradient")
 
 
 def _runner_child(args):
@@ -698,7 +700,12 @@ def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), 
             t = tm["ComputeGradient"]
             cycles = max(tm.get("SumGradient", {}).get("count", 1), 1)
             upd = {k: tm[k]["total"] / cycles for k in UPDATER_WORK if k in tm}
-            return t["total"] / max(t["count"], 1), upd
+            its = max(t["count"], 1)
+            wk = {k: tm[k]["total"] / its for k in WORKER_SMALL + ("LockWeights",) if k in tm}
+            if "FetchWeights" in wk:       # the runner's span includes the wait for the lock
+                wk["FetchWeights"] -= wk.pop("LockWeights", 0.0)
+            upd["_worker"] = wk
+            return t["total"] / its, upd
         for model, n in workloads:
             data = os.path.join(tmp, f"{model}.npz")
             synthetic_npz(model, data, 200_000 if spec_mod._prod(spec_mod.get_spec(model).input_shape) < 1024
@@ -707,6 +714,7 @@ def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), 
             for r, w in pairs:
                 base, base_upd = one(model, data, n, 1, 1)
                 got, upd = (base, base_upd) if (r, w) == (1, 1) else one(model, data, n, r, w)
+                worker = upd.pop("_worker", {})
                 if solo is None or (r, w) == (1, 1):
                     solo = _solo(model, n)
                 rel = got / base
@@ -714,7 +722,7 @@ def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), 
                 recs.append({"kind": "contention", "source": "runner", "model": model, "n_subbatch": n,
                              "ranks": r, "workers": w, "t": got, "rel": rel, "host": host,
                              "ratio": rel * host, "allreduce": None, "solo_cpu": solo[0], "solo_wall": solo[1],
-                             "updater": upd,
+                             "updater": upd, "worker": worker,
                              "n_param": spec_mod.n_params(spec_mod.get_spec(model))})
     return recs
 
