@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,62 +48,22 @@ DEFAULT_SUB = {"tiny": (1, 8, 32), "digits": (1, 8, 32), "cifar": (1, 4, 16)}
 
 
 def make_data(name, path):
-    from engine.spec import get_spec
-    sp = get_spec(name)
-    rng = np.random.default_rng(0)
+    from engine.perf.sweep import synthetic_npz
     n = N_TRAIN.get(name, 20_000)
-    x = rng.integers(0, 256, (n,) + sp.input_shape, dtype=np.uint8)
-    y = rng.integers(0, sp.n_classes, n)
-    xt = rng.integers(0, 256, (64,) + sp.input_shape, dtype=np.uint8)
-    yt = rng.integers(0, sp.n_classes, 64)
-    np.savez(path, x_train=x, y_train=y, x_test=xt, y_test=yt)
+    synthetic_npz(name, path, n)
     return n
 
 
-def child(arg):
-    """One rank of one validation run (under mpiexec)."""
-    from engine.train import TrainConfig
-    from engine.parallel import run
-    a = json.loads(arg)
-    cfg = TrainConfig(model=a["model"], data=a["data"], fmt="npz", epochs=1000, batch=a["subbatch"],
-                      lr=0.001, momentum=0.9, weight_decay=5e-4, schedule="constant", parallel="asgd",
-                      workers=a["workers"], threads=1, out=a["out"], progress=False, verbose=False,
-                      device="cpu", extra={"max_seconds": a["seconds"], "min_grads": 1})
-    run(cfg)
-
-
 def run_config(model, data, n_node, n_gpu, sub, seconds, workdir, timeout):
-    out = Path(workdir) / f"{model}-n{n_node}-g{n_gpu}-s{sub}"
-    arg = json.dumps({"model": model, "data": str(data), "subbatch": sub, "workers": n_gpu,
-                      "seconds": seconds, "out": str(out)})
-    cmd = ["mpiexec", "-n", str(n_node), sys.executable, "-m", "mpi4py", str(Path(__file__).resolve()),
-           "--child", arg]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout),
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    t0 = time.time()
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env, cwd=str(ROOT))
-    if res.returncode:
-        raise RuntimeError(f"{model} {n_node}x{n_gpu}x{sub}: rc {res.returncode}: {res.stderr[-1500:]}")
-    st = json.loads((out / "asgd_stats.json").read_text())
-    st["_elapsed"] = time.time() - t0
-    return st
+    from engine.perf.sweep import runner_job
+    return runner_job(model, data, sub, n_node, n_gpu, seconds, Path(workdir) / f"{model}-n{n_node}-g{n_gpu}-s{sub}",
+                      timeout)
 
 
 def measured(st, n_file):
     """The quantities of the model from one asgd_stats.json."""
-    tm = st["timers"]
-    it_w = max(tm.get("ComputeGradient", {}).get("count", 1), 1)
-
-    def per_iter(name):
-        t = tm.get(name)
-        return t["total"] / it_w if t and "total" in t else (t["mean"] * t["count"] / it_w if t else 0.0)
-    steps = {k: per_iter(k) for k in ("LockWeights", "FetchWeights", "LoadImage", "DeformImage",
-                                      "ComputeGradient", "ComputeUpdateVal", "LockGradient", "UpdateGradient")}
-    # The runner's FetchWeights span includes the wait for the lock.
-    steps["FetchWeights"] -= steps["LockWeights"]
-    it_u = max(tm.get("SumGradient", {}).get("count", 1), 1)
-    upd = {k: tm[k]["total"] / it_u for k in ("WaitGradient", "SumGradient", "AddMomentum", "Allreduce",
-                                               "UpdateMomentum", "UpdateWeights") if k in tm}
+    from engine.perf.sweep import runner_step_means
+    steps, upd = runner_step_means(st["timers"])
     # T_Epoch by SPEC eq. (10), N_File T_Update / N_Minibatch_avg: a run of a
     # few seconds has start-up and stop edges a real epoch does not; the
     # wall-clock rate is kept as T_Epoch_wall.
@@ -123,14 +81,14 @@ def predicted(model, n_node, n_gpu, sub, prof, n_file, sim=True, host=None):
     from engine.perf import model as M
     from engine.perf.simulate import simulate
     prof.host_factor = {} if host is None else {model: host}
-    impl = M.Impl(handover="swap", min_grads=1, momentum=True, weight_decay=True)
+    impl = M.RUNNER_SWEEP_IMPL
     p = M.predict(model, n_node, n_gpu, sub, prof, n_file=n_file, ranks_per_host=n_node, impl=impl)
     out = {"T_GPU": p.t_gpu, "T_Update": p.t_update, "T_Epoch": p.t_epoch,
            "N_Minibatch_avg": p.n_minibatch_avg, "staleness": p.staleness, "steps": dict(p.worker),
            "host_factor": host, "slowdown": p.slowdown, "updater": dict(p.updater)}
     if sim:
         s = simulate(model, n_node, n_gpu, sub, prof, n_updates=300, min_worker_steps=600, n_file=n_file,
-                     ranks_per_host=n_node, impl=impl, seed=1)
+                     ranks_per_host=n_node, impl=impl, seed=1, slowdown=p.slowdown)
         out["sim"] = {"T_GPU": s.t_gpu, "T_Update": s.t_update, "T_Epoch": s.t_epoch,
                       "N_Minibatch_avg": s.n_minibatch_avg, "staleness": s.staleness}
     return out
@@ -206,7 +164,6 @@ def summarize(rows, key, src="predicted"):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--profile", default=str(ROOT / "bench" / "profiles" / "cpu.json"))
     ap.add_argument("--nets", default="tiny,cifar")
     ap.add_argument("--nodes", default="1,2,4")
@@ -224,9 +181,6 @@ def main(argv=None):
     ap.add_argument("--plot", default=str(ROOT / "bench" / "results" / "validation.png"))
     ap.add_argument("--rescore", default=None, help="print the report of a saved validation JSON")
     a = ap.parse_args(argv)
-    if a.child:
-        child(a.child)
-        return 0
     if a.rescore:
         d = json.loads(Path(a.rescore).read_text())
         for r in d["rows"]:

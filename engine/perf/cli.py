@@ -96,11 +96,11 @@ def cmd_simulate(args) -> int:
     from .model import predict
     from .simulate import compare, format_compare, simulate
     prof = _profile(args)
-    sim = simulate(args.model, args.nodes, args.workers, args.subbatch, prof, n_updates=args.updates,
-                   seed=args.seed, cv=args.cv, n_file=args.n_file, ranks_per_host=args.ranks_per_host,
-                   impl=_impl(args))
     pred = predict(args.model, args.nodes, args.workers, args.subbatch, prof, n_file=args.n_file,
                    ranks_per_host=args.ranks_per_host, impl=_impl(args))
+    sim = simulate(args.model, args.nodes, args.workers, args.subbatch, prof, n_updates=args.updates,
+                   seed=args.seed, cv=args.cv, n_file=args.n_file, ranks_per_host=args.ranks_per_host,
+                   impl=_impl(args), slowdown=pred.slowdown)
     if args.json:
         print(json.dumps({"simulation": sim.as_dict(), "closed_form": pred.as_dict()}, default=str))
         return 0

@@ -345,16 +345,14 @@ def anchor_contention(prof: dict) -> None:
                 prof["contention"]["entries"].remove(g)
     # What the updater's own steps cost in the runner beyond their kernels:
     # its Python between them waits for the GIL the node's workers hold.
-    from .model import Impl, predict
-    p = Profile(prof)
-    impl = Impl(handover="swap", min_grads=1, momentum=True, weight_decay=True)
+    from .model import RUNNER_SWEEP_IMPL, predict
     for es in by_net.values():
         for e in es:
             if not e.get("updater"):
                 continue
             try:
                 q = predict(e["model"], e["ranks"], e["workers"], int(e["n_subbatch"]), p,
-                            ranks_per_host=e["ranks"], impl=impl)
+                            ranks_per_host=e["ranks"], impl=RUNNER_SWEEP_IMPL)
             except ValueError:
                 continue
             e["updater_excess"] = sum(e["updater"].values()) - sum(q.updater.get(k, 0.0) for k in e["updater"])

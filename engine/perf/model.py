@@ -220,9 +220,11 @@ class Impl:
 
 SEED_IMPL = Impl(handover="copy", min_grads=0)
 ENGINE_IMPL = Impl()
+# The runner as the host sweeps and bench/validate_model.py train it.
+RUNNER_SWEEP_IMPL = Impl(weight_decay=True)
 
 
-def _allreduce_cost(pr, cpu, slow, n_node, n_gpu, ranks_per_host, model, n_param):
+def _allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, model, n_param):
     """Allreduce of N_Param + a few counters, from the allreduce fit.
 
     Its sweep runs on an otherwise idle host. When the ranks share a CPU
@@ -291,11 +293,17 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     # The flat vectors are touched once per step, between kernels that
     # stream other data through the caches: priced cold where swept so.
     foot = step_footprint(sp, n_subbatch)
-    vs = lambda name, n: (slow * pr.term(_cold(pr, name, foot), n), pr.cv(_cold(pr, name, foot)))
+
+    def priced(factor):
+        def cost(name, n):
+            name = _cold(pr, name, foot)
+            return factor * pr.term(name, n), pr.cv(name)
+        return cost
+    vs = priced(slow)
     # The updater runs at a higher priority than the (niced) workers: it
     # gets a core when it wants one and shares only the memory bandwidth.
     uslow = min(slow, pr.updater_slowdown(sp.name)) if cpu else slow
-    vu = lambda name, n: (uslow * pr.term(_cold(pr, name, foot), n), pr.cv(_cold(pr, name, foot)))
+    vu = priced(uslow)
     rows = [r[:4] + (slow * r[4],) for r in compute_gradient_terms(sp, n_subbatch, pr)]
     pixels = n_subbatch * sp.m0 * sp.x0 * sp.x0
     grad = (sum(r[4] for r in rows) + slow * pr.overhead("per_step"), pr.cv("sgemm"))
@@ -320,7 +328,7 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
         "sum_zero": vu("fill", n_param),
         "add_momentum": (uslow * (pr.term(add, sl) + ((pr.term(scale, sl) + pr.term(add, sl))
                                                      if impl.momentum else 0.0)), pr.cv(add)),
-        "allreduce_bw": (_allreduce_cost(pr, cpu, slow, n_node, n_gpu, ranks_per_host, sp.name, n_param),
+        "allreduce_bw": (_allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, sp.name, n_param),
                          float(pr.data.get("allreduce", {}).get("cv", 0.0))),
         "update_momentum": (uslow * pr.term(sub, sl), pr.cv(sub)),
         "update_weights": hand if swap else vu("copy", n_param),
@@ -536,16 +544,17 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None
     R, cores = ranks_per_host, profile.cores
     # The sweep's own configuration: R ranks of n_gpu workers on this host.
     ref = _predict(spec, R, n_gpu, int(entry["n_subbatch"]), profile, **dict(kw, ranks_per_host=R))
-    ref_share = core_share(R, n_gpu, cores, updater_duty(ref, profile))
+    ref_duty = updater_duty(ref, profile)
+    ref_share = core_share(R, n_gpu, cores, ref_duty)
     slow = base
     for _ in range(20):
         p = _predict(spec, n_node, n_gpu, n_subbatch, profile, slowdown=slow, **kw)
-        new = base * core_share(R, n_gpu, cores, updater_duty(p, profile)) / ref_share
+        duty = updater_duty(p, profile)
+        new = base * core_share(R, n_gpu, cores, duty) / ref_share
         if abs(new - slow) < 1e-4 * slow:
             break
         slow = 0.5 * (slow + new)
-    p.extra["core_share"] = {"sweep_slowdown": base, "sweep_duty": updater_duty(ref, profile),
-                             "duty": updater_duty(p, profile)}
+    p.extra["core_share"] = {"sweep_slowdown": base, "sweep_duty": ref_duty, "duty": duty}
     return p
 
 

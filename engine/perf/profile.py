@@ -148,13 +148,17 @@ class Profile:
         runner = [e for e in entries if e.get("source") == "runner"]
         return runner or entries
 
+    @staticmethod
+    def _sharing(entries, ranks_per_host, n_gpu, model):
+        """The entries of exactly this sharing: this net's where it was
+        swept, else every net's."""
+        same = [e for e in entries if e["ranks"] == ranks_per_host and e["workers"] == n_gpu]
+        return [e for e in same if e.get("model") == model] or same
+
     def contention_entry(self, ranks_per_host: int, n_gpu: int, model: str = ""):
         """The contention sweep's record for exactly this sharing (this net's
         when it was swept), or None."""
-        same = [e for e in self._contention()
-                if e["ranks"] == ranks_per_host and e["workers"] == n_gpu]
-        mine = [e for e in same if e.get("model") == model]
-        return (mine or same or [None])[0]
+        return (self._sharing(self._contention(), ranks_per_host, n_gpu, model) or [None])[0]
 
     def allreduce_load(self, ranks_per_host: int, n_gpu: int, model: str = "") -> float:
         """Allreduce time under the workers' load over the allreduce fit's
@@ -162,13 +166,12 @@ class Profile:
         wait for cores. From the contention sweep's in-situ allreduces of
         this sharing (timed from the last rank's arrival), this net's where
         swept, else the mean over nets; 1 when not measured."""
-        es = [e for e in self.data.get("contention", {}).get("entries", [])
-              if e.get("allreduce") and e["ranks"] == ranks_per_host and e["workers"] == n_gpu
-              and e.get("n_param") and e["ranks"] > 1]
+        es = self._sharing([e for e in self.data.get("contention", {}).get("entries", [])
+                            if e.get("allreduce") and e.get("n_param") and e["ranks"] > 1],
+                           ranks_per_host, n_gpu, model)
         if not es or "allreduce" not in self.data:
             return 1.0
-        mine = [e for e in es if e.get("model") == model] or es
-        return float(np.mean([e["allreduce"] / self.allreduce_bw(e["ranks"], e["n_param"]) for e in mine]))
+        return float(np.mean([e["allreduce"] / self.allreduce_bw(e["ranks"], e["n_param"]) for e in es]))
 
     def updater_slowdown(self, model: str = "") -> float:
         """Factor for the updater's own steps on a shared CPU host: the one
@@ -207,10 +210,9 @@ class Profile:
                 # Older entries: a probe's wall/CPU replaces the load.
                 return max(e["rel"], 1.0) * (h if h is not None else e["host"])
             return e["ratio"]
-        same = [e for e in entries if e["ranks"] == ranks_per_host and e["workers"] == n_gpu]
+        same = self._sharing(entries, ranks_per_host, n_gpu, model)
         if same:
-            mine = [ratio(e) for e in same if e.get("model") == model]
-            return float(np.mean(mine or [ratio(e) for e in same]))
+            return float(np.mean([ratio(e) for e in same]))
         near = min(entries, key=lambda e: (abs(e["ranks"] * e["workers"] - threads), e.get("model") != model))
         return ratio(near) * max(1.0, threads / max(near["ranks"] * near["workers"], 1))
 

@@ -156,20 +156,22 @@ class _Signal:
 def simulate(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_updates: int = 400,
              warmup: int = 40, seed: int = 0, cv=None, n_file=None, ranks_per_host: int = 1,
              impl=model_mod.ENGINE_IMPL, min_worker_steps: int = 0,
-             max_events: int = 50_000_000) -> SimResult:
+             max_events: int = 50_000_000, slowdown=None) -> SimResult:
     """Simulate ``n_updates`` global updates after ``warmup`` (and at least
     ``min_worker_steps`` measured worker iterations); return the measured stats.
 
     ``cv``: override every step's spread (a number, e.g. 0 for deterministic
     steps, or {step: cv} for some); default: the profile's measured spread.
     ``impl``: the same implementation switches as the closed form.
+    ``slowdown``: the host slowdown the closed form solved for this
+    configuration (``Prediction.slowdown``), when the caller has it.
     """
     import time as _time
     wall0 = _time.perf_counter()
     # The host slowdown depends on the updaters' share of the cores, which
     # the closed form solves for; the simulation runs at that slowdown.
-    slow = model_mod.predict(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=ranks_per_host,
-                             impl=impl).slowdown
+    slow = slowdown if slowdown is not None else model_mod.predict(
+        spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=ranks_per_host, impl=impl).slowdown
     base = model_mod.step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host, impl, slow)
     rng = np.random.default_rng(seed)
 

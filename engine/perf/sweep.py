@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -270,19 +271,24 @@ def sweep_fc_softmax(cfg, skipped=None):
 
 # -- flat-vector work of the ASGD worker and updater ----------------------------
 
+def _vector_cases(cfg, xp):
+    """(N_Param, held out, (source, target), {op: call}) of the flat-buffer
+    sweeps: powers of two and 1.5x in between, the operations the ASGD
+    runner itself runs."""
+    for i, e in enumerate(cfg["vec_exp"]):
+        n = 2 ** e + (0 if i % 2 else 2 ** (e - 1))
+        a, b, c = _rand((n,), 1), _rand((n,), 2), xp.empty(n, np.float32)
+        yield n, i % 4 == 3, (a, c), {"copy": lambda: xp.copyto(c, a), "add": lambda: c.__iadd__(a),
+                                      "scale": lambda: xp.multiply(a, 0.5, out=c),
+                                      "sub": lambda: xp.subtract(a, b, out=c), "fill": lambda: c.fill(0)}
+
+
 def sweep_vectors(cfg, skipped=None):
     """The flat-buffer operations Algorithms 1 and 2 run, over N_Param."""
     from engine import ops
     skipped = skipped if skipped is not None else []
-    xp = _xp()
     recs = []
-    for i, e in enumerate(cfg["vec_exp"]):
-        n = 2 ** e + (0 if i % 2 else 2 ** (e - 1))   # powers of two and 1.5x in between
-        hold = i % 4 == 3
-        a, b, c = _rand((n,), 1), _rand((n,), 2), xp.empty(n, np.float32)
-        fns = {"copy": lambda: xp.copyto(c, a), "add": lambda: c.__iadd__(a),
-               "scale": lambda: xp.multiply(a, 0.5, out=c), "sub": lambda: xp.subtract(a, b, out=c),
-               "fill": lambda: c.fill(0)}
+    for n, hold, (a, c), fns in _vector_cases(cfg, _xp()):
         if hasattr(ops, "axpy"):
             fns["axpy"] = lambda: ops.axpy(0.5, a, c)
         for name, fn in fns.items():
@@ -319,14 +325,9 @@ def sweep_vectors_cold(cfg, skipped=None):
     scratch = np.ones(2 * llc // 4, np.float32)
     clock = CLOCK["fn"]
     recs = []
-    for i, e in enumerate(cfg["vec_exp"]):
-        n = 2 ** e + (0 if i % 2 else 2 ** (e - 1))
-        hold = i % 4 == 3
-        a, b, c = _rand((n,), 1), _rand((n,), 2), np.empty(n, np.float32)
-        fns = {"copy_cold": lambda: np.copyto(c, a), "add_cold": lambda: c.__iadd__(a),
-               "scale_cold": lambda: np.multiply(a, 0.5, out=c), "sub_cold": lambda: np.subtract(a, b, out=c),
-               "fill_cold": lambda: c.fill(0)}
-        for name, fn in fns.items():
+    for n, hold, _, fns in _vector_cases(cfg, np):
+        for op, fn in fns.items():
+            name = op + "_cold"
             fn()
             samples = []
             for _ in range(3 * cfg["repeats"]):
@@ -638,14 +639,21 @@ def probe_host(model, n=None, seconds=1.0, profile=None):
 CONTENTION_WORKLOADS = (("tiny", 8), ("cifar", 4))
 
 
+# The runner's timed steps: a worker's per iteration, the updater's per cycle.
+WORKER_TIMERS = ("LockWeights", "FetchWeights", "LoadImage", "DeformImage", "ComputeGradient",
+                 "ComputeUpdateVal", "LockGradient", "UpdateGradient")
+UPDATER_TIMERS = ("WaitGradient", "SumGradient", "AddMomentum", "Allreduce", "UpdateMomentum", "UpdateWeights")
 # The updater's own work per cycle (its waits and the allreduce aside).
 UPDATER_WORK = ("SumGradient", "AddMomentum", "UpdateMomentum", "UpdateWeights")
 # A worker's steps besides ComputeGradient (the lock waits aside).
 WORKER_SMALL = ("FetchWeights", "LoadImage", "DeformImage", "ComputeUpdateVal", "UpdateGradient")
+# Where ``engine`` is, for the ranks of a runner job (also without an install).
+_ENGINE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _runner_child(args):
-    """One rank of a runner contention run: SPRINT ASGD itself (engine.parallel.run)."""
+    """One rank of a runner job: SPRINT ASGD itself (engine.parallel.run)
+    with the training settings the sweeps and the validation price."""
     from engine.parallel import run
     from engine.train import TrainConfig
     cfg = TrainConfig(model=args["model"], data=args["data"], fmt="npz", epochs=1000, batch=args["n"],
@@ -653,6 +661,33 @@ def _runner_child(args):
                       workers=args["workers"], threads=1, out=args["out"], progress=False, verbose=False,
                       device="cpu", extra={"max_seconds": args["seconds"], "min_grads": 1})
     run(cfg)
+
+
+def runner_job(model, data, n_subbatch, n_node, workers, seconds, out, timeout=300) -> dict:
+    """Run SPRINT ASGD on ``n_node`` ranks of this host (mpiexec) for
+    ``seconds`` on the npz ``data``; returns its asgd_stats.json."""
+    arg = json.dumps({"model": model, "data": str(data), "n": n_subbatch, "workers": workers,
+                      "seconds": seconds, "out": str(out)})
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout),
+               PYTHONPATH=_ENGINE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run(["mpiexec", "-n", str(n_node), sys.executable, "-m", "mpi4py", "-m", "engine.perf.sweep",
+                          "--runner-child", arg], capture_output=True, text=True, timeout=timeout + 30, env=env)
+    if res.returncode:
+        raise RuntimeError(f"{model} {n_node}x{workers}x{n_subbatch}: rc {res.returncode}: {res.stderr[-1500:]}")
+    with open(os.path.join(out, "asgd_stats.json")) as f:
+        return json.load(f)
+
+
+def runner_step_means(timers):
+    """({worker step: seconds per iteration}, {updater step: seconds per
+    cycle}) from the timers of an asgd_stats.json; FetchWeights without the
+    wait for its lock (the runner's span includes it)."""
+    total = lambda t: t["total"] if "total" in t else t["mean"] * t["count"]
+    its = max(timers.get("ComputeGradient", {}).get("count", 1), 1)
+    cycles = max(timers.get("SumGradient", {}).get("count", 1), 1)
+    worker = {k: total(timers[k]) / its if k in timers else 0.0 for k in WORKER_TIMERS}
+    worker["FetchWeights"] -= worker["LockWeights"]
+    return worker, {k: total(timers[k]) / cycles for k in UPDATER_TIMERS if k in timers}
 
 
 def synthetic_npz(model, path, n):
@@ -681,42 +716,22 @@ def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), 
     """
     import tempfile
     seconds = seconds or (3.0 if cfg["repeats"] < 9 else 6.0)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
     recs = []
     with tempfile.TemporaryDirectory() as tmp:
         def one(model, data, n, r, w):
-            out = os.path.join(tmp, f"{model}-{r}-{w}")
-            arg = json.dumps({"model": model, "data": data, "n": n, "workers": w, "seconds": seconds,
-                              "out": out})
-            res = subprocess.run(["mpiexec", "-n", str(r), sys.executable, "-m", "mpi4py", "-m",
-                                  "engine.perf.sweep", "--runner-child", arg],
-                                 capture_output=True, text=True, timeout=timeout + 30, env=env)
-            if res.returncode:
-                raise RuntimeError(f"runner contention child failed (rc {res.returncode}): "
-                                   f"{res.stderr.strip()[-500:]}")
-            with open(os.path.join(out, "asgd_stats.json")) as f:
-                st = json.load(f)
-            tm = st["timers"]
-            t = tm["ComputeGradient"]
-            cycles = max(tm.get("SumGradient", {}).get("count", 1), 1)
-            upd = {k: tm[k]["total"] / cycles for k in UPDATER_WORK if k in tm}
-            its = max(t["count"], 1)
-            wk = {k: tm[k]["total"] / its for k in WORKER_SMALL + ("LockWeights",) if k in tm}
-            if "FetchWeights" in wk:       # the runner's span includes the wait for the lock
-                wk["FetchWeights"] -= wk.pop("LockWeights", 0.0)
-            upd["_worker"] = wk
-            return t["total"] / its, upd
+            st = runner_job(model, data, n, r, w, seconds, os.path.join(tmp, f"{model}-{r}-{w}"), timeout)
+            worker, updater = runner_step_means(st["timers"])
+            return (worker["ComputeGradient"], {k: updater[k] for k in UPDATER_WORK if k in updater},
+                    {k: worker[k] for k in WORKER_SMALL})
         for model, n in workloads:
             data = os.path.join(tmp, f"{model}.npz")
             synthetic_npz(model, data, 200_000 if spec_mod._prod(spec_mod.get_spec(model).input_shape) < 1024
                           else 20_000)
-            solo = None
+            solo = _solo(model, n)
             for r, w in pairs:
-                base, base_upd = one(model, data, n, 1, 1)
-                got, upd = (base, base_upd) if (r, w) == (1, 1) else one(model, data, n, r, w)
-                worker = upd.pop("_worker", {})
-                if solo is None or (r, w) == (1, 1):
-                    solo = _solo(model, n)
+                base = one(model, data, n, 1, 1)
+                got, upd, worker = base if (r, w) == (1, 1) else one(model, data, n, r, w)
+                base = base[0]
                 rel = got / base
                 host = base / solo[0]
                 recs.append({"kind": "contention", "source": "runner", "model": model, "n_subbatch": n,
