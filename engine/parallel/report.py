@@ -19,6 +19,11 @@ def load_stats(run_dir) -> dict:
         p = run_dir / name
         if p.exists():
             return json.loads(p.read_text())
+    # parameter-server strategies (Downpour, Sandblaster): engine.parallel.ps_report
+    from .ps_report import STATS_FILES
+    for name in STATS_FILES.values():
+        if (run_dir / name).exists():
+            return json.loads((run_dir / name).read_text())
     raise FileNotFoundError(f"no {STATS['asgd']} or {STATS['sync']} in {run_dir}")
 
 
@@ -27,6 +32,9 @@ def _ms(s):
 
 
 def summary_table(st: dict) -> str:
+    from . import ps_report
+    if st.get("mode") in ps_report.TABLES:
+        return ps_report.summary_table(st)
     lines = []
     add = lines.append
     mode = st.get("mode", "asgd")

@@ -1,0 +1,383 @@
+"""Downpour SGD (DistBelief, Dean et al. NIPS 2012; seed 003).
+
+``mpiexec -n S+R``: ranks ``0..S-1`` are parameter-server shards
+(:mod:`engine.parallel.ps`), ranks ``S..`` model replicas. A replica fetches
+every shard each ``fetch_every`` steps, runs the engine's forward/backward on
+its own data shard and pushes the sum of its accumulated gradients every
+``push_every`` steps; replicas never wait for one another. Each server
+applies pushes in the order they arrive (momentum SGD or Adagrad on its
+shard), so a push may be computed on weights several server versions old:
+its *staleness*, recorded for every applied push.
+
+Stopping: servers set a stop flag in their fetch replies once the sample
+budget (or time) is spent; a replica that sees it drops what it has not
+pushed yet (counted), says DONE to every shard and leaves. Server 0 owns the
+epoch boundaries: it asks the other shards for a snapshot (weights and
+optimizer state), evaluates, logs and checkpoints through ``on_epoch``;
+the other shards serve until server 0 sends them the final snapshot request.
+
+Worker sources follow :mod:`engine.parallel.asgd`'s protocol; a source's
+``compute`` returns the *mean* gradient of its sub-batch.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import ps
+from ._xp import to_host
+from .asgd import source_step
+from .ps_report import summarize_downpour as summarize_stats
+from .timers import StepTimers, summarize
+
+_now = time.perf_counter
+
+
+@dataclass
+class DownpourConfig:
+    lr: float | Callable[[float], float] = 0.01
+    fetch_every: int = 1
+    push_every: int = 1
+    max_samples: int | None = None     # servers raise the stop flag past this many applied samples
+    max_seconds: float | None = None
+    n_file: int = 0                    # samples per epoch (lr schedule and epoch boundaries)
+    poll: float = ps.POLL
+    slow_factor: float = 1.0           # this replica sleeps (F-1) x its compute time (benchmark aid)
+    trace: bool = False                # servers keep their shard after every apply (tests)
+
+    def __post_init__(self):
+        for k in ("fetch_every", "push_every"):
+            v = getattr(self, k)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{k} must be a positive int, got {v!r} (--{k.replace('_', '-')})")
+        if not self.slow_factor >= 1:
+            raise ValueError(f"slow factor must be >= 1, got {self.slow_factor} (--slow-factor)")
+
+    def lr_at(self, epoch: float) -> float:
+        return float(self.lr(epoch)) if callable(self.lr) else float(self.lr)
+
+
+class DownpourServer:
+    """The serving loop of one shard: fetch replies, pushes, snapshots."""
+
+    def __init__(self, comm, index, bounds, w0, opt, replicas, cfg: DownpourConfig,
+                 start_samples=0, start_version=0, on_epoch=None):
+        from mpi4py import MPI
+        self.MPI, self.comm, self.index, self.cfg = MPI, comm, index, cfg
+        self.bounds = bounds
+        self.lo, self.hi = bounds[index]
+        self.w = np.ascontiguousarray(to_host(w0)[self.lo:self.hi], np.float32).copy()
+        self.opt = opt
+        self.replicas = list(replicas)
+        self.version = int(start_version)
+        self.samples = int(start_samples)
+        self.on_epoch = on_epoch            # server 0: f(server, epoch) -> True to stop
+        self.epoch_done = self.samples // cfg.n_file if cfg.n_file else 0
+        self.stop = False
+        self.staleness, self.queue, self.apply_t = [], [], []
+        self.pushes_from = {r: 0 for r in self.replicas}
+        self.idle = 0.0
+        self.window = [0, 0.0, 0]           # samples, loss sum, correct since the last epoch
+        self.trace = [self.w.copy()] if cfg.trace else []
+        self._out = {r: (ps.packed(self.hi - self.lo), None) for r in self.replicas}
+        self._pool = []
+        self.t0 = _now()
+
+    def _stop_now(self):
+        c = self.cfg
+        return ((c.max_samples is not None and self.samples >= c.max_samples)
+                or (c.max_seconds is not None and _now() - self.t0 >= c.max_seconds))
+
+    def _reply_weights(self, r):
+        buf, req = self._out[r]
+        ps.wait_all([req], self.cfg.poll)
+        h = ps.header(buf)
+        h[:] = 0
+        h[0], h[1], h[2] = self.version, float(self.stop or self._stop_now()), self.samples
+        ps.body(buf)[:] = self.w
+        self._out[r] = (buf, self.comm.Isend([buf, self.MPI.FLOAT], dest=r, tag=ps.WEIGHTS))
+
+    def _apply(self, r, buf):
+        h = ps.header(buf)
+        fetched, n, k = int(h[0]), int(h[1]), int(h[2])
+        t0 = _now()
+        epoch = self.samples / self.cfg.n_file if self.cfg.n_file else 0.0
+        self.opt.apply(self.w, ps.body(buf), self.cfg.lr_at(epoch), k)
+        self.apply_t.append(_now() - t0)
+        self.staleness.append(self.version - fetched)
+        self.version += 1
+        self.samples += n
+        self.pushes_from[r] += 1
+        self.window[0] += n
+        self.window[1] += float(h[3])
+        self.window[2] += int(h[4])
+        if self.cfg.trace:
+            self.trace.append(self.w.copy())
+        if self.on_epoch is not None and self.cfg.n_file:
+            epoch = self.samples // self.cfg.n_file
+            if epoch > self.epoch_done:
+                self.epoch_done = epoch
+                if self.on_epoch(self, epoch):
+                    self.stop = True
+
+    def snapshot(self):
+        """This shard's weights, optimizer state and counters."""
+        return {"w": self.w.copy(), "opt": {k: v.copy() for k, v in self.opt.state().items()},
+                "version": self.version, "samples": self.samples}
+
+    def gather(self, final=False):
+        """Server 0: every shard's snapshot (the others keep serving; with
+        ``final`` they leave their loop after answering)."""
+        snaps = [self.snapshot()]
+        for s in range(1, len(self.bounds)):
+            self.comm.send(bool(final), dest=s, tag=ps.SNAP)
+            snaps.append(ps.recv_poll(self.comm, s, ps.SNAP_REPLY, self.cfg.poll))
+        return snaps
+
+    def take_window(self):
+        s, l, c = self.window
+        self.window = [0, 0.0, 0]
+        return s, (l / s if s else math.nan), (c / s if s else math.nan)
+
+    def run(self):
+        MPI, comm = self.MPI, self.comm
+        st = MPI.Status()
+        active = set(self.replicas)
+        tiny = np.zeros(1, np.float32)
+        serving = True
+        while serving:
+            msgs = []
+            # Drain what has arrived, in arrival order: the count of pushes
+            # taken in one sweep is the server's queue length.
+            while comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st):
+                src, tag = st.Get_source(), st.Get_tag()
+                if tag == ps.PUSH:
+                    buf = self._pool.pop() if self._pool else ps.packed(self.hi - self.lo)
+                    comm.Recv([buf, MPI.FLOAT], source=src, tag=tag)
+                    msgs.append((tag, src, buf))
+                elif tag == ps.SNAP:
+                    msgs.append((tag, src, comm.recv(source=src, tag=tag)))
+                else:
+                    comm.Recv([tiny, MPI.FLOAT], source=src, tag=tag)
+                    msgs.append((tag, src, None))
+            if not msgs:
+                if not active and self.index == 0:
+                    break
+                t0 = _now()
+                time.sleep(self.cfg.poll)
+                self.idle += _now() - t0
+                continue
+            self.queue.append(sum(1 for m in msgs if m[0] == ps.PUSH))
+            for tag, src, obj in msgs:
+                if tag == ps.PUSH:
+                    self._apply(src, obj)
+                    self._pool.append(obj)
+                elif tag == ps.FETCH:
+                    self._reply_weights(src)
+                elif tag == ps.DONE:
+                    active.discard(src)
+                elif tag == ps.SNAP:
+                    comm.send(self.snapshot(), dest=src, tag=ps.SNAP_REPLY)
+                    if obj:
+                        serving = False
+        ps.wait_all([req for _, req in self._out.values()], self.cfg.poll)
+        self.wall = _now() - self.t0
+        return self
+
+    def stats(self) -> dict:
+        return {"server": self.index, "lo": self.lo, "hi": self.hi, "version": self.version,
+                "applied": len(self.staleness),
+                "samples": self.samples, "staleness": self.staleness, "queue": self.queue,
+                "apply": summarize(self.apply_t), "idle_s": self.idle, "wall_s": getattr(self, "wall", 0.0),
+                "pushes_from": {str(k): v for k, v in self.pushes_from.items()}}
+
+
+class DownpourReplica:
+    """One model replica: fetch, compute, accumulate, push; never waits for
+    another replica (only for its own fetch replies and its previous push)."""
+
+    def __init__(self, comm, bounds, src, cfg: DownpourConfig, index=0):
+        from mpi4py import MPI
+        self.MPI, self.comm, self.bounds, self.src, self.cfg = MPI, comm, bounds, src, cfg
+        self.index = index
+        self.n = bounds[-1][1]
+        self.S = len(bounds)
+        self.acc = np.zeros(self.n, np.float32)
+        self.k = self.n_acc = self.correct = 0
+        self.loss = 0.0
+        self.versions = [0] * self.S
+        self.inbox = [ps.packed(hi - lo) for lo, hi in bounds]
+        self.outbox = [ps.packed(hi - lo) for lo, hi in bounds]
+        self.push_reqs = [None] * self.S
+        self.T = StepTimers()
+        self.steps = self.pushes = self.fetches = 0
+        self.discarded_grads = 0
+        self._host = isinstance(src.weights, np.ndarray)
+        self._staging = None if self._host else np.zeros(self.n, np.float32)
+
+    def fetch(self) -> bool:
+        """All shards into the source's weights; True when a server says stop."""
+        MPI, comm, poll = self.MPI, self.comm, self.cfg.poll
+        t0 = _now()
+        tiny = np.zeros(1, np.float32)
+        reqs = []
+        for s in range(self.S):
+            reqs.append(comm.Irecv([self.inbox[s], MPI.FLOAT], source=s, tag=ps.WEIGHTS))
+            reqs.append(comm.Isend([tiny, MPI.FLOAT], dest=s, tag=ps.FETCH))
+        ps.wait_all(reqs, poll)
+        dst = self.src.weights if self._host else self._staging
+        stop = False
+        for s, (lo, hi) in enumerate(self.bounds):
+            h = ps.header(self.inbox[s])
+            self.versions[s] = int(h[0])
+            stop = stop or h[1] > 0
+            dst[lo:hi] = ps.body(self.inbox[s])
+        if not self._host:
+            self.src.weights[...] = _to_device_like(self.src.weights, self._staging)
+        self.fetches += 1
+        self.T.add("Fetch", _now() - t0)
+        return stop
+
+    def push(self):
+        MPI, comm = self.MPI, self.comm
+        t0 = _now()
+        self.T.add("Wait", ps.wait_all(self.push_reqs, self.cfg.poll))
+        t1 = _now()
+        for s, (lo, hi) in enumerate(self.bounds):
+            buf = self.outbox[s]
+            h = ps.header(buf)
+            h[:] = 0
+            h[0], h[1], h[2], h[3], h[4] = self.versions[s], self.n_acc, self.k, self.loss, self.correct
+            ps.body(buf)[:] = self.acc[lo:hi]
+            self.push_reqs[s] = comm.Isend([buf, MPI.FLOAT], dest=s, tag=ps.PUSH)
+        self.acc[:] = 0
+        self.k = self.n_acc = self.correct = 0
+        self.loss = 0.0
+        self.pushes += 1
+        self.T.add("Push", _now() - t1)
+        self.T.add("PushTotal", _now() - t0)
+
+    def run(self):
+        cfg, src, T = self.cfg, self.src, self.T
+        setup = getattr(src, "setup_thread", None)
+        if setup is not None:
+            setup()
+        t_start = _now()
+        while True:
+            if self.steps % cfg.fetch_every == 0 and self.fetch():
+                break
+            t0 = _now()
+            st = source_step(src, T)
+            dt = _now() - t0
+            if cfg.slow_factor > 1:
+                time.sleep((cfg.slow_factor - 1) * dt)
+                T.add("Slow", (cfg.slow_factor - 1) * dt)
+            T.add("Compute", _now() - t0)
+            if not math.isfinite(st.loss):
+                raise FloatingPointError(f"loss became {st.loss} on replica {self.index}: lower --lr")
+            self.acc += to_host(st.grad)
+            self.k += 1
+            self.n_acc += int(st.n)
+            self.loss += float(st.loss) * int(st.n)
+            self.correct += int(st.correct)
+            self.steps += 1
+            if self.steps % cfg.push_every == 0:
+                self.push()
+        self.discarded_grads = self.k
+        ps.wait_all(self.push_reqs, cfg.poll)
+        tiny = np.zeros(1, np.float32)
+        ps.wait_all([self.comm.Isend([tiny, self.MPI.FLOAT], dest=s, tag=ps.DONE) for s in range(self.S)],
+                    cfg.poll)
+        self.wall = _now() - t_start
+        return self
+
+    def stats(self) -> dict:
+        return {"replica": self.index, "steps": self.steps, "pushes": self.pushes, "fetches": self.fetches,
+                "grads_discarded_at_stop": self.discarded_grads, "wall_s": getattr(self, "wall", 0.0),
+                "slow_factor": self.cfg.slow_factor, "timers": self.T.summary()}
+
+
+def _to_device_like(ref, host):
+    from ._xp import array_module
+    return array_module(ref).asarray(host, dtype=ref.dtype)
+
+
+# ---- the engine's run: TrainConfig -> servers and replicas --------------------
+def slow_factor_of(cfg, rank, servers) -> float:
+    """``--slow-rank R --slow-factor F`` (a benchmarking aid): MPI rank R, a
+    replica, sleeps F-1 times its compute time after every step."""
+    extra = cfg.extra or {}
+    r = extra.get("slow_rank")
+    if r is None:
+        return 1.0
+    if not servers <= int(r):
+        raise ValueError(f"--slow-rank {r} is a server rank; replicas are ranks {servers} and up (--slow-rank)")
+    return float(extra.get("slow_factor", 2.0)) if int(r) == rank else 1.0
+
+
+def run(cfg) -> dict:
+    from .comm import abort_on_error, get_comm, install_abort_hooks
+    comm = get_comm()
+    install_abort_hooks(comm)
+    with abort_on_error(comm):
+        return _run(cfg, comm)
+
+
+def _run(cfg, comm):
+    from engine.data import Loader
+    from .runner import NetSource
+    job = ps.PSJob(cfg, "downpour", comm)
+    extra = dict(cfg.extra or {})
+    S, R, rank, mc = job.S, job.R, job.rank, comm.comm
+    kind = extra.get("server_opt", "adagrad")
+    dcfg = DownpourConfig(lr=job.sched, fetch_every=int(extra.get("fetch_every", 1)),
+                          push_every=int(extra.get("push_every", 1)), max_samples=job.max_samples,
+                          max_seconds=extra.get("max_seconds"), n_file=job.n_file,
+                          slow_factor=slow_factor_of(cfg, rank, S))
+    state, w_final = job.state, None
+    if job.is_server:
+        lo, hi = job.bounds[rank]
+        opt = ps.make_server_opt(kind, hi - lo, cfg.momentum, cfg.weight_decay)
+        versions = [0] * S
+        if state is not None:
+            saved = state["opt"]
+            if saved.get("kind") != kind:
+                raise ValueError(f"checkpoint's servers ran {saved.get('kind')!r}, not {kind!r} (--server-opt)")
+            opt.load({k: np.asarray(v)[lo:hi] for k, v in saved.items() if k != "kind"})
+            versions = list(state.get("versions", versions)) + [0] * S
+        srv = DownpourServer(mc, rank, job.bounds, job.w0, opt, range(S, comm.size), dcfg,
+                             start_samples=job.start_samples, start_version=int(versions[rank]))
+        if rank == 0:
+            srv.on_epoch = lambda s, epoch: job.end_epoch(epoch, *_assemble(s.gather(), kind), s.take_window())
+        srv.run()
+        if rank == 0:
+            w_final, opt_state, counters = _assemble(srv.gather(final=True), kind)
+            if job.run_dir is not None:
+                job.save(counters["samples"] // job.n_file, w_final, opt_state, counters)
+        mine = srv.stats()
+    else:
+        net = job.net()
+        net.set_flat(job.w0)
+        loader = Loader(job.train_ds, cfg.batch, shuffle=True, seed=cfg.seed, deform=job.deform, prefetch=0,
+                        rank=rank - S, world=R)
+        src = NetSource(net, loader, epoch=job.start_epoch)
+        mine = DownpourReplica(mc, job.bounds, src, dcfg, index=rank - S).run().stats()
+    allst = comm.allgather_obj(mine)
+    stats = summarize_stats(allst[:S], allst[S:], {
+        "model": job.spec.name, "n_param": job.n_param, "n_subbatch": int(cfg.batch), "n_file": job.n_file,
+        "server_opt": kind, "fetch_every": dcfg.fetch_every, "push_every": dcfg.push_every,
+        "backend": getattr(job.be, "name", "cpu")})
+    return job.finish(stats, w_final)
+
+
+def _assemble(snaps, kind):
+    """Full weights, optimizer state and counters from every shard's snapshot."""
+    w = np.concatenate([s["w"] for s in snaps])
+    opt = {"kind": kind, **{k: np.concatenate([s["opt"][k] for s in snaps]) for k in snaps[0]["opt"]}}
+    counters = {"samples": int(snaps[0]["samples"]), "step": int(snaps[0]["version"]),
+                "versions": [int(s["version"]) for s in snaps]}
+    return w, opt, counters
