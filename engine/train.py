@@ -51,6 +51,8 @@ class TrainConfig:
     flip: bool = False               # DeformImage: random horizontal mirror
     scale_jitter: float = 0.0        # DeformImage: zoom in [1-j, 1+j]
     test_fraction: float = 0.2       # split for sources without a test set
+    resize: bool = False             # scale images of another size than the net's input (else an error)
+    skip_bad: bool = False           # leave out NaN/Inf images and truncated batch files (else an error)
     eval_batch: int = 256
     prefetch: int = 2
     progress: bool = True            # tqdm bar on stderr
@@ -131,7 +133,7 @@ def prepare_data(cfg: TrainConfig, spec):
     fills the normalisation from the training set."""
     from .data import load_dataset, DeformConfig
     train_ds, test_ds = load_dataset(cfg.data, cfg.fmt, size=spec.x0, channels=spec.m0,
-                                     test_fraction=cfg.test_fraction)
+                                     test_fraction=cfg.test_fraction, resize=cfg.resize, skip_bad=cfg.skip_bad)
     for ds in (train_ds, test_ds):
         if ds.shape[0] != spec.m0:
             raise ValueError(f"model {spec.name} takes {spec.m0} channel(s) but {ds.name} has {ds.shape[0]}")

@@ -18,6 +18,11 @@ def register(sub):
                                                 "CIFAR-10 bin dir, .npz (default digits)")
     p.add_argument("--format", dest="fmt", default=None, choices=["digits", "tree", "mnist", "cifar", "npz"],
                    help="data format (guessed when omitted)")
+    p.add_argument("--resize", action="store_true", default=None,
+                   help="scale images of another size than the network's input (else that is an error)")
+    p.add_argument("--skip-bad", action="store_true", default=None,
+                   help="leave out images holding NaN/Inf and truncated CIFAR batch files, with a warning "
+                        "(else they are an error)")
     p.add_argument("--epochs", type=int, default=None, help=f"default {d.epochs}")
     p.add_argument("--batch", type=int, default=None, help=f"minibatch size (default {d.batch})")
     p.add_argument("--lr", type=float, default=None, help=f"learning rate eta (default {d.lr})")
@@ -52,6 +57,9 @@ def register(sub):
     p.add_argument("--format", dest="fmt", default=None, choices=["digits", "tree", "mnist", "cifar", "npz"])
     p.add_argument("--split", choices=["test", "train"], default="test")
     p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--resize", action="store_true",
+                   help="scale images of another size than the network's input (else that is an error)")
+    p.add_argument("--skip-bad", action="store_true", help="leave out images holding NaN/Inf, with a warning")
     p.add_argument("--device", dest="sub_device", choices=["auto", "cpu", "gpu"], default=None)
     p.set_defaults(func=cmd_eval)
 
@@ -67,7 +75,8 @@ def register(sub):
 
 
 _TRAIN_KEYS = ("model", "data", "fmt", "epochs", "batch", "lr", "momentum", "weight_decay", "schedule",
-               "warmup", "seed", "parallel", "workers", "threads", "crop_pad", "flip", "scale_jitter")
+               "warmup", "seed", "parallel", "workers", "threads", "crop_pad", "flip", "scale_jitter", "resize",
+               "skip_bad")
 
 
 def _device(args):
@@ -118,7 +127,8 @@ def cmd_eval(args) -> int:
         backend.set_backend(args.sub_device)
     net, state = load_checkpoint(args.checkpoint)
     spec = net.spec
-    train_ds, test_ds = load_dataset(args.data, args.fmt, size=spec.x0, channels=spec.m0)
+    train_ds, test_ds = load_dataset(args.data, args.fmt, size=spec.x0, channels=spec.m0, resize=args.resize,
+                                     skip_bad=args.skip_bad)
     ds = test_ds if args.split == "test" else train_ds
     if ds.n_classes != spec.n_classes or ds.shape[0] != spec.m0:
         raise ValueError(f"checkpoint model {spec.name} ({spec.m0} channels, {spec.n_classes} classes) does not "

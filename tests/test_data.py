@@ -46,20 +46,20 @@ def _idx(path, arr, code):
 def test_image_tree_resizes_labels_and_counts_the_corrupt_jpeg(tmp_path):
     root = _tree(tmp_path / "imgs")
     assert detect_format(root) == "tree"
-    tr, te = load_dataset(root, size=8)
+    tr, te = load_dataset(root, size=8, resize=True)
     assert tr.x.shape == (6, 3, 8, 8) and tr.x.dtype == np.uint8 and te.x.shape == (6, 3, 8, 8)
     assert tr.skipped == 1 and tr.skipped_files[0].endswith("broken.jpg") and te.skipped == 0
     assert tr.classes == ["cat", "dog"] and tr.n_classes == 2
     red = tr.x[:, 0].mean(axis=(1, 2)) > tr.x[:, 2].mean(axis=(1, 2))
     assert np.array_equal(red, tr.y == 0)
-    g, _ = load_dataset(root, fmt="tree", size=5, channels=1)
+    g, _ = load_dataset(root, fmt="tree", size=5, channels=1, resize=True)
     assert g.x.shape == (6, 1, 5, 5)
 
 
 def test_lazy_image_tree_decodes_per_batch_and_counts_once(tmp_path):
     root = _tree(tmp_path / "imgs")
-    eager, _ = load_dataset(root, size=8)
-    tr, te = load_dataset(root, size=8, lazy=True)
+    eager, _ = load_dataset(root, size=8, resize=True)
+    tr, te = load_dataset(root, size=8, lazy=True, resize=True)
     assert len(tr) == 7 and tr.skipped == 0 and tr.shape == (3, 8, 8)   # nothing decoded yet
     ld = Loader(tr, 3, shuffle=False, prefetch=0)
     for epoch in range(2):
@@ -70,14 +70,14 @@ def test_lazy_image_tree_decodes_per_batch_and_counts_once(tmp_path):
     np.testing.assert_allclose(got, eager.x / 255.0, atol=1e-6)   # same pixels as the eager reader
     mean, std = tr.channel_stats()
     np.testing.assert_allclose(mean, eager.channel_stats()[0], rtol=1e-5)
-    sub = load_dataset(tmp_path / "imgs" / "train", size=8, lazy=True, test_fraction=0.3)
+    sub = load_dataset(tmp_path / "imgs" / "train", size=8, lazy=True, test_fraction=0.3, resize=True)
     assert [type(d).__name__ for d in sub] == ["FileDataset"] * 2 and len(sub[0]) + len(sub[1]) == 7
 
 
 def test_image_tree_without_split_dirs_is_split_deterministically(tmp_path):
     root = _tree(tmp_path / "flat", parts=("",), per_class=5, corrupt=False)
-    a_tr, a_te = load_dataset(root, size=6, test_fraction=0.3)
-    b_tr, b_te = load_dataset(root, size=6, test_fraction=0.3)
+    a_tr, a_te = load_dataset(root, size=6, test_fraction=0.3, resize=True)
+    b_tr, b_te = load_dataset(root, size=6, test_fraction=0.3, resize=True)
     assert len(a_tr) + len(a_te) == 10 and len(a_te) == 3
     assert np.array_equal(a_te.x, b_te.x) and np.array_equal(a_tr.y, b_tr.y)
 
@@ -87,12 +87,12 @@ def test_image_tree_errors(tmp_path):
     (root / "val" / "bird").mkdir()
     _image(root / "val" / "bird" / "0.png", (0, 200, 0), (8, 8), "PNG")
     with pytest.raises(ValueError, match=r"bird.*not among"):
-        load_dataset(root, size=8)
+        load_dataset(root, size=8, resize=True)
     empty = tmp_path / "empty"
     (empty / "a").mkdir(parents=True)
     (empty / "a" / "x.jpg").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="empty.*1 unreadable"):
-        load_dataset(empty, fmt="tree", size=4)
+        load_dataset(empty, fmt="tree", size=4, resize=True)
     with pytest.raises(ValueError, match="no class folders"):
         (tmp_path / "none").mkdir()
         readers.load_tree(tmp_path / "none")
@@ -152,7 +152,10 @@ def test_cifar_binary_batches_and_a_corrupt_one(tmp_path):
     rt = _cifar_file(tmp_path / "test_batch.bin", [1, 2], rng)
     (tmp_path / "data_batch_3.bin").write_bytes(bytes(100))   # truncated batch
     assert detect_format(tmp_path) == "cifar"
-    tr, te = load_dataset(tmp_path)
+    with pytest.raises(ValueError, match=r"data_batch_3.bin: 100 bytes is not a whole number.*--skip-bad"):
+        load_dataset(tmp_path)
+    tr, te = load_dataset(tmp_path, skip_bad=True)
+    assert tr.skipped_files == [str(tmp_path / "data_batch_3.bin")]
     assert tr.skipped == 1 and te.skipped == 0 and len(tr) == 5 and tr.n_classes == 10
     assert np.array_equal(tr.y, [0, 9, 3, 5, 5]) and np.array_equal(te.y, [1, 2])
     # record layout: 1024 red, then green, then blue, row-major
@@ -160,8 +163,8 @@ def test_cifar_binary_batches_and_a_corrupt_one(tmp_path):
     assert np.array_equal(te.x.reshape(2, -1), rt[:, 1:])
     (tmp_path / "test_batch.bin").unlink()
     _cifar_file(tmp_path / "test_batch.bin", [11], rng)
-    with pytest.raises(ValueError, match="label 11 outside the 10 classes"):
-        load_dataset(tmp_path, fmt="cifar")
+    with pytest.raises(ValueError, match="test_batch.bin: label 11 outside the 10 classes"):
+        load_dataset(tmp_path, fmt="cifar", skip_bad=True)
 
 
 # ---- npz -----------------------------------------------------------------------

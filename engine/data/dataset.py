@@ -1,9 +1,32 @@
-"""An in-memory labelled image set: x (N, C, H, W) uint8 or float32, y int64."""
+"""An in-memory labelled image set: x (N, C, H, W) uint8 or float32, y int64;
+and its lazy twin for image trees too large for memory."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
+
+NAMED_SKIPS = 5   # unreadable files named in a warning unless verbose
+
+
+def warn(msg):
+    """One ``sprint: warning:`` line on stderr (the CLI's error lines' twin)."""
+    print(f"sprint: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def skipped_note(files, verbose=False, total=None) -> str:
+    """'N unreadable files skipped: a, b, c (and K more; -v names them all)'."""
+    total = len(files) if total is None else total
+    shown = list(files) if verbose else list(files)[:NAMED_SKIPS]
+    more = total - len(shown)
+    return (f"{total} unreadable file{'s' if total != 1 else ''} skipped: {', '.join(shown)}"
+            + (f" (and {more} more; -v names them all)" if more > 0 else ""))
+
+
+def warn_skipped(ds, verbose=False):
+    if ds.skipped:
+        warn(f"{ds.name}: {skipped_note(ds.skipped_files, verbose, ds.skipped)}")
 
 
 @dataclass
@@ -14,7 +37,8 @@ class Dataset:
     name: str = ""
     skipped: int = 0                       # unreadable/corrupt files left out
     classes: list = field(default_factory=list)
-    skipped_files: list = field(default_factory=list)
+    skipped_files: list = field(default_factory=list)   # their names
+    bad_samples: int = 0                   # images with NaN/Inf left out (skip_bad)
 
     def __post_init__(self):
         x = np.asarray(self.x)
@@ -37,6 +61,9 @@ class Dataset:
 
     def __len__(self):
         return len(self.x)
+
+    def __repr__(self):
+        return _repr(self, f"{self.x.dtype}")
 
     @property
     def shape(self):
@@ -65,8 +92,11 @@ class FileDataset:
     (and resized) when a batch is taken.  A file that fails to decode is left
     out of its batch and counted once in ``skipped``."""
 
-    def __init__(self, files, y, n_classes, size, channels=3, name="", classes=()):
+    def __init__(self, files, y, n_classes, size, channels=3, name="", classes=(), resize=True,
+                 verbose=False):
         self.files = [str(f) for f in files]
+        self.resize = bool(resize)     # else an image of another size than ``size`` is an error
+        self.verbose = verbose         # name every unreadable file, not only the first few
         self.y = np.ascontiguousarray(y, dtype=np.int64)
         self.n_classes = int(n_classes)
         self.name = name
@@ -85,6 +115,9 @@ class FileDataset:
     def __len__(self):
         return len(self.files)
 
+    def __repr__(self):
+        return _repr(self, "files")
+
     @property
     def shape(self):
         return (1 if self.mode == "L" else 3, self.size, self.size)
@@ -98,13 +131,20 @@ class FileDataset:
         return sorted(self._bad.values())
 
     def take(self, idx):
-        from .readers import decode_many
+        from .tree import SizeMismatch, decode_many
         idx = np.asarray(idx)
-        imgs = decode_many([self.files[i] for i in idx], self.size, self.mode)
+        imgs = decode_many([self.files[i] for i in idx], self.size, self.mode, self.resize)
         ok = [j for j, im in enumerate(imgs) if im is not None]
         for j, im in enumerate(imgs):
-            if im is None:
+            if isinstance(im, SizeMismatch):
+                raise ValueError(f"{self.files[idx[j]]}: image is {im.size[0]}x{im.size[1]} but the network "
+                                 f"takes {self.size}x{self.size}; pass --resize (resize=True) to scale the images")
+            if im is None and int(idx[j]) not in self._bad:
                 self._bad[int(idx[j])] = self.files[idx[j]]
+                if self.verbose or len(self._bad) <= NAMED_SKIPS:
+                    warn(f"{self.name}: cannot read {self.files[idx[j]]}; skipped")
+                elif len(self._bad) == NAMED_SKIPS + 1:
+                    warn(f"{self.name}: more unreadable files; they are counted, -v names them")
         x = np.zeros((len(ok),) + self.shape, np.uint8)
         for k, j in enumerate(ok):
             x[k] = imgs[j].transpose(2, 0, 1) if imgs[j].ndim == 3 else imgs[j][None]
@@ -112,7 +152,7 @@ class FileDataset:
 
     def subset(self, idx, name=None) -> "FileDataset":
         return FileDataset([self.files[i] for i in idx], self.y[idx], self.n_classes, self.size,
-                           self.shape[0], name or self.name, self.classes)
+                           self.shape[0], name or self.name, self.classes, self.resize, self.verbose)
 
     def channel_stats(self, sample=512):
         """Mean/std estimated on a fixed sample of the images."""
@@ -121,3 +161,8 @@ class FileDataset:
         if len(x) == 0:
             raise ValueError(f"{self.name}: none of {len(idx)} sampled images could be read")
         return Dataset(x, np.zeros(len(x)), 1).channel_stats()
+
+
+def _repr(ds, kind):
+    return (f"{type(ds).__name__}({ds.name or 'unnamed'!r}, n={len(ds)}, shape={ds.shape}, {kind}, "
+            f"{ds.n_classes} classes" + (f", {ds.skipped} skipped" if ds.skipped else "") + ")")

@@ -98,11 +98,18 @@ class NetSource:
 
 
 def _data_fingerprint(ds) -> str:
+    """Hash of every sample (x and y), so ranks whose data differ in one image
+    refuse to start; the buffers are hashed in place (no copy: about 0.13 s
+    for MNIST's 47 MB).  A lazy image tree is fingerprinted by its file list
+    and labels (its pixels are not in memory)."""
     h = _comm.hashlib.sha256()
-    h.update(repr((tuple(ds.x.shape), str(ds.x.dtype), int(ds.n_classes))).encode())
-    h.update(np.ascontiguousarray(ds.y).tobytes())
-    step = max(1, len(ds) // 64)
-    h.update(np.ascontiguousarray(ds.x[::step]).tobytes())
+    h.update(repr((type(ds).__name__, tuple(ds.shape), len(ds), int(ds.n_classes))).encode())
+    h.update(memoryview(np.ascontiguousarray(ds.y)).cast("B"))
+    if hasattr(ds, "x"):
+        h.update(str(ds.x.dtype).encode())
+        h.update(memoryview(np.ascontiguousarray(ds.x)).cast("B"))
+    else:
+        h.update("\0".join(ds.files).encode())
     return h.hexdigest()[:16]
 
 
