@@ -23,3 +23,48 @@ def test_gpipe_gradients_and_weights_equal_one_process(n, replicas):
 def test_version_trace_matches_the_schedule(schedule, predict, n):
     rc, out, _ = run_mpi(n, "pipeline_equiv.py", "--schedule", schedule, "--predict", predict)
     assert rc == 0 and "PIPE TRACE OK" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("fault", ["raise", "freeze", "kill"])
+def test_a_failed_or_frozen_stage_ends_the_job_naming_it(fault):
+    import re
+    rc, out, dt = run_mpi(3, "pipeline_equiv.py", "--schedule", "1f1b", "--fault", fault, "--timeout", 3)
+    assert rc != 0 and dt < 40, out[-3000:]
+    assert "UNEXPECTED" not in out
+    if fault == "raise":
+        assert "rank 1 of 3 failed: RuntimeError: injected failure in stage 1" in out, out[-3000:]
+    elif fault == "freeze":
+        # its neighbours time out waiting for it and say whom they waited for
+        assert re.search(r"rank [02] of 3 failed: StageTimeout: waited 3 s for the \w+ of micro-batch \d+ "
+                         r"from rank 1", out), out[-3000:]
+    else:
+        pid = re.search(r"PID (\d+) RUNNING", out)
+        assert pid and re.search(rf"rank [0-2] pid {pid.group(1)}\b", out), out[-3000:]
+
+
+def _train(n, job, timeout=90):
+    import json
+    rc, out, _ = run_mpi(n, "pipeline_train.py", json.dumps(job), timeout=timeout)
+    assert rc == 0 and "PIPE RUN " in out, out[-3000:]
+    return json.loads(out.split("PIPE RUN ", 1)[1].splitlines()[0])
+
+
+def test_gpipe_on_digits_is_sgd_and_resumes_exactly(tmp_path):
+    run = tmp_path / "run"
+    cfg = {"epochs": 2, "out": str(run), "extra": {"schedule": "gpipe", "microbatches": 3}}
+    first = _train(2, {"cfg": dict(cfg, stop_after=1)})
+    assert first["epochs"] == 1 and (run / "checkpoint.npz").exists()
+    res = _train(2, {"cfg": dict(cfg, resume=str(run)), "ref": True})
+    assert res["epochs"] == 2
+    assert res["ref_max_diff"] < 1e-5, res
+    assert res["test_acc"] == res["ref_test_acc"], res
+
+
+def test_spectrain_predicts_the_weights_better_than_the_stale_version_on_digits():
+    res = _train(3, {"cfg": {"epochs": 1, "lr": 0.02, "extra": {"schedule": "1f1b", "microbatches": 4,
+                                                                  "predict": "spectrain"}}})
+    stages = res["per_stage"]
+    for s in stages[:-1]:      # the last stage has s = 0: nothing to predict
+        assert s["err_hat_mean"] < s["err_stale_mean"], stages
+        assert s["err_ratio"] < 0.9, stages
+    assert stages[-1]["err_stale_mean"] == 0.0 and stages[-1]["err_hat_mean"] == 0.0

@@ -36,6 +36,7 @@ _now = time.perf_counter
 PREDICT = ("none", "stash", "spectrain")
 _ACT, _GRAD, _LABEL = 0, 1, 2
 LOOKAHEAD = 6            # instructions whose receives are posted ahead
+TRACE_KEEP = 4096        # micro-batch records a stage keeps (the latest)
 POLL = 2e-4              # seconds between tests of a pending receive (CPU ranks share cores)
 
 
@@ -69,12 +70,19 @@ def _host(a):
     return np.ascontiguousarray(backend.to_host(a))
 
 
-class P2P:
-    """Non-blocking sends and receives between neighbouring stages."""
+class StageTimeout(RuntimeError):
+    """A neighbouring stage sent nothing for too long (frozen or dead)."""
 
-    def __init__(self, mpi_comm, poll=POLL):
+
+class P2P:
+    """Non-blocking sends and receives between neighbouring stages. A wait
+    longer than ``timeout`` seconds raises StageTimeout naming the rank and
+    the message waited for: a frozen stage ends the job instead of hanging it."""
+
+    def __init__(self, mpi_comm, poll=POLL, timeout=300.0):
         self.c = mpi_comm
         self.poll = poll
+        self.timeout = float(timeout)
         self.sends = []
 
     @staticmethod
@@ -91,16 +99,18 @@ class P2P:
         buf = np.empty(shape, dtype)
         return self.c.Irecv(buf, source=src, tag=self.tag(kind, mb)), buf
 
-    def wait(self, req):
-        if self.poll > 0:
-            while not req.Test():
+    def wait(self, req, what="a message", rank=None):
+        deadline = _now() + self.timeout
+        while not req.Test():
+            if _now() > deadline:
+                raise StageTimeout(f"waited {self.timeout:g} s for {what} from rank {rank}: "
+                                   f"that stage is frozen or dead (--timeout)")
+            if self.poll > 0:
                 time.sleep(self.poll)
-        else:
-            req.Wait()
 
     def flush(self):
         for r, _ in self.sends:
-            self.wait(r)
+            self.wait(r, "a send to complete", "a neighbour")
         self.sends = []
 
 
@@ -114,7 +124,7 @@ class StageExecutor:
     """
 
     def __init__(self, stage, k, K, schedule, m, predict, opt, acc, mpi_comm=None, ranks=(None, None, 0, 0),
-                 replicas=None, trace=True):
+                 replicas=None, trace=True, timeout=300.0):
         if schedule not in _sched.SCHEDULES:
             raise ValueError(f"--schedule must be one of {', '.join(_sched.SCHEDULES)}, got {schedule!r}")
         if predict not in PREDICT:
@@ -125,7 +135,7 @@ class StageExecutor:
         self.schedule, self.m, self.predict = schedule, m, predict
         self.opt, self.acc = opt, acc
         self.prev, self.next, self.first_rank, self.last_rank = ranks
-        self.p2p = P2P(mpi_comm) if mpi_comm is not None and K > 1 else None
+        self.p2p = P2P(mpi_comm, timeout=timeout) if mpi_comm is not None and K > 1 else None
         self.replicas = replicas           # Comm among this stage's replicas (or None)
         self.trace_on = trace
         self.version = 0                   # updates applied by this stage
@@ -202,7 +212,8 @@ class StageExecutor:
         def take(kind, i):
             req, buf = pend.pop((kind, i))
             t0 = _now()
-            self.p2p.wait(req)
+            src = {_ACT: self.prev, _GRAD: self.next, _LABEL: self.first_rank}[kind]
+            self.p2p.wait(req, f"the {('activation', 'gradient', 'labels')[kind]} of micro-batch {i}", src)
             T.add("wait", _now() - t0)
             return buf
 
@@ -335,6 +346,8 @@ class StageExecutor:
                     r["err_hat"] = float(np.linalg.norm(_host(hat - W)))
             if self.trace_on:
                 self.trace.append(r)
+                if len(self.trace) > 2 * TRACE_KEEP:
+                    del self.trace[:TRACE_KEEP]
         self.opt.step(epoch_at(u) if epoch_at is not None else None)
         self.acc[...] = 0
         self.version += 1

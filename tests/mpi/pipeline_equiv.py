@@ -28,6 +28,9 @@ ap.add_argument("--batch", type=int, default=10)
 ap.add_argument("--steps", type=int, default=5)
 ap.add_argument("--replicas", type=int, default=1)
 ap.add_argument("--model", default="digits")
+ap.add_argument("--fault", choices=["raise", "freeze", "kill"], default=None,
+                help="stage 1 fails this way after its 3rd update")
+ap.add_argument("--timeout", type=float, default=60.0)
 args = ap.parse_args()
 
 comm = get_comm()
@@ -36,6 +39,10 @@ with abort_on_error(comm):
     K = comm.size // D
     assert K * D == comm.size, (K, D, comm.size)
     k, d = comm.rank % K, comm.rank // K
+    if args.fault == "kill":
+        ranks = comm.rank_map()     # the launcher names a dead process by pid
+        if comm.rank == 0:
+            print(f"sprint: {ranks}", flush=True)
     net = Net(args.model, seed=3)
     n_layers = len(net.layers)
     lo, hi = even_partition(n_layers, K)[k]
@@ -50,8 +57,20 @@ with abort_on_error(comm):
     base = d * K
     ex = StageExecutor(stage, k, K, args.schedule, args.micro, args.predict, opt, acc, mpi_comm=mpi,
                        ranks=(base + k - 1 if k else None, base + k + 1 if k < K - 1 else None, base, base + K - 1),
-                       replicas=rep)
+                       replicas=rep, timeout=args.timeout)
     ex.keep_grads = True
+
+    def fault(ex):
+        if args.fault is None or k != 1 or ex.version != 3:
+            return
+        if args.fault == "raise":
+            raise RuntimeError("injected failure in stage 1")
+        if args.fault == "kill":
+            import os
+            import signal
+            os.kill(os.getpid(), signal.SIGKILL)
+        import time
+        time.sleep(3600)
     # ragged on purpose: the last mini-batch is short
     n_all = args.batch * args.steps - 3
     rng = np.random.default_rng(7)
@@ -66,7 +85,8 @@ with abort_on_error(comm):
     sizes, minis = micro_sizes(n_all, args.batch, args.micro)
     n_upd = len(minis) if args.schedule == "gpipe" else len(sizes)
     ex.run_stream(sizes, minis, micro_iter(X[d], Y[d]) if k == 0 else None,
-                  epoch_at=lambda u: u / n_upd)
+                  epoch_at=lambda u: u / n_upd, on_update=fault)
+    assert args.fault is None, "UNEXPECTED: the fault did not stop the job"
     assert ex.version == n_upd, (ex.version, n_upd)
 
     if args.schedule == "gpipe":
