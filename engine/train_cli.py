@@ -71,6 +71,8 @@ def register(sub):
     p = sub.add_parser("info", help="layer table of a model: shapes, parameters, FLOPs")
     p.add_argument("model", help="preset name or spec file")
     p.add_argument("--batch", type=int, default=1, help="batch size for the FLOP columns")
+    from .perf.pipeline import add_info_options
+    add_info_options(p)           # --stages K: the pipeline partition, per-stage time, memory, bubble
     p.set_defaults(func=cmd_info)
 
 
@@ -155,4 +157,7 @@ def cmd_info(args) -> int:
     spec = get_spec(args.model)
     print(summary_table(spec, args.batch))
     print(f"N_Param = {n_params(spec):,} (SPEC formula: {n_params_formula(spec):,})")
+    if getattr(args, "stages", None):
+        from .perf.pipeline import info_table
+        print(info_table(spec, args))
     return 0
