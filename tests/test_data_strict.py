@@ -16,7 +16,7 @@ from PIL import Image
 
 from engine.data import Dataset, FileDataset, load_dataset, read_idx
 from engine.data import binary, tree
-from engine.parallel.runner import _data_fingerprint
+from engine.parallel.runner import _check_ranks_agree, _data_fingerprint
 
 sys.path.insert(0, str(Path(__file__).parent))
 from mnist_like import NAMES, write_idx  # noqa: E402
@@ -91,9 +91,11 @@ def test_cli_size_mismatch_is_one_line_and_resize_trains(tmp_path):
     assert len(err) == 1 and "error:" in err[0] and "28x28 but the network takes 8x8" in err[0], p.stderr
     p = subprocess.run(cmd + ["--resize"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert p.returncode == 0 and "epoch   1" in p.stdout, p.stderr
-    p = subprocess.run([sys.executable, "-m", "engine.cli", "eval", str(tmp_path / "run"), "--data", str(d)],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    ev = [sys.executable, "-m", "engine.cli", "eval", str(tmp_path / "run"), "--data", str(d)]
+    p = subprocess.run(ev, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert p.returncode == 2 and "--resize" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run(ev + ["--resize"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert p.returncode == 0 and "(16 images)" in p.stdout, p.stderr
 
 
 # ---- NaN / Inf -------------------------------------------------------------------
@@ -271,3 +273,34 @@ def test_mnist_preset_learns_28x28_idx_digits(tmp_path):
     res = engine.train(model="mnist", data=str(d), epochs=2, batch=16, progress=False, verbose=False,
                        device="cpu", warmup=0.5)
     assert res["n_params"] == 206_922 and res["test_acc"] >= 0.9
+
+
+def test_disagreeing_rank_data_is_named():
+    from engine.parallel.comm import ConfigMismatch, LocalComm
+    from engine.spec import get_spec
+    from engine.train import TrainConfig
+    rng = np.random.default_rng(1)
+    train = Dataset(rng.integers(0, 256, (320, 1, 8, 8)).astype(np.uint8), np.arange(320) % 10, 10, "d/train")
+    test = Dataset(train.x[:40], train.y[:40], 10, "d/test")
+    x = train.x.copy()
+    x[201, 0, 0, 0] ^= 255                        # rank 1 holds one other image
+
+    class Rank1Differs(LocalComm):
+        def allgather_obj(self, obj):
+            if isinstance(obj, dict) and "train" in obj:
+                from engine.parallel.runner import _data_summary
+                return [obj, {**obj, "train": _data_summary(Dataset(x, train.y, 10, "d/train"))}]
+            return [obj, obj]
+
+    _check_ranks_agree(LocalComm(), TrainConfig(), get_spec("digits"), train, test)
+    with pytest.raises(ConfigMismatch, match=r"ranks disagree on data.*rank 1: .*'train': 'd/train: 320 images 1x8x8"):
+        _check_ranks_agree(Rank1Differs(), TrainConfig(), get_spec("digits"), train, test)
+
+
+def test_deform_config_is_strict():
+    from engine.data import DeformConfig
+    for bad in (dict(crop_pad=1.5), dict(crop_pad=True), dict(scale=(1.0, float("inf"))),
+                dict(mean=(float("nan"),)), dict(std=(float("inf"),)), dict(out_hw=(8.5, 8)), dict(out_hw=(8,))):
+        with pytest.raises(ValueError):
+            DeformConfig(**bad)
+    assert DeformConfig(crop_pad=np.int64(2), out_hw=[8, 8]).out_hw == (8, 8)

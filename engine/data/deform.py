@@ -4,7 +4,9 @@ the host as a small (N, 4) parameter array and applied on the device by
 ``ops.deform``."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace, asdict
+from numbers import Integral
 
 import numpy as np
 
@@ -19,17 +21,25 @@ class DeformConfig:
     out_hw: tuple | None = None  # output side; None: the input side (else resized)
 
     def __post_init__(self):
-        if self.crop_pad < 0:
-            raise ValueError(f"crop_pad must be >= 0, got {self.crop_pad}")
+        if isinstance(self.crop_pad, bool) or not isinstance(self.crop_pad, Integral) or self.crop_pad < 0:
+            raise ValueError(f"crop_pad must be an integer >= 0, got {self.crop_pad!r}")
+        object.__setattr__(self, "crop_pad", int(self.crop_pad))
         lo, hi = (float(v) for v in self.scale)
-        if not 0 < lo <= hi:
-            raise ValueError(f"scale must be a range 0 < lo <= hi, got {self.scale}")
+        if not 0 < lo <= hi < math.inf:
+            raise ValueError(f"scale must be a finite range 0 < lo <= hi, got {self.scale}")
         object.__setattr__(self, "scale", (lo, hi))
-        for k in ("mean", "std", "out_hw"):
+        for k in ("mean", "std"):
             v = getattr(self, k)
             if v is not None:
-                object.__setattr__(self, k, tuple(float(a) for a in v) if k != "out_hw"
-                                   else tuple(int(a) for a in v))
+                v = tuple(float(a) for a in v)
+                if not all(map(math.isfinite, v)):
+                    raise ValueError(f"{k} must be finite, got {v}")
+                object.__setattr__(self, k, v)
+        if self.out_hw is not None:
+            hw = tuple(self.out_hw)
+            if len(hw) != 2 or any(isinstance(a, bool) or not isinstance(a, Integral) or a < 1 for a in hw):
+                raise ValueError(f"out_hw must be two positive integers, got {self.out_hw!r}")
+            object.__setattr__(self, "out_hw", tuple(int(a) for a in hw))
         if self.std is not None and any(s <= 0 for s in self.std):
             raise ValueError(f"std must be > 0, got {self.std}")
 

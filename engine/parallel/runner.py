@@ -113,11 +113,16 @@ def _data_fingerprint(ds) -> str:
     return h.hexdigest()[:16]
 
 
+def _data_summary(ds) -> str:
+    """'name: N images CxHxW, sha256 H': says which set differs and how."""
+    return f"{ds.name}: {len(ds)} images {'x'.join(map(str, ds.shape))}, sha256 {_data_fingerprint(ds)}"
+
+
 def _check_ranks_agree(comm, cfg, spec, train_ds, test_ds):
     opts = {k: v for k, v in cfg.to_dict().items() if k not in _LOCAL_FIELDS}
     comm.check_agreement("options", _comm.config_hash(opts))
     comm.check_agreement("network", spec.hash())
-    comm.check_agreement("data", (_data_fingerprint(train_ds), _data_fingerprint(test_ds)))
+    comm.check_agreement("data", {"train": _data_summary(train_ds), "test": _data_summary(test_ds)})
 
 
 def _evaluate_sharded(comm, net, test_ds, cfg, deform):
