@@ -49,6 +49,7 @@ def register(sub):
     p.add_argument("--scale-jitter", type=float, default=None, help="random zoom in [1-j, 1+j]")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    p.add_argument("-v", "--verbose", action="store_true", help="name every unreadable file (default: the first 5)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="evaluate a checkpoint on a data set")
@@ -60,6 +61,7 @@ def register(sub):
     p.add_argument("--resize", action="store_true",
                    help="scale images of another size than the network's input (else that is an error)")
     p.add_argument("--skip-bad", action="store_true", help="leave out images holding NaN/Inf, with a warning")
+    p.add_argument("-v", "--verbose", action="store_true", help="name every unreadable file (default: the first 5)")
     p.add_argument("--device", dest="sub_device", choices=["auto", "cpu", "gpu"], default=None)
     p.set_defaults(func=cmd_eval)
 
@@ -93,7 +95,9 @@ ASGD_DEFAULTS = dict(lr=0.02, momentum=0.0, epochs=12)
 
 
 def cmd_train(args) -> int:
+    from .data.dataset import name_all_skipped
     from .train import TrainConfig, resume_config, train
+    name_all_skipped(args.verbose)
     given = {k: getattr(args, k) for k in _TRAIN_KEYS if getattr(args, k) is not None}
     if given.get("parallel") == "asgd" and not args.resume:
         given = {**ASGD_DEFAULTS, **given}
@@ -124,7 +128,9 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from engine import backend
     from .data import DeformConfig, load_dataset
+    from .data.dataset import name_all_skipped
     from .train import evaluate, load_checkpoint
+    name_all_skipped(args.verbose)
     if args.sub_device:
         backend.set_backend(args.sub_device)
     net, state = load_checkpoint(args.checkpoint)

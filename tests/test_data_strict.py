@@ -229,6 +229,17 @@ def test_unreadable_files_are_named(tmp_path, capsys):
     assert err.count("cannot read") == min(lazy.skipped, 5)
 
 
+def test_cli_v_names_every_unreadable_file(tmp_path):
+    root = _png_tree(tmp_path / "t", [8] * 6, bad=7)
+    (tmp_path / "net.json").write_text('{"x0": 8, "m0": 3, "convs": [[2, 2]], "fcs": [2]}')
+    p = subprocess.run([sys.executable, "-m", "engine.cli", "train", "--model", str(tmp_path / "net.json"),
+                        "--data", str(root), "--epochs", "1", "--no-progress", "--out", str(tmp_path / "r"), "-v"],
+                       capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, SPRINT_DEVICE="cpu"), timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "7 unreadable files skipped" in p.stderr and "more" not in p.stderr
+    assert all(f"bad{i}.jpg" in p.stderr for i in range(7))
+
+
 def test_dataset_repr_is_short():
     ds = Dataset(np.zeros((1000, 1, 28, 28), np.uint8), np.arange(1000) % 10, 10, "mnist/train")
     assert repr(ds) == "Dataset('mnist/train', n=1000, shape=(1, 28, 28), uint8, 10 classes)"

@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-NAMED_SKIPS = 5   # unreadable files named in a warning unless verbose
+NAMED_SKIPS = 5        # unreadable files named in a warning unless verbose
+_name_all = False
+
+
+def name_all_skipped(on=True):
+    """Name every unreadable file in warnings, not only the first NAMED_SKIPS
+    (``sprint train -v``; the readers' ``verbose=True`` does it per call)."""
+    global _name_all
+    _name_all = bool(on)
 
 
 def warn(msg):
@@ -18,7 +26,7 @@ def warn(msg):
 def skipped_note(files, verbose=False, total=None) -> str:
     """'N unreadable files skipped: a, b, c (and K more; -v names them all)'."""
     total = len(files) if total is None else total
-    shown = list(files) if verbose else list(files)[:NAMED_SKIPS]
+    shown = list(files) if verbose or _name_all else list(files)[:NAMED_SKIPS]
     more = total - len(shown)
     return (f"{total} unreadable file{'s' if total != 1 else ''} skipped: {', '.join(shown)}"
             + (f" (and {more} more; -v names them all)" if more > 0 else ""))
@@ -141,7 +149,7 @@ class FileDataset:
                                  f"takes {self.size}x{self.size}; pass --resize (resize=True) to scale the images")
             if im is None and int(idx[j]) not in self._bad:
                 self._bad[int(idx[j])] = self.files[idx[j]]
-                if self.verbose or len(self._bad) <= NAMED_SKIPS:
+                if self.verbose or _name_all or len(self._bad) <= NAMED_SKIPS:
                     warn(f"{self.name}: cannot read {self.files[idx[j]]}; skipped")
                 elif len(self._bad) == NAMED_SKIPS + 1:
                     warn(f"{self.name}: more unreadable files; they are counted, -v names them")
