@@ -315,3 +315,44 @@ def test_deform_config_is_strict():
         with pytest.raises(ValueError):
             DeformConfig(**bad)
     assert DeformConfig(crop_pad=np.int64(2), out_hw=[8, 8]).out_hw == (8, 8)
+
+
+# ---- byte-flipped files ---------------------------------------------------------------------
+def test_byte_flipped_files_load_or_fail_with_a_named_value_error(tmp_path):
+    """Every corruption either still loads or is one ValueError naming the file:
+    no IndexError, no MemoryError, no zlib/zipfile/EOF traceback."""
+    rng = np.random.default_rng(0)
+    srcs = {}
+    m = _mnist_dir(tmp_path / "m", side=6, n=(20, 10))
+    srcs["mnist-gz"] = (m, m / NAMES[("train", "images")])
+    r = tmp_path / "raw"
+    r.mkdir()
+    for (part, kind), name in NAMES.items():
+        (r / name[:-3]).write_bytes(gzip.decompress((m / name).read_bytes()))
+    srcs["mnist-raw"] = (r, r / NAMES[("train", "labels")][:-3])
+    np.savez(tmp_path / "a.npz", x=rng.random((20, 6, 6)).astype(np.float32), y=np.arange(20) % 3)
+    srcs["npz"] = (tmp_path / "a.npz", tmp_path / "a.npz")
+    c = tmp_path / "c"
+    c.mkdir()
+    for name, n in (("data_batch_1.bin", 3), ("test_batch.bin", 2)):
+        rec = rng.integers(0, 256, (n, binary.CIFAR_RECORD)).astype(np.uint8)
+        rec[:, 0] %= 10
+        rec.tofile(c / name)
+    srcs["cifar"] = (c, c / "data_batch_1.bin")
+    outcomes = {}
+    for kind, (src, victim) in srcs.items():
+        good = victim.read_bytes()
+        for trial in range(40):
+            bad = bytearray(good)
+            for pos in rng.integers(0, len(bad), rng.integers(1, 4)):
+                bad[pos] ^= 1 << int(rng.integers(0, 8))
+            cut = len(bad) if trial % 4 else int(rng.integers(0, len(bad)))
+            victim.write_bytes(bytes(bad[:cut]))
+            try:
+                load_dataset(src)
+                outcomes[kind, "loaded"] = outcomes.get((kind, "loaded"), 0) + 1
+            except ValueError as e:
+                assert victim.name in str(e) or str(victim.parent) in str(e), (kind, str(e))
+                outcomes[kind, "refused"] = outcomes.get((kind, "refused"), 0) + 1
+        victim.write_bytes(good)
+    assert all(outcomes.get((k, "refused"), 0) > 0 for k in srcs), outcomes

@@ -140,6 +140,9 @@ def load_mnist(path: Path, skip_bad=False):
         if x.ndim != 3 or len(x) != len(y):
             raise ValueError(f"{f}: images of shape {x.shape} do not match the {len(y)} labels of "
                              f"{found[(part, 'labels')].name}")
+        if len(y) and y.max() >= n_classes:
+            raise ValueError(f"{found[(part, 'labels')]}: label {int(y.max())} outside the {n_classes} classes "
+                             f"of the training labels")
         x = x[:, None] if x.dtype == np.uint8 else x[:, None].astype(np.float32)
         x, y, n_bad = check_finite(x, y, f, skip_bad)
         out.append(Dataset(x, y, n_classes, f"{d.name}/{part}", classes=[str(i) for i in range(n_classes)],
