@@ -21,6 +21,7 @@ import numpy as np
 
 # Message tags (one namespace for both strategies).
 FETCH, WEIGHTS, PUSH, DONE, SNAP, SNAP_REPLY = 11, 12, 13, 14, 15, 16
+REQ, TASK, SLICE, CMD, CMD_REPLY = 21, 22, 23, 24, 25     # Sandblaster's coordinator
 HDR = 6            # float64 header slots at the head of every packed vector
 POLL = 2e-4        # seconds between tests of a pending request (CPU runs share cores)
 
@@ -67,6 +68,18 @@ def wait_all(reqs, poll: float = POLL) -> float:
         while not MPI.Request.Testall(reqs):
             time.sleep(poll)
     return time.perf_counter() - t0
+
+
+def pump(comm, handlers: dict) -> bool:
+    """Hand every message that has arrived to ``handlers[tag](source)`` (which
+    receives it); True when there was any."""
+    from mpi4py import MPI
+    st = MPI.Status()
+    got = False
+    while comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st):
+        handlers[st.Get_tag()](st.Get_source())
+        got = True
+    return got
 
 
 def recv_poll(comm, source, tag, poll: float = POLL):

@@ -69,7 +69,46 @@ def downpour_table(st: dict) -> str:
     return "\n".join(lines)
 
 
-TABLES = {"downpour": downpour_table}
+def summarize_sandblaster(servers: list[dict], replicas: list[dict], extra=None) -> dict:
+    coord = servers[0]["coordinator"]
+    bt = coord["batch_times"]
+    out = {"mode": "sandblaster", "servers": servers, "replicas": replicas, "coordinator": coord,
+           "n_server": len(servers), "n_replica": len(replicas), "samples": coord["samples"],
+           "wall_s": coord["wall_s"], "batches": coord["batches"],
+           "batch_time_mean": float(np.mean(bt)) if bt else 0.0,
+           "batch_time_median": float(np.median(bt)) if bt else 0.0,
+           "duplicates": coord["duplicates"], "reissued": coord["reissued"],
+           "shard_duplicates": sum(s["duplicates"] for s in servers),
+           "slices": sum(r["slices"] for r in replicas)}
+    if extra:
+        out.update(extra)
+    return out
+
+
+def sandblaster_table(st: dict) -> str:
+    lines = _head(st)
+    add = lines.append
+    c = st["coordinator"]
+    tr = np.asarray(c.get("trials", []), float)
+    add(f"L-BFGS batch {st.get('n_subbatch')}   slice {st.get('slice')}   history {st.get('history')}   "
+        f"backup tasks {'on' if st.get('backup') else 'off'}   batches {st.get('batches')}   "
+        f"evaluations {c.get('evaluations')}   line-search trials mean {tr.mean() if tr.size else 0:.2f}")
+    add(f"batch time mean {_ms(st.get('batch_time_mean', 0))} ms   median {_ms(st.get('batch_time_median', 0))} ms"
+        f"   slices re-issued {st.get('reissued')}   duplicates dropped: coordinator {st.get('duplicates')}, "
+        f"shards {st.get('shard_duplicates')}")
+    if c.get("loss"):
+        add(f"objective first {c['loss'][0]:.6f}   last {c['loss'][-1]:.6f}")
+    add("")
+    add(f"{'replica':<8}{'slices':>8}{'stale':>7}{'wait ms':>9}{'fetch ms':>10}{'compute ms':>11}"
+        f"{'push ms':>9}{'slow':>6}")
+    for r in st.get("replicas", []):
+        add(f"{r['replica']:<8}{r['slices']:>8}{r.get('stale_tasks', 0):>7}{_ms(_timer(r, 'WaitTask')):>9}"
+            f"{_ms(_timer(r, 'Fetch')):>10}{_ms(_timer(r, 'Compute')):>11}{_ms(_timer(r, 'Push')):>9}"
+            f"{r.get('slow_factor', 1):>6g}")
+    return "\n".join(lines)
+
+
+TABLES = {"downpour": downpour_table, "sandblaster": sandblaster_table}
 
 
 def summary_table(st: dict) -> str:
