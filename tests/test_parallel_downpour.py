@@ -137,3 +137,37 @@ def test_failed_server_or_replica_ends_the_job_naming_it(role, index, mode):
         assert f"rank {rank} of {servers + 2} failed" in out and f"injected fault in {role} {index}" in out, \
             out[-3000:]
         assert f"rank {rank}: {role} {index}" in out, out[-3000:]
+
+
+# ---- the cost model (engine.perf.downpour) ---------------------------------------
+def test_cost_model_staleness_gap_and_server_bound_regime():
+    from engine.perf import downpour as model
+    from engine.perf.profile import Profile
+    assert model._gap(1, 1) == 1 and model._gap(1, 3) == 1 and model._gap(3, 3) == 3
+    assert model._gap(2, 3) == pytest.approx((1 + 2) / 2)       # pushes at 3, 6: fetched at 2 and 4
+    prof = Profile.synthetic(cores=64, backend="cpu")
+    one = model.predict("digits", 1, 1, 32, prof)
+    assert one.staleness == 0 and not one.server_bound
+    few = model.predict("digits", 4, 1, 32, prof, servers=1)
+    assert few.staleness == pytest.approx(3.0) and few.images_per_s == pytest.approx(4 * 32 / few.t_step)
+    many = model.predict("digits", 4096, 1, 32, prof, servers=1)
+    assert many.server_bound and many.rho >= 1
+    # a server-bound job scales with servers, not replicas
+    assert model.predict("digits", 8192, 1, 32, prof, servers=1).images_per_s == pytest.approx(many.images_per_s)
+    assert model.predict("digits", 4096, 1, 32, prof, servers=4).images_per_s > 3 * many.images_per_s
+    assert "server utilisation" in model.format_prediction(few)
+    with pytest.raises(ValueError, match="--servers"):
+        model.predict("digits", 2, 1, 32, prof, servers=0)
+
+
+def test_sandblaster_model_closed_form_and_simulation_agree():
+    from engine.perf.downpour import sandblaster_eval_time, simulate_sandblaster
+    for f in (1, 2, 4):
+        sim = simulate_sandblaster(60, 1.0, [1, 1, f])
+        closed = sandblaster_eval_time(60, 1.0, [1, 1, f])
+        assert abs(sim["time"] - closed) <= 1.0 + 1e-9, (f, sim, closed)
+        assert simulate_sandblaster(60, 1.0, [1, 1, f], static=True)["time"] == \
+            sandblaster_eval_time(60, 1.0, [1, 1, f], static=True) == 20 * f
+    slow = simulate_sandblaster(60, 1.0, [1, 1, 4])
+    assert slow["slices"][2] < slow["slices"][0] / 2          # the slow replica takes fewer slices
+    assert slow["time"] < 0.5 * simulate_sandblaster(60, 1.0, [1, 1, 4], static=True)["time"]

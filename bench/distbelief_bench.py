@@ -1,0 +1,211 @@
+"""DistBelief benchmarks (numbers for bench/RESULTS.md, section "DistBelief").
+
+    python bench/distbelief_bench.py budget     [--seconds 20] [--ranks 3] [--data digits|mnist]
+        Downpour, Sandblaster, SPRINT ASGD and sync on the same number of
+        ranks with the same wall-time budget: test accuracy and images/s.
+        Each strategy's epochs are planned from a one-epoch probe run so that
+        its whole schedule fits the budget.
+    python bench/distbelief_bench.py downpour   [--epochs 4]
+        Downpour's measured throughput and staleness (1 server, 1-3 replicas)
+        against engine.perf.downpour's prediction, the host's current load
+        calibrated by a single-process step probe; then the model's
+        server-bound regime for 16-256 replicas against SPRINT's allreduce.
+    python bench/distbelief_bench.py sandblaster [--epochs 3]
+        Sandblaster's batch time with one of 3 replicas slowed 1x/2x/4x:
+        slices on request with backup tasks vs a static 1/R split, measured
+        and simulated.
+
+Everything runs under mpiexec on this machine, whose 2 cores are shared with
+other jobs: numbers move with their load (the probe of the downpour section
+measures it). Each command prints a markdown table and writes JSON to --out.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+MPI = ROOT / "tests" / "mpi"
+
+
+def mpirun(n, script, *args, timeout=600):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               MPIEXEC_TIMEOUT=str(timeout))
+    cmd = ["mpiexec", "-n", str(n), sys.executable, "-m", "mpi4py", str(MPI / script), *map(str, args)]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout + 30, cwd=ROOT)
+    wall = time.monotonic() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{(p.stdout + p.stderr)[-3000:]}")
+    res = json.loads(p.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    res["launch_wall"] = wall
+    return res
+
+
+def train(strategy, n, cfg):
+    cfg = dict(cfg, progress=False, verbose=False)
+    if strategy in ("downpour", "sandblaster"):
+        return mpirun(n, "ps_train.py", strategy, json.dumps(cfg))
+    return mpirun(n, "train_run.py", json.dumps(dict(cfg, parallel=strategy)))
+
+
+def _data(kind, tmp):
+    if kind == "digits":
+        return {"data": "digits"}
+    sys.path.insert(0, str(ROOT / "tests"))
+    from mnist_like import digits_as_mnist
+    digits_as_mnist(Path(tmp) / "mnist")
+    return {"data": str(Path(tmp) / "mnist"), "model": "mnist"}
+
+
+# Each strategy's own options (its tuned defaults for the digits net).
+STRATEGIES = {
+    "downpour": lambda S: {"lr": 0.05, "momentum": 0.0, "extra": {"servers": 1, "server_opt": "adagrad"}},
+    "sandblaster": lambda S: {"batch": 256, "extra": {"servers": 1, "slice": 32}},
+    "asgd": lambda S: {"lr": 0.02, "momentum": 0.0, "extra": {"max_pending": 2}},
+    "sync": lambda S: {},
+}
+
+
+def cmd_budget(args):
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = _data(args.data, tmp)
+        for name, opts in STRATEGIES.items():
+            cfg = {**base, **opts(1)}
+            probe = train(name, args.ranks, {**cfg, "epochs": 1})
+            t1 = probe["time_s"]
+            epochs = max(1, int(args.seconds // max(t1, 1e-3)))
+            extra = {**cfg.get("extra", {}), "max_seconds": 1.2 * args.seconds} \
+                if name != "sync" else cfg.get("extra", {})
+            res = train(name, args.ranks, {**cfg, "epochs": epochs, "extra": extra})
+            st = res["stats"]
+            ips = st.get("samples", 0) / st["wall_s"] if st.get("wall_s") else float("nan")
+            rows.append({"strategy": name, "epochs": res["epochs"], "time_s": res["time_s"],
+                         "test_acc": res["test_acc"], "images_per_s": ips, "probe_epoch_s": t1})
+            print(f"{name}: {rows[-1]}", file=sys.stderr, flush=True)
+    print(f"\n{args.data}, {args.ranks} ranks, budget {args.seconds:g} s (epochs planned from a 1-epoch probe)\n")
+    print("| strategy | epochs | wall s | test acc | images/s |\n|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['strategy']} | {r['epochs']} | {r['time_s']:.1f} | {100 * r['test_acc']:.2f} % | "
+              f"{r['images_per_s']:,.0f} |")
+    return rows
+
+
+def _probe_step(batch=32, steps=60):
+    """Seconds per single-process digits step now (the host's current load)."""
+    from engine.data import Loader, load_dataset, DeformConfig
+    from engine.net import Net
+    tr, _ = load_dataset("digits")
+    ld = Loader(tr, batch, deform=DeformConfig(out_hw=(8, 8)).with_stats(tr), prefetch=0)
+    net = Net("digits")
+    it = iter(ld)
+    xs = [next(it) for _ in range(5)]
+    t0 = time.perf_counter()
+    for i in range(steps):
+        net.loss_and_grad(*xs[i % 5])
+    return (time.perf_counter() - t0) / steps
+
+
+def cmd_downpour(args):
+    from engine.parallel.threads import limit_this_thread
+    from engine.perf import downpour as model
+    from engine.perf.model import predict as sprint_predict
+    from engine.perf.profile import Profile
+    limit_this_thread(1)
+    prof = Profile.load()
+    rows = []
+    for R in (1, 2, 3):
+        before = _probe_step()
+        res = train("downpour", 1 + R, {"epochs": args.epochs, "lr": 0.05, "momentum": 0.0,
+                                        "extra": {"servers": 1, "server_opt": "adagrad"}})
+        after = _probe_step()
+        st = res["stats"]
+        quiet = model.predict("digits", 1, 1, 32, prof, ranks_per_host=1).replica["ComputeGradient"]
+        load = 0.5 * (before + after) / quiet
+        prof.host_factor = {"*": load}
+        p = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"])
+        prof.host_factor = None
+        ips = st["samples"] / st["wall_s"]
+        rows.append({"replicas": R, "host_load": load, "images_per_s": ips, "pred_images_per_s": p.images_per_s,
+                     "staleness": st["staleness_mean"], "pred_staleness": p.staleness,
+                     "compute_ms": 1e3 * np.mean([r["timers"]["ComputeGradient"]["mean"] for r in st["replicas"]]),
+                     "pred_compute_ms": 1e3 * p.replica["ComputeGradient"]})
+        print(rows[-1], file=sys.stderr, flush=True)
+    print("\nDownpour on digits, 1 server, fetch/push every step, Adagrad: measured vs engine.perf.downpour\n")
+    print("| replicas | host load | images/s | predicted | err | staleness | predicted | ComputeGradient ms "
+          "| predicted |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        err = r["pred_images_per_s"] / r["images_per_s"] - 1
+        print(f"| {r['replicas']} | {r['host_load']:.2f} | {r['images_per_s']:,.0f} | {r['pred_images_per_s']:,.0f} | "
+              f"{100 * err:+.1f} % | {r['staleness']:.2f} | {r['pred_staleness']:.2f} | {r['compute_ms']:.2f} | "
+              f"{r['pred_compute_ms']:.2f} |")
+    scale = []
+    print("\nModel only (one replica per host, shipped profile, cifar net, N_Subbatch 32): Downpour's servers "
+          "against SPRINT ASGD's allreduce\n")
+    print("| replicas | downpour S=1 img/s | util | S=4 img/s | util | S=16 img/s | SPRINT ASGD img/s |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|")
+    for R in (16, 32, 64, 128, 256):
+        ps = [model.predict("cifar", R, 1, 32, prof, servers=S) for S in (1, 4, 16)]
+        sp = sprint_predict("cifar", R, 1, 32, prof)
+        sprint_ips = R * 32 / sp.t_gpu
+        scale.append({"replicas": R, "downpour": [p.images_per_s for p in ps], "rho": [p.rho for p in ps],
+                      "sprint": sprint_ips})
+        print(f"| {R} | {ps[0].images_per_s:,.0f} | {ps[0].rho:.2f} | {ps[1].images_per_s:,.0f} | {ps[1].rho:.2f} | "
+              f"{ps[2].images_per_s:,.0f} | {sprint_ips:,.0f} |")
+    return {"measured": rows, "scaling": scale}
+
+
+def cmd_sandblaster(args):
+    from engine.perf.downpour import simulate_sandblaster
+    rows = []
+    R, batch = 3, 384
+    for factor in (1, 2, 4):
+        for mode in ("slices", "static"):
+            extra = {"servers": 1, "slice": 16, "slow_rank": 1 + R - 1, "slow_factor": float(factor)} \
+                if mode == "slices" else {"servers": 1, "slice": batch // R, "backup": False,
+                                          "slow_rank": 1 + R - 1, "slow_factor": float(factor)}
+            if factor == 1:
+                extra.pop("slow_rank")
+            res = train("sandblaster", 1 + R, {"epochs": args.epochs, "batch": batch, "extra": extra})
+            st = res["stats"]
+            rows.append({"slow": factor, "mode": mode, "batch_ms": 1e3 * st["batch_time_median"],
+                         "slices": [r["slices"] for r in st["replicas"]], "duplicates": st["duplicates"]})
+            print(rows[-1], file=sys.stderr, flush=True)
+    sim = {f: (simulate_sandblaster(batch // 16, 1.0, [1, 1, f])["time"],
+               simulate_sandblaster(R, batch / R / 16, [1, 1, f], static=True)["time"]) for f in (1, 2, 4)}
+    print(f"\nSandblaster on digits, 1 server + {R} replicas, L-BFGS batch {batch}: median batch time with "
+          f"replica {R - 1} slowed\n")
+    print("| slowed | slices of 16 + backup: batch ms | x of 1x | static 1/R split: batch ms | x of 1x | "
+          "simulated x (slices / static) |\n|---:|---:|---:|---:|---:|---:|")
+    base = {m: next(r["batch_ms"] for r in rows if r["slow"] == 1 and r["mode"] == m) for m in ("slices", "static")}
+    for f in (1, 2, 4):
+        a = next(r for r in rows if r["slow"] == f and r["mode"] == "slices")
+        b = next(r for r in rows if r["slow"] == f and r["mode"] == "static")
+        print(f"| {f}x | {a['batch_ms']:.0f} | {a['batch_ms'] / base['slices']:.2f} | {b['batch_ms']:.0f} | "
+              f"{b['batch_ms'] / base['static']:.2f} | {sim[f][0] / sim[1][0]:.2f} / {sim[f][1] / sim[1][1]:.2f} |")
+    return {"rows": rows, "simulated": sim}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["budget", "downpour", "sandblaster"])
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--ranks", type=int, default=3)
+    ap.add_argument("--data", choices=["digits", "mnist"], default="digits")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--out", default=None, help="JSON file for the numbers")
+    args = ap.parse_args()
+    out = {"budget": cmd_budget, "downpour": cmd_downpour, "sandblaster": cmd_sandblaster}[args.what](args)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()
