@@ -356,3 +356,31 @@ def test_byte_flipped_files_load_or_fail_with_a_named_value_error(tmp_path):
                 outcomes[kind, "refused"] = outcomes.get((kind, "refused"), 0) + 1
         victim.write_bytes(good)
     assert all(outcomes.get((k, "refused"), 0) > 0 for k in srcs), outcomes
+
+
+def test_os_errors_are_value_errors_naming_the_file(tmp_path, monkeypatch):
+    from engine.data import readers
+    np.savez(tmp_path / "a.npz", x=np.zeros((4, 4, 4), np.float32), y=np.arange(4) % 2)
+
+    def denied(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(readers, "load_npz", denied)
+    with pytest.raises(ValueError, match=r"a.npz: cannot read it \(Permission denied\)"):
+        load_dataset(tmp_path / "a.npz")
+    monkeypatch.setattr(Path, "iterdir", denied)
+    with pytest.raises(ValueError, match=r"cannot read it \(Permission denied\)"):
+        load_dataset(tmp_path)
+
+
+def test_npz_member_declaring_more_than_it_holds_is_refused_before_allocation(tmp_path):
+    import zipfile
+    hdr = {"descr": "<f4", "fortran_order": False, "shape": (1 << 22, 1024, 1024)}   # 16 PiB
+    body = b"\x93NUMPY\x01\x00"
+    h = repr(hdr).encode()
+    h += b" " * ((64 - (10 + len(h) + 1) % 64) % 64) + b"\n"
+    body += len(h).to_bytes(2, "little") + h + bytes(4096)
+    with zipfile.ZipFile(tmp_path / "big.npz", "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("x.npy", body)
+        zf.writestr("y.npy", body)
+    with pytest.raises(ValueError, match=r"big.npz: .*x.npy declares shape \(4194304, 1024, 1024\)"):
+        load_dataset(tmp_path / "big.npz")

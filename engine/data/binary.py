@@ -210,6 +210,7 @@ def load_npz(path: Path, test_fraction=0.2, split_seed=0, skip_bad=False):
     from .readers import split
     path = require_file(path)
     try:
+        _check_npz_members(path)
         with np.load(path, allow_pickle=False) as z:
             keys = set(z.files)
             if {"x_train", "y_train", "x_test", "y_test"} <= keys:
@@ -244,6 +245,29 @@ def load_npz(path: Path, test_fraction=0.2, split_seed=0, skip_bad=False):
         return tr, te
     return tuple(Dataset(x, y, n_classes, f"{path.stem}/{p}", bad_samples=n_bad)
                  for p, (x, y, n_bad) in checked.items())
+
+
+def _check_npz_members(path):
+    """Refuse, before any array is allocated, a member whose .npy header
+    declares more bytes than the member holds or whose length is more than
+    deflate can expand its compressed size to."""
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            if info.file_size > DEFLATE_MAX_RATIO * info.compress_size + (1 << 16):
+                raise ValueError(f"member {info.filename} claims {info.file_size:,} bytes from "
+                                 f"{info.compress_size:,} compressed (corrupt)")
+            if not info.filename.endswith(".npy"):
+                continue
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0(f))
+                declared = dtype.itemsize
+                for d in shape:
+                    declared *= d
+                if declared > info.file_size:
+                    raise ValueError(f"member {info.filename} declares shape {shape} of {dtype}, "
+                                     f"{declared:,} bytes, but holds {info.file_size:,} (truncated or corrupt)")
 
 
 def _labels(y, path):

@@ -39,30 +39,38 @@ def load_dataset(source="digits", fmt=None, size=None, channels=None, test_fract
     ``verbose``).  Sources without their own test set are split
     deterministically (``test_fraction``, ``split_seed``).
     """
-    fmt = detect_format(source) if fmt is None else _ALIASES.get(fmt, fmt)
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     if size is not None and (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1):
         raise ValueError(f"size must be a positive int, got {size!r}")
-    if fmt == "digits":
-        train, test = load_digits(test_fraction, split_seed)
-    else:
-        path = Path(source)
-        if not path.exists():
-            raise FileNotFoundError(f"data source {str(source)!r} does not exist")
-        if fmt == "tree":
-            if not path.is_dir():
-                raise ValueError(f"{path}: an image tree is a directory, this is a file")
-            train, test = load_tree(path, size=size, channels=channels, test_fraction=test_fraction,
-                                    split_seed=split_seed, lazy=lazy, resize=resize, verbose=verbose)
-        elif fmt == "mnist":
-            train, test = load_mnist(path, skip_bad=skip_bad)
-        elif fmt == "cifar":
-            train, test = load_cifar(path, skip_bad=skip_bad, verbose=verbose)
-        else:
-            train, test = load_npz(path, test_fraction, split_seed, skip_bad=skip_bad)
+    try:
+        fmt = detect_format(source) if fmt is None else _ALIASES.get(fmt, fmt)
+        if fmt not in FORMATS:
+            raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+        train, test = _read(source, fmt, size, channels, test_fraction, split_seed, lazy, resize, skip_bad,
+                            verbose)
+    except FileNotFoundError:
+        raise
+    except OSError as e:     # permissions, I/O errors: one message naming what could not be read
+        raise ValueError(f"{e.filename or source}: cannot read it ({e.strerror or e})") from None
     check_sizes(train, test, size, resize, source)
     return train, test
+
+
+def _read(source, fmt, size, channels, test_fraction, split_seed, lazy, resize, skip_bad, verbose):
+    if fmt == "digits":
+        return load_digits(test_fraction, split_seed)
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"data source {str(source)!r} does not exist")
+    if fmt == "tree":
+        if not path.is_dir():
+            raise ValueError(f"{path}: an image tree is a directory, this is a file")
+        return load_tree(path, size=size, channels=channels, test_fraction=test_fraction,
+                         split_seed=split_seed, lazy=lazy, resize=resize, verbose=verbose)
+    if fmt == "mnist":
+        return load_mnist(path, skip_bad=skip_bad)
+    if fmt == "cifar":
+        return load_cifar(path, skip_bad=skip_bad, verbose=verbose)
+    return load_npz(path, test_fraction, split_seed, skip_bad=skip_bad)
 
 
 def check_sizes(train, test, size, resize, source):
