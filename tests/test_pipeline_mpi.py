@@ -60,11 +60,20 @@ def test_gpipe_on_digits_is_sgd_and_resumes_exactly(tmp_path):
     assert res["test_acc"] == res["ref_test_acc"], res
 
 
-def test_spectrain_predicts_the_weights_better_than_the_stale_version_on_digits():
-    res = _train(3, {"cfg": {"epochs": 1, "lr": 0.02, "extra": {"schedule": "1f1b", "microbatches": 4,
-                                                                  "predict": "spectrain"}}})
+def test_spectrain_predicts_the_weights_better_than_the_stale_version_on_digits(tmp_path, capsys):
+    res = _train(3, {"cfg": {"epochs": 1, "lr": 0.02, "out": str(tmp_path),
+                             "extra": {"schedule": "1f1b", "microbatches": 4, "predict": "spectrain"}}})
     stages = res["per_stage"]
     for s in stages[:-1]:      # the last stage has s = 0: nothing to predict
         assert s["err_hat_mean"] < s["err_stale_mean"], stages
         assert s["err_ratio"] < 0.9, stages
     assert stages[-1]["err_stale_mean"] == 0.0 and stages[-1]["err_hat_mean"] == 0.0
+
+    # sprint report reads the same statistics
+    from engine.cli import main
+    assert main(["report", str(tmp_path), "--no-png"]) == 0
+    out = capsys.readouterr().out
+    assert "schedule 1f1b   predict spectrain" in out and "partition 0:1,1:2,2:4" in out
+    ratios = [float(line.split()[-1]) for line in out.splitlines() if line.strip()[:1] in "01"
+              and "conv" in line]
+    assert len(ratios) == 2 and all(r < 0.9 for r in ratios), out

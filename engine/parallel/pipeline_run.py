@@ -181,7 +181,7 @@ def _run(cfg, comm):
             f"test_acc {100 * test_acc:6.2f} %  {rec['images_per_s']:,.0f} img/s  {rec['time']:.1f} s")
         if max_samples and (epoch + 1 - start_epoch) * n_stream * D >= max_samples:
             break
-    stats = _stats(comm, ex, K, D, parts, spec, cfg, schedule, predict, M, n_stream)
+    stats = _stats(comm, ex, K, D, parts, spec, cfg, schedule, predict, M, n_stream, sizes, minis)
     if root and run_dir is not None:
         _atomic_write(run_dir / STATS, json.dumps(stats))
     if not history:
@@ -219,10 +219,10 @@ def _atomic_write(path: Path, text: str):
     tmp.replace(path)
 
 
-def _stats(comm, ex, K, D, parts, spec, cfg, schedule, predict, M, n_stream) -> dict:
+def _stats(comm, ex, K, D, parts, spec, cfg, schedule, predict, M, n_stream, sizes, minis) -> dict:
     from .timers import summarize
     T = ex.timers.samples
-    mine = {"stage": ex.k, "replica": ex.comm_replica if hasattr(ex, "comm_replica") else comm.rank // K,
+    mine = {"stage": ex.k, "replica": comm.rank // K,
             "layers": ex.stage.names(), "n_params": ex.stage.n_params,
             "timers": {n: summarize(v) for n, v in T.items()},
             "trace": ex.trace[-TRACE_KEEP:]}
@@ -242,4 +242,5 @@ def _stats(comm, ex, K, D, parts, spec, cfg, schedule, predict, M, n_stream) -> 
             "schedule": schedule, "predict": predict, "microbatches": M, "n_subbatch": int(cfg.batch),
             "partition": format_partition(parts), "n_param": int(sum(s["n_params"] for s in stages[:K])),
             "samples": int(n_stream * D * len(ex.timers.samples.get("stream", []))),
+            "minibatch": [int(n * D) for n in ((minis if schedule == "gpipe" else sizes)[:TRACE_KEEP])],
             "wall_s": max(s["wall_s"] for s in stages), "per_stage": stages}

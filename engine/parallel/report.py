@@ -19,6 +19,9 @@ def load_stats(run_dir) -> dict:
         p = run_dir / name
         if p.exists():
             return json.loads(p.read_text())
+    from .pipeline_report import STATS_FILE as _PIPE   # pipelines: engine.parallel.pipeline_report
+    if (run_dir / _PIPE).exists():
+        return json.loads((run_dir / _PIPE).read_text())
     # parameter-server strategies (Downpour, Sandblaster): engine.parallel.ps_report
     from .ps_report import STATS_FILES
     for name in STATS_FILES.values():
@@ -33,6 +36,9 @@ def _ms(s):
 
 def summary_table(st: dict) -> str:
     from . import ps_report
+    if st.get("mode") == "pipeline":
+        from .pipeline_report import summary_table as pipeline_table
+        return pipeline_table(st)
     if st.get("mode") in ps_report.TABLES:
         return ps_report.summary_table(st)
     lines = []
@@ -75,6 +81,9 @@ def plot_distributions(st: dict, path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    if st.get("mode") == "pipeline":
+        from .pipeline_report import plot_values
+        st = {**st, **plot_values(st)}
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, label in ((axes[0], "staleness", "staleness (weight versions)"),
                            (axes[1], "minibatch", "effective minibatch (samples per update)")):
