@@ -32,6 +32,32 @@ from .stage import Stage, check_partition, even_partition, format_partition, par
 STATS = "pipeline_stats.json"
 
 
+OPTIONS = ("stages", "replicas", "schedule", "microbatches", "predict", "partition")
+
+
+def add_train_options(p):
+    """The strategy's own ``sprint train`` options (they land in cfg.extra)."""
+    from .pipeline import PREDICT
+    from .pipeline_schedule import SCHEDULES
+    g = p.add_argument_group("--parallel pipeline")
+    g.add_argument("--stages", type=int, default=None, help="pipeline stages K (default: the number of ranks / D)")
+    g.add_argument("--replicas", type=int, default=None, help="data-parallel copies D of every stage (K*D ranks)")
+    # --schedule already names the learning-rate schedule
+    g.add_argument("--pipe-schedule", dest="pipe_schedule", choices=SCHEDULES, default=None,
+                   help="gpipe (default), 1f1b (PipeDream) or dualpipe (the seed's)")
+    g.add_argument("--microbatches", type=int, default=None, help="micro-batches M per mini-batch (default 4)")
+    g.add_argument("--predict", choices=PREDICT, default=None,
+                   help="weights a pass uses: none (live), stash (PipeDream), spectrain (predicted)")
+    g.add_argument("--partition", default=None, help="layer ranges per stage, e.g. 0:2,2:4 (default: balanced "
+                                                     "by the performance model)")
+
+
+def extra_from_args(args) -> dict:
+    """cfg.extra entries of the options given on the command line."""
+    given = {k: getattr(args, "pipe_schedule" if k == "schedule" else k, None) for k in OPTIONS}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def options(cfg, n_ranks):
     """(K, D, schedule, M, predict) from cfg.extra, checked."""
     extra = dict(cfg.extra or {})
@@ -79,8 +105,8 @@ def _run(cfg, comm):
     from engine.net import Net
     from engine.optim import SGD, make_schedule
     from engine.spec import get_spec
-    from engine.train import CHECKPOINT, CONFIG, METRICS, prepare_data, setup_device
-    from .runner import _check_ranks_agree, _evaluate_sharded
+    from .runner import _check_ranks_agree
+    CHECKPOINT, CONFIG, METRICS, prepare_data, setup_device, _evaluate_sharded = _shared()
 
     K, D, schedule, M, predict = options(cfg, comm.size)
     be = setup_device(cfg)
@@ -194,6 +220,20 @@ def _run(cfg, comm):
             "train_loss": final.get("train_loss"), "time_s": time.perf_counter() - t0,
             "n_params": eval_net.n_params, "net": eval_net, "stats": stats, "rank": comm.rank,
             "n_node": comm.size}
+
+
+def _shared():
+    """The pieces every run shares: from engine.session once it exists (the
+    session layer is landing beside this module), else from engine.train."""
+    try:
+        from engine.session import CHECKPOINT, CONFIG, METRICS, evaluate_sharded, prepare_data, setup_device
+
+        def evaluate(comm, net, ds, cfg, deform):
+            return evaluate_sharded(comm, net, ds, cfg.eval_batch, deform)
+    except ImportError:
+        from engine.train import CHECKPOINT, CONFIG, METRICS, prepare_data, setup_device
+        from .runner import _evaluate_sharded as evaluate
+    return CHECKPOINT, CONFIG, METRICS, prepare_data, setup_device, evaluate
 
 
 def _micro_stream(loader, m, n_stream):
