@@ -43,9 +43,30 @@ def init_params(spec, seed=0) -> np.ndarray:
     return flat
 
 
+def as_spec(model) -> _spec.NetSpec:
+    """A NetSpec from a preset name, a JSON/YAML file path, a spec dict
+    (``{"x0": 8, "m0": 1, "c": 3, "convs": [[16, 2]], "fcs": [64, 10]}``) or a NetSpec."""
+    if isinstance(model, dict):
+        return _spec.NetSpec.from_dict(dict(model))
+    return _spec.get_spec(model)
+
+
 class Net:
-    def __init__(self, spec_or_name, seed=0, dtype=np.float32, ops=None):
-        self.spec = _spec.get_spec(spec_or_name)
+    """A CNN of the SPRINT family with its parameters in one flat vector.
+
+    ``Net(model, seed=0, dtype=np.float32)``: ``model`` is a preset name
+    (``"digits"``, ``"cifar"``, ...; ``sprint info`` lists them), a JSON/YAML
+    spec file, a spec dict or a ``NetSpec``. Weights are seeded (He / Glorot)
+    and live on the current backend (``engine.backend``): numpy arrays on the
+    CPU, CuPy arrays on a GPU.
+
+    Inputs are ``(N, m0, x0, x0)`` float batches, normalised as the training
+    loader does (``DeformConfig.with_stats``); labels are ints in
+    ``[0, n_classes)``.
+    """
+
+    def __init__(self, model, seed=0, dtype=np.float32, ops=None):
+        self.spec = as_spec(model)
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise TypeError(f"dtype must be float32 or float64, got {self.dtype}")
@@ -87,6 +108,8 @@ class Net:
         return x
 
     def forward(self, x, train=False):
+        """Logits ``(N, n_classes)`` of the batch ``x`` ``(N, m0, x0, x0)``.
+        ``train=True`` keeps what ``backward`` needs (pooling switches, ReLU masks)."""
         h = self._input(x)
         for layer in self.layers:
             h = layer.forward(h, self.views[(layer.name, "W")], self.views[(layer.name, "b")], train)
@@ -101,8 +124,9 @@ class Net:
                                self.grad_views[(layer.name, "b")], need_dx=i > 0)
 
     def loss_and_grad(self, x, y):
-        """Mean cross-entropy over the batch and the number classified right;
-        ``grads`` receives the gradient of that mean."""
+        """(mean cross-entropy over the batch, number classified right);
+        ``grads`` receives the gradient of that mean (one training step is this
+        plus ``SGD.step()``)."""
         y = self.xp.asarray(y)
         logits = self.forward(x, train=True)
         if y.shape != (logits.shape[0],):
@@ -113,13 +137,18 @@ class Net:
         return float(loss), n_correct
 
     def predict(self, x, batch=256):
+        """Predicted class of every sample of ``x`` ``(N, m0, x0, x0)``, in
+        chunks of ``batch``; an int array on the backend's device."""
         out = []
         for i in range(0, len(x), batch):
             out.append(self.forward(x[i:i + batch]).argmax(axis=1))
         return self.xp.concatenate(out) if out else self.xp.zeros(0, np.int64)
 
     def table(self, n=1) -> str:
+        """The layer table of ``sprint info``: shapes, N_Param and FLOPs for a batch of ``n``."""
         return _spec.summary_table(self.spec, n)
 
     def __repr__(self):
-        return f"Net({self.spec.name!r}, n_params={self.n_params:,}, dtype={self.dtype.name})"
+        shape = "x".join(map(str, self.spec.input_shape))
+        return (f"Net({self.spec.name!r}, input {shape}, {self.spec.n_classes} classes, "
+                f"n_params={self.n_params:,}, dtype={self.dtype.name})")

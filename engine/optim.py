@@ -12,6 +12,7 @@ import math
 
 
 class Schedule:
+    """A learning rate as a function of the (fractional) epoch, ``lr(epoch)``."""
     kind = "?"
 
     def __call__(self, epoch: float) -> float:  # pragma: no cover - abstract
@@ -28,6 +29,7 @@ class Schedule:
 
 
 class constant(Schedule):
+    """The same lr at every epoch."""
     kind = "constant"
 
     def __init__(self, lr):
@@ -101,6 +103,7 @@ _KINDS = {c.kind: c for c in (constant, step, cosine, warmup)}
 
 
 def schedule_from_dict(d: dict) -> Schedule:
+    """The schedule that ``Schedule.to_dict`` described (checkpoints hold these)."""
     d = dict(d)
     kind = d.pop("kind", None)
     if kind not in _KINDS:
@@ -132,11 +135,12 @@ def _positive(name, v):
 
 
 class SGD:
-    """Momentum SGD on a flat vector.
+    """Momentum SGD on a flat vector: ``v = momentum*v - lr*(g + weight_decay*w); w += v``.
 
     ``SGD(net, lr=...)`` takes the net's ``params``/``grads``;
     ``SGD(params, grads, lr=...)`` works on any pair of equal flat vectors.
-    ``step(epoch)`` uses ``schedule(epoch)`` when a schedule is set.
+    ``schedule`` is a callable ``lr(epoch)`` (``make_schedule``, ``cosine``,
+    ...) that overrides ``lr``; ``step(epoch)`` uses it at that (fractional) epoch.
     """
 
     def __init__(self, net_or_params, grads=None, lr=0.01, momentum=0.9, weight_decay=0.0,
@@ -169,10 +173,12 @@ class SGD:
         self.epoch = 0.0
 
     def lr_at(self, epoch=None) -> float:
+        """The learning rate at ``epoch`` (default: the last epoch given to ``step``)."""
         e = self.epoch if epoch is None else epoch
         return float(self.schedule(e)) if self.schedule is not None else self.lr
 
     def step(self, epoch=None):
+        """Apply one update from the current ``grads``; returns the learning rate used."""
         if epoch is not None:
             self.epoch = float(epoch)
         lr = self.lr_at()
@@ -182,6 +188,7 @@ class SGD:
         return lr
 
     def state_dict(self) -> dict:
+        """Velocity (host copy), step count, epoch, hyper-parameters and schedule."""
         from engine import backend
         return {"velocity": backend.to_host(self.velocity).copy(), "steps": self.steps,
                 "epoch": self.epoch, "lr": self.lr, "momentum": self.momentum,
@@ -189,6 +196,7 @@ class SGD:
                 "schedule": self.schedule.to_dict() if isinstance(self.schedule, Schedule) else None}
 
     def load_state_dict(self, state: dict):
+        """Restore what ``state_dict`` returned (a resumed run continues exactly)."""
         v = state["velocity"]
         if tuple(v.shape) != tuple(self.velocity.shape):
             raise ValueError(f"velocity shape {tuple(v.shape)} does not match {tuple(self.velocity.shape)}")
@@ -200,6 +208,12 @@ class SGD:
         self.weight_decay = float(state["weight_decay"])
         if state.get("schedule"):
             self.schedule = schedule_from_dict(state["schedule"])
+
+
+    def __repr__(self):
+        sched = f", schedule={self.schedule!r}" if self.schedule is not None else ""
+        return (f"SGD(lr={self.lr:g}, momentum={self.momentum:g}, weight_decay={self.weight_decay:g}"
+                f"{sched}, n={self.params.shape[0]:,}, steps={self.steps})")
 
 
 def _like(ref, v):

@@ -17,6 +17,8 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class NetSpec:
+    """One network of the family: input side ``x0``, channels ``m0``, kernel
+    side ``c``, conv layers ``(m_l, p_l)`` and FC widths (the last = classes)."""
     name: str
     x0: int
     m0: int
@@ -43,17 +45,21 @@ class NetSpec:
 
     @property
     def n_classes(self) -> int:
+        """Width of the output layer."""
         return self.fcs[-1]
 
     @property
     def input_shape(self) -> tuple:
+        """(m0, x0, x0): one sample as the net takes it."""
         return (self.m0, self.x0, self.x0)
 
     @property
     def pad(self) -> int:
+        """Zero padding that keeps the side of a c x c convolution."""
         return (self.c - 1) // 2
 
     def to_dict(self) -> dict:
+        """The JSON form (what a spec file holds)."""
         d = asdict(self)
         d["convs"] = [list(t) for t in self.convs]
         d["fcs"] = list(self.fcs)
@@ -75,6 +81,7 @@ class NetSpec:
                    convs=d["convs"], fcs=d["fcs"])
 
     def hash(self) -> str:
+        """Short digest of the spec (checkpoints and ranks compare it)."""
         import hashlib
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 

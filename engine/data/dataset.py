@@ -39,6 +39,7 @@ def warn_skipped(ds, verbose=False):
 
 @dataclass
 class Dataset:
+    """Images ``x`` (N, C, H, W) uint8 or float32 in memory and labels ``y``."""
     x: np.ndarray
     y: np.ndarray
     n_classes: int
@@ -75,6 +76,7 @@ class Dataset:
 
     @property
     def shape(self):
+        """(C, H, W) of one sample."""
         return tuple(self.x.shape[1:])
 
     def take(self, idx):
@@ -82,6 +84,7 @@ class Dataset:
         return self.x[idx], self.y[idx]
 
     def subset(self, idx, name=None) -> "Dataset":
+        """The samples ``idx`` as a new Dataset."""
         return Dataset(self.x[idx], self.y[idx], self.n_classes, name or self.name,
                        classes=list(self.classes))
 

@@ -13,6 +13,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class DeformConfig:
+    """DeformImage's settings: random crop shift, flip and zoom of the training
+    batches, the per-channel normalisation and the output side."""
     crop_pad: int = 0           # shift by up to this many input pixels each way
     flip: bool = False          # mirror horizontally with probability 1/2
     scale: tuple = (1.0, 1.0)   # zoom factor drawn uniformly from this range
@@ -45,6 +47,7 @@ class DeformConfig:
 
     @property
     def augments(self) -> bool:
+        """Whether anything random is drawn (crop, flip or zoom)."""
         return self.crop_pad > 0 or self.flip or self.scale != (1.0, 1.0)
 
     def eval(self) -> "DeformConfig":
@@ -59,9 +62,11 @@ class DeformConfig:
         return replace(self, mean=self.mean or tuple(mean.tolist()), std=self.std or tuple(std.tolist()))
 
     def to_dict(self) -> dict:
+        """The JSON form (a run directory's config.json holds it)."""
         return asdict(self)
 
     def norm(self, channels):
+        """(mean, std) float32 vectors of ``channels`` values (0 and 1 where unset)."""
         mean = np.zeros(channels, np.float32) if self.mean is None else np.asarray(self.mean, np.float32)
         std = np.ones(channels, np.float32) if self.std is None else np.asarray(self.std, np.float32)
         if mean.shape != (channels,) or std.shape != (channels,):

@@ -17,6 +17,17 @@ from .deform import DeformConfig, NO_DEFORM
 
 
 class Loader:
+    """Batches ``(x, y)`` of a Dataset on the current device, deformed and normalised.
+
+    ``Loader(dataset, batch, shuffle=True, seed=0, deform=None, prefetch=2,
+    drop_last=False, rank=0, world=1)``: iterating gives one epoch, the
+    images as float32 ``(N, C, H, W)`` and the labels as int64; ``deform`` is a
+    ``DeformConfig`` (None: no augmentation and no normalisation, use
+    ``DeformConfig().with_stats(dataset)`` for the training statistics).
+    ``set_epoch(e)`` picks epoch ``e``'s order; ``rank``/``world`` take one
+    shard of it; ``prefetch`` batches are prepared by a thread ahead of use.
+    """
+
     def __init__(self, dataset, batch, shuffle=True, seed=0, deform=None, prefetch=2,
                  drop_last=False, rank=0, world=1, threads=1):
         if not isinstance(batch, int) or batch < 1:
@@ -47,9 +58,11 @@ class Loader:
             raise ValueError(f"shard {rank}/{world} of {len(dataset)} samples is empty")
 
     def set_epoch(self, epoch: int):
+        """The epoch whose order and deformations the next iteration gives."""
         self.epoch = int(epoch)
 
     def indices(self) -> np.ndarray:
+        """This rank's sample indices of the current epoch, in order."""
         n = len(self.dataset)
         idx = (np.random.default_rng([self.seed, self.epoch]).permutation(n) if self.shuffle
                else np.arange(n))

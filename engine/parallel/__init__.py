@@ -23,6 +23,10 @@ from __future__ import annotations
 
 
 def run(cfg):
+    """Train as ``cfg`` (an ``engine.TrainConfig`` with ``parallel='asgd'`` or
+    ``'sync'``) says, on this process's rank of the MPI job (one node without
+    a launcher); returns what ``engine.train`` returns (final metrics, history,
+    run directory). Every rank calls it with the same config."""
     from .runner import run as _run
     return _run(cfg)
 

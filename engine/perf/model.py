@@ -22,6 +22,7 @@ the load measured under busy workers. A GPU profile has none of these.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -517,10 +518,14 @@ def core_share(ranks, n_gpu, cores, duty):
     return max(1.0, ranks * n_gpu / free)
 
 
-def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None,
+def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file=None,
             ranks_per_host: int = 1, impl: Impl = ENGINE_IMPL, staleness_offset: float = 1.0,
             tol: float = 1e-7, max_iter: int = 400) -> Prediction:
     """Solve the model for one configuration.
+
+    ``profile``: a ``Profile``, a profile file, or None for the profile
+    shipped with the package (this project's 2-core machine; ``sprint profile``
+    fits your own).
 
     ``ranks_per_host``: how many of the N_Node ranks share one host's cores
     (1 on a real cluster; N_Node when validating on one machine).
@@ -533,6 +538,9 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None
     by ``core_share`` at this configuration's updater duty over the one at
     the sweep's, which depends on the slowdown itself: iterated to agree.
     """
+    if profile is None or isinstance(profile, (str, os.PathLike)):
+        from .profile import Profile
+        profile = Profile.load(profile)
     sp = spec_mod.get_spec(spec)
     kw = dict(n_file=n_file, ranks_per_host=ranks_per_host, impl=impl, staleness_offset=staleness_offset,
               tol=tol, max_iter=max_iter)
