@@ -1,5 +1,7 @@
 """``sprint report RUN_DIR``: the measured ASGD / sync statistics of a run as a
-table, and a PNG of the staleness and effective-minibatch distributions."""
+table, and a PNG of what matters for the mode: the staleness and
+effective-minibatch distributions of ASGD; the allreduce time per step and
+the throughput over time of sync SGD."""
 from __future__ import annotations
 
 import json
@@ -66,6 +68,10 @@ def summary_table(st: dict) -> str:
     else:
         add(f"T_Step {_ms(st.get('T_Step', 0))} ms   T_GPU {_ms(st.get('T_GPU', 0))} ms   steps {st.get('steps')}"
             f"   buckets {st.get('buckets')}")
+        ar = st.get("timers", {}).get("Allreduce")
+        if ar and st.get("T_Step"):
+            add(f"Allreduce {_ms(ar['mean']).strip()} ms per step (median {_ms(ar['median']).strip()} ms), "
+                f"{100 * ar['mean'] / st['T_Step']:.1f} % of a step")
     timers = st.get("timers", {})
     add("")
     add(f"{'step':<18}{'mean ms':>12}{'median ms':>12}{'count':>10}")
@@ -77,14 +83,54 @@ def summary_table(st: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_distributions(st: dict, path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    if st.get("mode") == "pipeline":
-        from .pipeline_report import plot_values
-        st = {**st, **plot_values(st)}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+def throughput_over_time(t, samples, windows=40):
+    """(window mid-times, images/s in each window) from per-step end times and
+    cumulative sample counts; windows of equal step counts."""
+    t = np.asarray(t, float)
+    samples = np.asarray(samples, float)
+    if t.size < 2:
+        return np.zeros(0), np.zeros(0)
+    edges = np.unique(np.linspace(0, t.size - 1, min(windows, t.size - 1) + 1).round().astype(int))
+    dt = np.diff(t[edges])
+    ok = dt > 0
+    rate = np.diff(samples[edges])[ok] / dt[ok]
+    return 0.5 * (t[edges][:-1] + t[edges][1:])[ok], rate
+
+
+def _plot_sync(st: dict, axes) -> None:
+    ser = st.get("series") or {}
+    ar = np.asarray(ser.get("allreduce", []), float) * 1e3
+    step = np.asarray(ser.get("step", []), float) * 1e3
+    ax = axes[0]
+    if ar.size:
+        x = np.arange(1, ar.size + 1)
+        if step.size == ar.size:
+            ax.plot(x, step, lw=0.8, color="#bbbbbb", label=f"whole step (mean {step.mean():.2f} ms)")
+        ax.plot(x, ar, lw=0.8, color="#4477aa", label=f"Allreduce (mean {ar.mean():.2f} ms)")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no per-step record\n(sync_stats.json older than this report)",
+                ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("step (rank 0)")
+    ax.set_ylabel("ms")
+    ax.set_title("allreduce time per step")
+    ax = axes[1]
+    mid, rate = throughput_over_time(ser.get("t", []), ser.get("samples", []))
+    if rate.size:
+        ax.plot(mid, rate, marker=".", color="#228833")
+        ax.axhline(st["samples"] / st["wall_s"] if st.get("wall_s") else 0, color="#cc3311", ls="--",
+                   label="whole run")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no per-step record", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel("images / s (all ranks)")
+    ax.set_title("throughput over time")
+
+
+def _plot_asgd(st: dict, axes) -> None:
     for ax, key, label in ((axes[0], "staleness", "staleness (weight versions)"),
                            (axes[1], "minibatch", "effective minibatch (samples per update)")):
         vals = np.asarray(st.get(key, []), float)
@@ -98,6 +144,19 @@ def plot_distributions(st: dict, path) -> Path:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel(label)
         ax.set_ylabel("count")
+
+
+def plot_distributions(st: dict, path) -> Path:
+    """The report's PNG at ``path``: ASGD's staleness and minibatch
+    distributions, or sync's allreduce per step and throughput over time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    if st.get("mode") == "pipeline":
+        from .pipeline_report import plot_values
+        st = {**st, **plot_values(st)}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    (_plot_sync if st.get("mode") == "sync" else _plot_asgd)(st, axes)
     fig.suptitle(f"{st.get('mode', 'asgd')} {st.get('model', '')}: N_Node {st.get('n_node')} x "
                  f"N_GPU {st.get('n_gpu')}, N_Subbatch {st.get('n_subbatch', '?')}")
     fig.tight_layout()

@@ -87,6 +87,8 @@ class SyncSGD:
         self.epoch = self.samples_total / cfg.n_file if cfg.n_file else 0.0
         self.timers = StepTimers()
         self.worker_timers = [StepTimers() for _ in sources]
+        self.step_end: list[float] = []        # when each step ended, and samples by then:
+        self.step_samples: list[int] = []      # throughput over time in sprint report
         self.trace_weights = [to_host(self.w).copy()] if cfg.trace else []
         self._window = [0.0, 0.0, 0.0]
         self._pool = ThreadPoolExecutor(len(sources), thread_name_prefix="sprint-sync-worker") \
@@ -162,7 +164,10 @@ class SyncSGD:
             self._window[i] += glob[i]
         if cfg.trace:
             self.trace_weights.append(to_host(self.w).copy())
-        T.add("Iteration", _now() - it0)
+        t_end = _now()
+        T.add("Iteration", t_end - it0)
+        self.step_end.append(t_end)
+        self.step_samples.append(self.samples_total)
 
     def _done(self):
         cfg = self.cfg
@@ -179,7 +184,7 @@ class SyncSGD:
         return self.w
 
     def run(self) -> "SyncSGD":
-        t0 = _now()
+        t0 = self.t_start = _now()
         try:
             while not self._done():
                 self.step()
@@ -190,6 +195,15 @@ class SyncSGD:
                 self._pool.shutdown(wait=True)
             self.wall = _now() - t0
         return self
+
+    def _series(self) -> dict:
+        """This rank's per-step record: step end time (s since run start),
+        samples so far (all ranks), the step's Allreduce and whole duration (s)."""
+        t0 = getattr(self, "t_start", self.step_end[0] if self.step_end else 0.0)
+        own = self.timers.samples
+        return {"t": [round(t - t0, 6) for t in self.step_end], "samples": list(self.step_samples),
+                "allreduce": [round(t, 7) for t in own.get("Allreduce", [])],
+                "step": [round(t, 7) for t in own.get("Iteration", [])]}
 
     def stats(self, extra: dict | None = None) -> dict:
         allst = self.comm.allgather_obj(
@@ -209,6 +223,7 @@ class SyncSGD:
                        **{k: summarize(v) for k, v in st.samples.items() if k != "Iteration"}},
             "steps": self.steps, "samples": self.samples_total,
             "buckets": len(self.buckets), "wall_s": getattr(self, "wall", 0.0),
+            "series": self._series(),
         }
         if extra:
             out.update(extra)
