@@ -20,6 +20,8 @@
 #include <sstream>
 #include <string>
 
+#include "sizes.h"
+
 namespace py = pybind11;
 
 // ---- registration (one pair per op family) --------------------------------
@@ -40,9 +42,8 @@ void bind_deform_cuda(py::module_& m);
 namespace sprint {
 namespace bind {
 
-// Largest value accepted for a geometry parameter (kernel size, stride, pad,
-// output size...): keeps every derived product well inside int64.
-constexpr std::int64_t kMaxDim = std::int64_t(1) << 31;
+using sprint::kMaxDim;
+using sprint::kMaxElems;
 
 [[noreturn]] inline void value_error(const std::string& msg) { throw py::value_error(msg); }
 [[noreturn]] inline void type_error(const std::string& msg) { throw py::type_error(msg); }
@@ -82,12 +83,14 @@ py::array check_array(const py::handle& obj, const char* name, int ndim = -1, bo
     return a;
 }
 
-// Requires a.shape == expected (entries < 0 are not checked).
+// Requires a.shape == expected exactly. Expected sizes come from
+// checked_size()/the geometry checks; a negative one (an unchecked overflow)
+// never matches anything.
 inline void check_shape(const py::array& a, const char* name, std::initializer_list<std::int64_t> expected) {
     bool ok = std::int64_t(expected.size()) == a.ndim();
     py::ssize_t i = 0;
     for (auto e : expected) {
-        if (ok && e >= 0 && a.shape(i) != e) ok = false;
+        if (ok && (e < 0 || a.shape(i) != e)) ok = false;
         ++i;
     }
     if (!ok) {
@@ -96,11 +99,20 @@ inline void check_shape(const py::array& a, const char* name, std::initializer_l
         i = 0;
         for (auto e : expected) {
             s << (i++ ? ", " : "");
-            if (e >= 0) s << e; else s << "*";
+            if (e >= 0) s << e; else s << "<overflow>";
         }
         s << (expected.size() == 1 ? ",)" : ")") << ", got " << shape_str(a);
         value_error(s.str());
     }
+}
+
+// The product of sizes (e.g. the element count B*M*P of a shape) or
+// ValueError naming `what` when it overflows or a size is negative. The one
+// place where bindings multiply sizes (see csrc/sizes.h).
+inline std::int64_t checked_size(const char* what, std::initializer_list<std::int64_t> dims) {
+    const std::int64_t n = sprint::size_product(dims);
+    if (n < 0) value_error(std::string(what) + " is too large (or has a negative size)");
+    return n;
 }
 
 inline std::int64_t check_int(std::int64_t v, const char* name, std::int64_t lo, std::int64_t hi = kMaxDim) {

@@ -7,7 +7,7 @@ using namespace sprint::bind;
 
 namespace {
 using uptr = std::uintptr_t;
-constexpr int64_t kMaxN = INT64_MAX / 4;
+constexpr int64_t kMaxN = kMaxElems;
 }  // namespace
 
 void bind_elementwise_cuda(py::module_& m) {
@@ -28,7 +28,7 @@ void bind_elementwise_cuda(py::module_& m) {
         check_int(outer, "outer", 0, kMaxDim);
         check_int(channels, "channels", 1, kMaxDim);
         check_int(inner, "inner", 1, kMaxDim);
-        if (outer * channels > kMaxN / inner) value_error("outer * channels * inner is too large");
+        checked_size("outer * channels * inner", {outer, channels, inner});
         launch_nogil("bias_act", [&] {
             return cuda::bias_act_f32(dptr<const float>(x), dptr<const float>(b), dptr<float>(out), outer, channels,
                                       inner, relu, stream);

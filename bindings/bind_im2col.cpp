@@ -45,7 +45,7 @@ void cnhw_to_nchw(py::handle yt_, py::object bias_, py::handle y_) {
     py::array y = check_array<float>(y_, "y", 3, true);
     const i64 B = y.shape(0), M = y.shape(1), P = y.shape(2);
     py::array yt = check_array<float>(yt_, "yt", 2);
-    check_shape(yt, "yt", {M, B * P});
+    check_shape(yt, "yt", {M, checked_size("y batch * plane (B*P)", {B, P})});
     check_no_overlap(yt, "yt", y, "y");
     const float* bp = nullptr;
     py::array bias;
@@ -65,7 +65,7 @@ void nchw_to_cnhw(py::handle y_, py::handle out_, py::object db_, bool accumulat
     py::array y = check_array<float>(y_, "y", 3);
     const i64 B = y.shape(0), M = y.shape(1), P = y.shape(2);
     py::array out = check_array<float>(out_, "out", 2, true);
-    check_shape(out, "out", {M, B * P});
+    check_shape(out, "out", {M, checked_size("y batch * plane (B*P)", {B, P})});
     check_no_overlap(y, "y", out, "out");
     float* dbp = nullptr;
     py::array db;

@@ -10,7 +10,8 @@ namespace {
 using uptr = std::uintptr_t;
 
 ConvGeom geom(i64 B, i64 C, i64 H, i64 W, i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw) {
-    ConvGeom g{check_int(B, "B", 0), check_int(C, "C", 1), check_int(H, "H", 1), check_int(W, "W", 1),
+    ConvGeom g{check_int(B, "B", 0, kMaxElems), check_int(C, "C", 1, kMaxElems), check_int(H, "H", 1, kMaxElems),
+               check_int(W, "W", 1, kMaxElems),
                check_int(kh, "kh", 1), check_int(kw, "kw", 1), check_int(sh, "sh", 1), check_int(sw, "sw", 1),
                check_int(ph, "ph", 0), check_int(pw, "pw", 0), 0, 0};
     if (const char* err = conv_geom_check(g)) value_error(err);
@@ -18,9 +19,10 @@ ConvGeom geom(i64 B, i64 C, i64 H, i64 W, i64 kh, i64 kw, i64 sh, i64 sw, i64 ph
 }
 
 void check_bmp(i64 B, i64 M, i64 P) {
-    check_int(B, "B", 0);
-    check_int(M, "M", 1);
-    check_int(P, "P", 1);
+    check_int(B, "B", 0, kMaxElems);
+    check_int(M, "M", 1, kMaxElems);
+    check_int(P, "P", 1, kMaxElems);
+    checked_size("B*M*P", {B, M, P});
 }
 
 }  // namespace

@@ -10,8 +10,8 @@ namespace {
 // Geometry from an (N, C, H, W) array; errors name the argument.
 PoolGeom geom_from(const py::array& x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw) {
     PoolGeom g{};
-    // an empty array may have huge dims: their product is only taken when nonempty
-    const int64_t planes = x.size() == 0 ? 0 : x.shape(0) * x.shape(1);
+    // an empty array may have huge dims: 0 planes if any dimension is 0
+    const int64_t planes = x.size() == 0 ? 0 : checked_size("x planes (N*C)", {x.shape(0), x.shape(1)});
     if (const char* err = pool_geom_make(planes, x.shape(2), x.shape(3), kh, kw, sh, sw, ph, pw, &g))
         value_error(std::string(err) + " (x shape " + shape_str(x) + ", k=(" + std::to_string(kh) + ", " +
                     std::to_string(kw) + "), stride=(" + std::to_string(sh) + ", " + std::to_string(sw) +

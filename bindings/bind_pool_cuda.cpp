@@ -12,7 +12,7 @@ PoolGeom geom(i64 N, i64 C, i64 H, i64 W, i64 kh, i64 kw, i64 sh, i64 sw, i64 ph
     check_int(N, "N", 0, kMaxDim);
     check_int(C, "C", 0, kMaxDim);
     PoolGeom g{};
-    if (const char* err = pool_geom_make(N * C, H, W, kh, kw, sh, sw, ph, pw, &g)) value_error(err);
+    if (const char* err = pool_geom_make(checked_size("N * C", {N, C}), H, W, kh, kw, sh, sw, ph, pw, &g)) value_error(err);
     return g;
 }
 }  // namespace

@@ -14,7 +14,7 @@ void bind_softmax_cuda(py::module_& m) {
                              uptr stream) {
         check_int(N, "N", 1, kMaxDim);
         check_int(K, "K", 1, kMaxDim - 1);
-        if (N * K > INT64_MAX / 8) value_error("N * K is too large");
+        checked_size("N * K", {N, K});
         check_ptr(logits, "logits"); check_ptr(labels, "labels"); check_ptr(probs, "probs");
         check_ptr(dlogits, "dlogits"); check_ptr(row_loss, "row_loss");
         const float inv_n = float(1.0 / double(N));

@@ -9,7 +9,7 @@ using namespace sprint::bind;
 
 namespace {
 using uptr = std::uintptr_t;
-constexpr int64_t kMaxN = INT64_MAX / 4;  // keeps n * sizeof(float) in range
+constexpr int64_t kMaxN = kMaxElems;
 }  // namespace
 
 void bind_vector_cuda(py::module_& m) {

@@ -5,6 +5,10 @@
 #include <cstring>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #define SPRINT_HAVE_STREAM 1
@@ -18,6 +22,53 @@ constexpr i64 kParallelMin = i64(1) << 20;
 // cols larger than this (2^24 floats = 64 MiB, twice a typical L3) is written
 // with non-temporal stores.
 constexpr i64 kStreamMinFloats = i64(1) << 24;
+
+// Per-thread scratch is allocated before the parallel region (an exception,
+// bad_alloc included, must never leave an OpenMP region: it would abort the
+// process): one slice per thread that region may run.
+inline int region_threads(bool parallel) {
+#ifdef _OPENMP
+    return parallel ? omp_get_max_threads() : 1;
+#else
+    return 1;
+#endif
+}
+
+inline int thread_index() {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+// Floats of the zero-padded plane (Hp x Wp) that the fast paths of im2col and
+// col2im work in, or 0 when it would be much larger than the data it serves:
+// a huge stride or pad makes it GBs for a tiny output (2^17 stride, 2^16 pad:
+// 2^34 floats for a 2x2 output); then the direct paths (an edge test per
+// element, no scratch) are used instead.
+inline i64 padded_plane_floats(const ConvGeom& g) {
+    const i64 Hp = (g.OH - 1) * g.sh + g.kh, Wp = (g.OW - 1) * g.sw + g.kw;
+    const i64 n = size_product({Hp, Wp});
+    const i64 data = g.H * g.W + g.kh * g.kw * g.P();  // one input plane + its cols
+    return n >= 0 && n <= 2 * data + 4096 ? n : 0;
+}
+
+// im2col block (i, j) of one plane, straight from the unpadded plane.
+inline void copy_rows_direct(const float* plane, float* dst, const ConvGeom& g, i64 i, i64 j) {
+    for (i64 oh = 0; oh < g.OH; ++oh, dst += g.OW) {
+        const i64 h = oh * g.sh + i - g.ph;
+        if (h < 0 || h >= g.H) {
+            std::fill(dst, dst + g.OW, 0.0f);
+            continue;
+        }
+        const float* row = plane + h * g.W;
+        for (i64 q = 0; q < g.OW; ++q) {
+            const i64 w = q * g.sw + j - g.pw;
+            dst[q] = w >= 0 && w < g.W ? row[w] : 0.0f;
+        }
+    }
+}
 
 // One (i, j) block of im2col from a zero-padded copy of the plane (Hp x Wp,
 // every window position in range): rows without edge tests.
@@ -112,25 +163,32 @@ inline void stream_shifted_rows(const float* plane, float* dst, const ConvGeom& 
 // Each task is one (n, c) input plane: it is read kh*kw times from cache and
 // written to kh*kw rows of cols at column offset n*P.
 void im2col(const float* x, float* cols, const ConvGeom& g) {
+    if (g.B == 0) return;  // cols is empty
     const i64 P = g.P(), BP = g.B * P, HW = g.H * g.W;
     const i64 planes = g.B * g.C;
-    const i64 Hp = (g.OH - 1) * g.sh + g.kh, Wp = (g.OW - 1) * g.sw + g.kw;
+    const i64 Wp = (g.OW - 1) * g.sw + g.kw;
     const bool same_rows = g.sh == 1 && g.sw == 1 && g.OW == g.W;
+    const i64 pad_floats = same_rows ? 0 : padded_plane_floats(g);
+    const bool padded = pad_floats > 0, parallel = planes * g.kh * g.kw * P > kParallelMin;
+    std::vector<float> scratch(static_cast<size_t>(pad_floats) * region_threads(parallel));
     // Stream only what cannot stay in the last-level cache anyway.
     const bool stream = same_rows && g.K() * BP > kStreamMinFloats && streamable(cols + BP, g.OW);
-#pragma omp parallel if (planes * g.kh * g.kw * P > kParallelMin)
+#pragma omp parallel if (parallel)
     {
-        std::vector<float> padded(same_rows ? 0 : static_cast<size_t>(Hp * Wp));
+        float* pp = padded ? scratch.data() + thread_index() * pad_floats : nullptr;
+        const i64 Hp = padded ? pad_floats / Wp : 0;
 #pragma omp for schedule(static)
         for (i64 t = 0; t < planes; ++t) {
             const i64 n = t / g.C, c = t % g.C;
             const float* plane = x + t * HW;
-            if (!same_rows) pad_plane(plane, padded.data(), Hp, Wp, g);
+            if (padded) pad_plane(plane, pp, Hp, Wp, g);
             for (i64 i = 0; i < g.kh; ++i) {
                 for (i64 j = 0; j < g.kw; ++j) {
                     float* dst = cols + ((c * g.kh + i) * g.kw + j) * BP + n * P;
-                    if (!same_rows)
-                        copy_rows_padded(padded.data(), Wp, dst, g, i, j);
+                    if (padded)
+                        copy_rows_padded(pp, Wp, dst, g, i, j);
+                    else if (!same_rows)
+                        copy_rows_direct(plane, dst, g, i, j);
                     else if (stream && streamable(dst, g.OW))
                         stream_shifted_rows(plane, dst, g, i, j);
                     else
@@ -151,18 +209,45 @@ void im2col(const float* x, float* cols, const ConvGeom& g) {
 // fixed order (kernel row, then column), with no atomics and no sharing
 // between threads -- deterministic whatever the thread count. The interior is
 // then copied out (pixels no window covers get 0). cols rows are streamed
-// sequentially while the padded plane stays in cache.
+// sequentially while the padded plane stays in cache. When the padded plane
+// would be far larger than the data (huge stride or pad), the owner adds
+// straight into its output plane with edge tests, in the same order: the
+// same sums bit for bit.
 void col2im(const float* cols, float* x, const ConvGeom& g) {
+    if (g.B == 0) return;  // x is empty
     const i64 P = g.P(), BP = g.B * P, HW = g.H * g.W;
-    const i64 Hp = (g.OH - 1) * g.sh + g.kh, Wp = (g.OW - 1) * g.sw + g.kw;
+    const i64 Wp = (g.OW - 1) * g.sw + g.kw;
     const i64 planes = g.B * g.C;
-#pragma omp parallel if (planes * g.kh * g.kw * P > kParallelMin)
+    const i64 pad_floats = padded_plane_floats(g);
+    const bool parallel = planes * g.kh * g.kw * P > kParallelMin;
+    std::vector<float> scratch(static_cast<size_t>(pad_floats) * region_threads(parallel));
+#pragma omp parallel if (parallel)
     {
-        std::vector<float> padded(static_cast<size_t>(Hp * Wp));
+        float* pp = pad_floats ? scratch.data() + thread_index() * pad_floats : nullptr;
+        const i64 Hp = pad_floats ? pad_floats / Wp : 0;
 #pragma omp for schedule(static)
         for (i64 t = 0; t < planes; ++t) {
             const i64 n = t / g.C, c = t % g.C;
-            float* pp = padded.data();
+            float* plane = x + t * HW;
+            if (!pp) {
+                std::fill(plane, plane + HW, 0.0f);
+                for (i64 i = 0; i < g.kh; ++i) {
+                    for (i64 j = 0; j < g.kw; ++j) {
+                        const float* src = cols + ((c * g.kh + i) * g.kw + j) * BP + n * P;
+                        for (i64 oh = 0; oh < g.OH; ++oh) {
+                            const i64 h = oh * g.sh + i - g.ph;
+                            if (h < 0 || h >= g.H) continue;
+                            float* row = plane + h * g.W;
+                            const float* s = src + oh * g.OW;
+                            for (i64 q = 0; q < g.OW; ++q) {
+                                const i64 w = q * g.sw + j - g.pw;
+                                if (w >= 0 && w < g.W) row[w] += s[q];
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
             std::memset(pp, 0, sizeof(float) * Hp * Wp);
             for (i64 i = 0; i < g.kh; ++i) {
                 for (i64 j = 0; j < g.kw; ++j) {
@@ -179,7 +264,6 @@ void col2im(const float* cols, float* x, const ConvGeom& g) {
                     }
                 }
             }
-            float* plane = x + t * HW;
             // input (h, w) is padded (h + ph, w + pw)
             const i64 wn = std::max<i64>(0, std::min(g.W, Wp - g.pw));
             for (i64 h = 0; h < g.H; ++h) {
@@ -197,6 +281,7 @@ void col2im(const float* cols, float* x, const ConvGeom& g) {
 }
 
 void cnhw_to_nchw(const float* yt, const float* bias, float* y, i64 B, i64 M, i64 P) {
+    if (B == 0 || M == 0 || P == 0) return;  // y is empty (its other dims may be huge)
 #pragma omp parallel for collapse(2) schedule(static) if (B * M * P > kParallelMin)
     for (i64 n = 0; n < B; ++n) {
         for (i64 m = 0; m < M; ++m) {
@@ -220,7 +305,16 @@ inline float row_sum(const float* r, i64 P) {
 
 }  // namespace
 
+// An empty y (B*P == 0) returns at once: out is empty, db gets zero sums
+// (M is then db's real length, but B or P may be huge).
+inline bool empty_sums(float* db, bool accumulate, i64 B, i64 M, i64 P) {
+    if (B != 0 && M != 0 && P != 0) return false;
+    if (db && !accumulate) std::fill(db, db + M, 0.0f);
+    return true;
+}
+
 void nchw_to_cnhw(const float* y, float* out, float* db, bool accumulate, i64 B, i64 M, i64 P) {
+    if (empty_sums(db, accumulate, B, M, P)) return;
 #pragma omp parallel for schedule(static) if (B * M * P > kParallelMin)
     for (i64 m = 0; m < M; ++m) {
         double s = 0.0;
@@ -234,6 +328,7 @@ void nchw_to_cnhw(const float* y, float* out, float* db, bool accumulate, i64 B,
 }
 
 void channel_sum(const float* y, float* db, bool accumulate, i64 B, i64 M, i64 P) {
+    if (empty_sums(db, accumulate, B, M, P)) return;
 #pragma omp parallel for schedule(static) if (B * M * P > kParallelMin)
     for (i64 m = 0; m < M; ++m) {
         double s = 0.0;
@@ -243,6 +338,7 @@ void channel_sum(const float* y, float* db, bool accumulate, i64 B, i64 M, i64 P
 }
 
 void add_channel_bias(float* y, const float* bias, i64 B, i64 M, i64 P) {
+    if (B == 0 || M == 0 || P == 0) return;
 #pragma omp parallel for collapse(2) schedule(static) if (B * M * P > kParallelMin)
     for (i64 n = 0; n < B; ++n) {
         for (i64 m = 0; m < M; ++m) {

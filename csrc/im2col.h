@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "sizes.h"
+
 namespace sprint {
 
 using i64 = std::int64_t;
@@ -23,15 +25,22 @@ struct ConvGeom {
 };
 
 // Fills OH/OW; returns nullptr if the geometry is valid, else a message that
-// names the offending argument. Callers guarantee all inputs < 2^31.
+// names the offending argument. Every size derived later (K, P, B*P, K*B*P,
+// B*C*H*W) is checked here, so callers may multiply them freely.
 inline const char* conv_geom_check(ConvGeom& g) {
-    if (g.kh < 1 || g.kw < 1) return "kernel size (kh, kw) must be >= 1";
-    if (g.sh < 1 || g.sw < 1) return "stride must be >= 1";
-    if (g.ph < 0 || g.pw < 0) return "pad must be >= 0";
+    if (g.kh < 1 || g.kw < 1 || g.kh > kMaxDim || g.kw > kMaxDim) return "kernel size (kh, kw) must be in [1, 2^31]";
+    if (g.sh < 1 || g.sw < 1 || g.sh > kMaxDim || g.sw > kMaxDim) return "stride must be in [1, 2^31]";
+    if (g.ph < 0 || g.pw < 0 || g.ph > kMaxDim || g.pw > kMaxDim) return "pad must be in [0, 2^31]";
     if (g.B < 0 || g.C < 1 || g.H < 1 || g.W < 1) return "x must have C, H, W >= 1";
+    if (g.B > kMaxElems || g.C > kMaxElems || g.H > kMaxElems || g.W > kMaxElems) return "x is too large";
     if (g.H + 2 * g.ph < g.kh || g.W + 2 * g.pw < g.kw) return "kernel larger than the padded input";
     g.OH = (g.H + 2 * g.ph - g.kh) / g.sh + 1;
     g.OW = (g.W + 2 * g.pw - g.kw) / g.sw + 1;
+    const i64 K = size_product({g.C, g.kh, g.kw}), P = size_product({g.OH, g.OW});
+    if (K < 0) return "C*kh*kw (rows of cols) is too large";
+    if (P < 0) return "output size OH*OW is too large";
+    if (size_product({K, g.B, P}) < 0) return "cols (C*kh*kw x B*OH*OW) is too large";
+    if (size_product({g.B, g.C, g.H, g.W}) < 0) return "x is too large";
     return nullptr;
 }
 

@@ -9,7 +9,8 @@ namespace cuda {
 
 int deform_u8(const std::uint8_t* x, const float* params, const float* mean, const float* stdv, float* out,
               const DeformGeom& g, std::uintptr_t stream) {
-    const i64 n = g.N * g.C * g.OH * g.OW;
+    const i64 n = size_product({g.N, g.C, g.OH, g.OW});
+    if (n < 0 || size_product({g.N, g.C, g.H, g.W}) < 0) return kBadSize;
     if (n == 0) return 0;
     sprint_deform_u8<<<grid_1d(n), SPRINT_BLOCK, 0, as_stream(stream)>>>(x, params, mean, stdv, out, g.N, g.C,
                                                                          g.H, g.W, g.OH, g.OW);
@@ -18,7 +19,8 @@ int deform_u8(const std::uint8_t* x, const float* params, const float* mean, con
 
 int deform_f32(const float* x, const float* params, const float* mean, const float* stdv, float* out,
                const DeformGeom& g, std::uintptr_t stream) {
-    const i64 n = g.N * g.C * g.OH * g.OW;
+    const i64 n = size_product({g.N, g.C, g.OH, g.OW});
+    if (n < 0 || size_product({g.N, g.C, g.H, g.W}) < 0) return kBadSize;
     if (n == 0) return 0;
     sprint_deform_f32<<<grid_1d(n), SPRINT_BLOCK, 0, as_stream(stream)>>>(x, params, mean, stdv, out, g.N, g.C,
                                                                           g.H, g.W, g.OH, g.OW);

@@ -24,6 +24,22 @@ typedef long long i64;
 #define SPRINT_NARROW_INDEX_MAX 0x7fffffffLL
 #endif
 
+// a * b for sizes, -1 when either is negative or the product passes 2^59:
+// the rule of csrc/sizes.h (size_mul), which the bindings and launchers
+// apply first. Kernels form their element counts with it and do nothing on
+// -1, so a RawModule caller with unchecked sizes cannot make them wrap.
+#define SPRINT_MAX_ELEMS (0x7fffffffffffffffLL / 16)
+__device__ __forceinline__ i64 sprint_size_mul(i64 a, i64 b) {
+    if (a < 0 || b < 0) return -1;
+    if (a == 0 || b == 0) return 0;
+    return a > SPRINT_MAX_ELEMS / b ? -1 : a * b;
+}
+
+__device__ __forceinline__ i64 sprint_size3(i64 a, i64 b, i64 c) {
+    return (a == 0 || b == 0 || c == 0) && a >= 0 && b >= 0 && c >= 0 ? 0
+                                                                      : sprint_size_mul(sprint_size_mul(a, b), c);
+}
+
 // Grid-stride loop over [0, n) with indices of type I.
 #define SPRINT_FOR_T(I, idx, n)                                                         \
     for (I idx = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; idx < (I)(n);         \

@@ -34,6 +34,15 @@ __device__ __forceinline__ SprintTap sprint_tap(float s, int L) {
     return t;
 }
 
+// wa * va + wb * vb where a zero weight drops its term (0 * Inf would be NaN):
+// identity and integer-shift samples return the pixel itself, Inf, NaN and -0
+// included. The rule of csrc/deform.cpp's blend().
+__device__ __forceinline__ float sprint_blend(float wa, float va, float wb, float vb) {
+    if (wb == 0.0f) return wa == 0.0f ? 0.0f : wa * va;
+    if (wa == 0.0f) return wb * vb;
+    return wa * va + wb * vb;
+}
+
 template <typename T>
 __device__ void sprint_deform(const T* __restrict__ x, const float* __restrict__ params,
                               const float* __restrict__ mean, const float* __restrict__ stdv,
@@ -42,7 +51,9 @@ __device__ void sprint_deform(const T* __restrict__ x, const float* __restrict__
     const i64 plane_out = (i64)OH * OW;
     const float cy = 0.5f * (H - 1), cx = 0.5f * (W - 1);
     const float ocy = 0.5f * (OH - 1), ocx = 0.5f * (OW - 1);
-    SPRINT_FOR(o, N * C * plane_out) {
+    const i64 n_out = sprint_size3(N, C, plane_out);
+    if (sprint_size3(N, C, (i64)H * W) < 0) return;
+    SPRINT_FOR(o, n_out) {
         const i64 plane = o / plane_out;
         const int rem = (int)(o - plane * plane_out);
         const int i = rem / OW, j = rem - (rem / OW) * OW;
@@ -56,9 +67,9 @@ __device__ void sprint_deform(const T* __restrict__ x, const float* __restrict__
         const SprintTap r = sprint_tap(sy, H), t = sprint_tap(sx, W);
         const T* ra = x + plane * H * W + (i64)r.a * W;
         const T* rb = x + plane * H * W + (i64)r.b * W;
-        const float v = r.wa * (t.wa * (float)ra[t.a] + t.wb * (float)ra[t.b]) +
-                        r.wb * (t.wa * (float)rb[t.a] + t.wb * (float)rb[t.b]);
-        out[o] = (v / in_div - mean[c]) / stdv[c];
+        const float va = r.wa == 0.0f ? 0.0f : sprint_blend(t.wa, (float)ra[t.a], t.wb, (float)ra[t.b]);
+        const float vb = r.wb == 0.0f ? 0.0f : sprint_blend(t.wa, (float)rb[t.a], t.wb, (float)rb[t.b]);
+        out[o] = (sprint_blend(r.wa, va, r.wb, vb) / in_div - mean[c]) / stdv[c];
     }
 }
 

@@ -28,7 +28,10 @@ __device__ __forceinline__ void im2col_body(const float* __restrict__ x, float* 
 extern "C" __global__ void sprint_im2col_f32(const float* __restrict__ x, float* __restrict__ cols,
                                              i64 B, i64 C, i64 H, i64 W, i64 kh, i64 kw, i64 sh,
                                              i64 sw, i64 ph, i64 pw, i64 OH, i64 OW) {
-    const i64 nc = C * kh * kw * B * OH * OW, nx = B * C * H * W;
+    const i64 nc = sprint_size_mul(sprint_size3(C, kh, kw), sprint_size3(B, OH, OW));
+    const i64 nx = sprint_size_mul(sprint_size_mul(B, C), sprint_size_mul(H, W));
+    if (nc <= 0 || nx < 0 || sh < 1 || sw < 1 || ph < 0 || pw < 0 || ph > SPRINT_MAX_ELEMS || pw > SPRINT_MAX_ELEMS)
+        return;
     if (nc <= SPRINT_NARROW_INDEX_MAX && nx <= SPRINT_NARROW_INDEX_MAX &&
         (OH - 1) * sh + kh <= SPRINT_NARROW_INDEX_MAX && (OW - 1) * sw + kw <= SPRINT_NARROW_INDEX_MAX)
         im2col_body<unsigned>(x, cols, B, C, H, W, kh, kw, sh, sw, ph, pw, OH, OW);
@@ -68,7 +71,10 @@ __device__ __forceinline__ void col2im_body(const float* __restrict__ cols, floa
 extern "C" __global__ void sprint_col2im_f32(const float* __restrict__ cols, float* __restrict__ x,
                                              i64 B, i64 C, i64 H, i64 W, i64 kh, i64 kw, i64 sh,
                                              i64 sw, i64 ph, i64 pw, i64 OH, i64 OW) {
-    const i64 nc = C * kh * kw * B * OH * OW, nx = B * C * H * W;
+    const i64 nc = sprint_size_mul(sprint_size3(C, kh, kw), sprint_size3(B, OH, OW));
+    const i64 nx = sprint_size_mul(sprint_size_mul(B, C), sprint_size_mul(H, W));
+    if (nc < 0 || nx <= 0 || sh < 1 || sw < 1 || ph < 0 || pw < 0 || ph > SPRINT_MAX_ELEMS || pw > SPRINT_MAX_ELEMS)
+        return;
     if (nc <= SPRINT_NARROW_INDEX_MAX && nx <= SPRINT_NARROW_INDEX_MAX &&
         H + ph <= SPRINT_NARROW_INDEX_MAX && W + pw <= SPRINT_NARROW_INDEX_MAX)
         col2im_body<unsigned>(cols, x, B, C, H, W, kh, kw, sh, sw, ph, pw, OH, OW);
@@ -88,7 +94,9 @@ __device__ __forceinline__ void cnhw_to_nchw_body(const float* __restrict__ yt, 
 
 extern "C" __global__ void sprint_cnhw_to_nchw_f32(const float* __restrict__ yt, const float* __restrict__ bias,
                                                    i64 has_bias, float* __restrict__ y, i64 B, i64 M, i64 P) {
-    if (B * M * P <= SPRINT_NARROW_INDEX_MAX)
+    const i64 n = sprint_size3(B, M, P);
+    if (n <= 0) return;
+    if (n <= SPRINT_NARROW_INDEX_MAX)
         cnhw_to_nchw_body<unsigned>(yt, bias, has_bias != 0, y, B, M, P);
     else
         cnhw_to_nchw_body<i64>(yt, bias, has_bias != 0, y, B, M, P);
@@ -106,7 +114,9 @@ __device__ __forceinline__ void nchw_to_cnhw_body(const float* __restrict__ y, f
 
 extern "C" __global__ void sprint_nchw_to_cnhw_f32(const float* __restrict__ y, float* __restrict__ out,
                                                    i64 B, i64 M, i64 P) {
-    if (B * M * P <= SPRINT_NARROW_INDEX_MAX)
+    const i64 n = sprint_size3(B, M, P);
+    if (n <= 0) return;
+    if (n <= SPRINT_NARROW_INDEX_MAX)
         nchw_to_cnhw_body<unsigned>(y, out, B, M, P);
     else
         nchw_to_cnhw_body<i64>(y, out, B, M, P);
@@ -116,9 +126,11 @@ extern "C" __global__ void sprint_nchw_to_cnhw_f32(const float* __restrict__ y, 
 extern "C" __global__ void sprint_channel_sum_f32(const float* __restrict__ y, float* __restrict__ db,
                                                   i64 accumulate, i64 B, i64 M, i64 P) {
     __shared__ float smem[SPRINT_BLOCK];
+    const i64 BP = sprint_size_mul(B, P);
+    if (BP < 0 || sprint_size_mul(BP, M) < 0) return;
     for (i64 m = blockIdx.x; m < M; m += gridDim.x) {
         float s = 0.0f;
-        for (i64 q = threadIdx.x; q < B * P; q += blockDim.x) s += y[((q / P) * M + m) * P + q % P];
+        for (i64 q = threadIdx.x; q < BP; q += blockDim.x) s += y[((q / P) * M + m) * P + q % P];
         s = sprint_block_sum(s, smem);
         if (threadIdx.x == 0) db[m] = accumulate ? db[m] + s : s;
         __syncthreads();
@@ -128,5 +140,6 @@ extern "C" __global__ void sprint_channel_sum_f32(const float* __restrict__ y, f
 // y[n,m,p] += bias[m], in place.
 extern "C" __global__ void sprint_add_channel_bias_f32(float* __restrict__ y, const float* __restrict__ bias,
                                                        i64 B, i64 M, i64 P) {
-    SPRINT_FOR(idx, B * M * P) y[idx] += bias[(idx / P) % M];
+    const i64 n = sprint_size3(B, M, P);
+    SPRINT_FOR(idx, n) y[idx] += bias[(idx / P) % M];
 }

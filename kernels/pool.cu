@@ -14,7 +14,8 @@ extern "C" __global__ void sprint_maxpool_fwd_f32(const float* __restrict__ x,
                                                   i64 sh, i64 sw, i64 ph, i64 pw) {
     const int H = (int)H_, W = (int)W_, OH = (int)OH_, OW = (int)OW_;
     const i64 plane_out = (i64)OH * OW;
-    SPRINT_FOR(o, planes * plane_out) {
+    const i64 n = sprint_size_mul(planes, plane_out);
+    SPRINT_FOR(o, n) {
         const i64 p = o / plane_out;
         const int r = (int)(o - p * plane_out);
         const int oh = r / OW, ow = r - (r / OW) * OW;
@@ -47,7 +48,9 @@ extern "C" __global__ void sprint_maxpool_bwd_f32(const float* __restrict__ dy,
     const int kh = (int)kh_, kw = (int)kw_, sh = (int)sh_, sw = (int)sw_;
     const int ph = (int)ph_, pw = (int)pw_;
     const i64 plane_in = (i64)H * W, plane_out = (i64)OH * OW;
-    SPRINT_FOR(i, planes * plane_in) {
+    const i64 n = sprint_size_mul(planes, plane_in);
+    if (sprint_size_mul(planes, plane_out) < 0) return;
+    SPRINT_FOR(i, n) {
         const i64 p = i / plane_in;
         const int idx = (int)(i - p * plane_in);
         const int h = idx / W, w = idx - (idx / W) * W;

@@ -217,6 +217,52 @@ def test_cuda_sources_on_the_cpu_match_the_cpu_twin(emulated, case, seed):
     assert np.array_equal(got, want)
 
 
+def _special_values_image():
+    """A float32 image holding Inf, -Inf, NaN and -0 next to finite pixels."""
+    x = np.arange(2 * 5 * 6, dtype=np.float32).reshape(1, 2, 5, 6) - 20
+    x[0, 0, 2, 3] = np.inf
+    x[0, 0, 4, 0] = -np.inf
+    x[0, 1, 1, 1] = np.nan
+    x[0, 1, 3, 5] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("path", ["cpu", "emulated_gpu"])
+def test_identity_and_integer_shifts_copy_inf_nan_and_minus_zero_exactly(path, emulated):
+    """Issue 9: the identity turned an Inf pixel into NaN (0 * Inf from the
+    zero-weight neighbour) and spread it to the pixel before it. Identity,
+    flip and integer offsets must copy every pixel bit for bit, and a zero
+    weight must not pull a neighbour's Inf/NaN in."""
+    x = _special_values_image()
+    m, s = _norm(2)
+    shifts = [[1, 0, 0, 0], [1, 0, 0, 1], [1, 1, -2, 0], [1, -1, 3, 1]]
+    xs = np.repeat(x, len(shifts), axis=0)
+    with using(emulated if path == "emulated_gpu" else cpu()):
+        out = ops.deform(xs, _params(shifts), (5, 6), m, s, out=poison(xs.shape))
+
+    def shifted(img, dy, dx):  # img[i + dy, j + dx], zero outside
+        pad = np.pad(img, ((0, 0), (5, 5), (6, 6)))
+        return pad[:, 5 + dy:5 + dy + 5, 6 + dx:6 + dx + 6]
+
+    want = [x[0], x[0][:, :, ::-1], shifted(x[0], 1, -2), shifted(x[0][:, :, ::-1], -1, 3)]
+    for got, ref in zip(out, want):
+        assert got.tobytes() == np.ascontiguousarray(ref).tobytes()  # -0 and NaN compared bitwise too
+
+
+@pytest.mark.parametrize("path", ["cpu", "emulated_gpu"])
+def test_interpolation_keeps_inf_local(path, emulated):
+    """A half-pixel shift blends each pixel with its right neighbour: only the
+    outputs whose taps include the Inf pixel are non-finite."""
+    x = _special_values_image()[:, :1]
+    x[0, 0, 4, 0] = 0  # one Inf only
+    m, s = _norm(1)
+    with using(emulated if path == "emulated_gpu" else cpu()):
+        out = ops.deform(x, _params([[1, 0, 0.5, 0]]), (5, 6), m, s)
+    bad = ~np.isfinite(out[0, 0])
+    assert bad.sum() == 2 and bad[2, 2] and bad[2, 3]
+    assert np.isposinf(out[0, 0, 2, 2]) and np.isposinf(out[0, 0, 2, 3])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32])
 def test_gpu_deform_matches_cpu(dtype):

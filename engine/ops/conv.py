@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.backend import get_backend
-from engine.ops._check import (check_array, check_bool, check_no_alias, check_pair,
+from engine.ops._check import (check_array, check_bool, check_no_alias, check_nonneg_int, check_pair,
                                check_positive_int, out_array)
 from engine.ops.gemm import gemm
 
@@ -35,6 +35,8 @@ def default_workspace_bytes() -> int:
 
 def conv_out_size(size: int, k: int, stride: int = 1, pad: int = 0) -> int:
     """Output length of a window k, stride, pad over size (>= 1 or ValueError)."""
+    size, k = check_positive_int("size", size), check_positive_int("k", k)
+    stride, pad = check_positive_int("stride", stride), check_nonneg_int("pad", pad)
     if size + 2 * pad < k:
         raise ValueError(f"kernel {k} larger than the padded input {size}+2*{pad}")
     return (size + 2 * pad - k) // stride + 1
