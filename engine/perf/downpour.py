@@ -98,19 +98,26 @@ def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=Non
            "ReplyFetch": (copy(ns) + send(ns)) / fetch_every}
     b = sum(srv.values())
     t_fixed = sum(replica.values()) + (copy(n) + POLL) / fetch_every + copy(n) / push_every
-    t = t_fixed
-    for _ in range(200):          # the fetch's queueing wait depends on the step time
-        rho = R * b / t
-        wait = (rho * b / (2 * (1 - rho)) if rho < 1 else float("inf")) + POLL / 2
-        new = t_fixed + min(wait, 10 * t_fixed) / fetch_every
-        if abs(new - t) < 1e-9 * t:
-            break
-        t = 0.5 * (t + new)
-    rho = R * b / t
-    replica["Fetch"] = (copy(n) + POLL + min(wait, 10 * t_fixed)) / fetch_every
+    bound = R * b >= t_fixed            # offered load >= 1: the servers set the pace
+    wait = lambda t: (R * b / t) * b / (2 * (1 - R * b / t)) + POLL / 2
+    if bound:
+        t = R * b
+        rho = R * b / t_fixed
+        w = t - t_fixed + POLL / 2
+    else:
+        # t = t_fixed + wait(t) / fetch_every; the right side falls as t grows: bisect
+        lo, hi = max(t_fixed, R * b * (1 + 1e-12)), 2 * max(t_fixed, R * b)
+        while hi - t_fixed - wait(hi) / fetch_every < 0:
+            hi *= 2
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if mid - t_fixed - wait(mid) / fetch_every < 0 else (lo, mid)
+        t = hi
+        rho, w = R * b / t, wait(t)
+    replica["Fetch"] = (copy(n) + POLL + w) / fetch_every if not bound else \
+        (copy(n) + POLL) / fetch_every + (t - t_fixed)
     replica["Push"] = copy(n) / push_every
-    bound = rho >= 1
-    ips = n_subbatch / b if bound else R * n_subbatch / t
+    ips = R * n_subbatch / t
     n_file = n_file or N_FILE.get(sp.name, 50000)
     return DownpourPrediction(model=sp.name, servers=S, replicas=R, n_subbatch=n_subbatch, n_param=n,
                               n_file=n_file, fetch_every=fetch_every, push_every=push_every,
