@@ -40,6 +40,10 @@ extern "C" __global__ void sprint_im2col_f32(const float* __restrict__ x, float*
 }
 
 // Gather: one thread per x element sums its contributions in (i, j) order.
+// Padded pixel hp = h + ph is read by the windows (oh, i) with oh*sh + i == hp,
+// 0 <= i < kh, 0 <= oh < OH: only those are visited (oh descending is i
+// ascending), so a thread's work is its number of contributions, not kh*kw
+// -- a huge kernel with a huge stride (few windows) stays cheap.
 template <typename I>
 __device__ __forceinline__ void col2im_body(const float* __restrict__ cols, float* __restrict__ x, I B, I C, I H,
                                             I W, I kh, I kw, I sh, I sw, I ph, I pw, I OH, I OW) {
@@ -50,18 +54,16 @@ __device__ __forceinline__ void col2im_body(const float* __restrict__ cols, floa
         const I h = t % H; t /= H;
         const I c = t % C;
         const I n = t / C;
+        const I hp = h + ph, wp = w + pw;
+        // windows oh in [oh_lo, oh_hi]: oh*sh <= hp and hp - oh*sh < kh (unsigned-safe forms)
+        const I oh_lo = hp >= kh ? (hp - kh) / sh + 1 : 0, ow_lo = wp >= kw ? (wp - kw) / sw + 1 : 0;
+        const I oh_end = hp / sh < OH ? hp / sh + 1 : OH, ow_end = wp / sw < OW ? wp / sw + 1 : OW;
         float acc = 0.0f;
-        for (I i = 0; i < kh && i <= h + ph; ++i) {
-            const I th = h + ph - i;
-            if (th % sh) continue;
-            const I oh = th / sh;
-            if (oh >= OH) continue;
-            for (I j = 0; j < kw && j <= w + pw; ++j) {
-                const I tw = w + pw - j;
-                if (tw % sw) continue;
-                const I ow = tw / sw;
-                if (ow >= OW) continue;
-                acc += cols[((c * kh + i) * kw + j) * BP + n * P + oh * OW + ow];
+        for (I oh = oh_end; oh > oh_lo; --oh) {
+            const I i = hp - (oh - 1) * sh;
+            for (I ow = ow_end; ow > ow_lo; --ow) {
+                const I j = wp - (ow - 1) * sw;
+                acc += cols[((c * kh + i) * kw + j) * BP + n * P + (oh - 1) * OW + (ow - 1)];
             }
         }
         x[idx] = acc;

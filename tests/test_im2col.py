@@ -303,7 +303,12 @@ def backend_kernel(name):
 
 
 @pytest.mark.parametrize("win", [((3, 4, 9, 7), 3, 3, 1, 1, 1, 1), ((2, 3, 9, 12), 5, 3, 2, 3, 3, 0),
-                                 ((1, 1, 6, 6), 1, 1, 1, 1, 0, 0), ((2, 2, 13, 13), 11, 11, 4, 4, 2, 2)])
+                                 ((1, 1, 6, 6), 1, 1, 1, 1, 0, 0), ((2, 2, 13, 13), 11, 11, 4, 4, 2, 2),
+                                 # huge strides and pads: few windows, most pixels read by none
+                                 ((1, 2, 40, 37), 3, 2, 20, 17, 19, 16), ((2, 1, 5, 4), 2, 3, 64, 128, 40, 70),
+                                 # a 2^18-tall window, stride and pad: the gather visits only the
+                                 # windows that read each pixel (it used to test all 2^18 rows)
+                                 ((1, 1, 64, 64), 1 << 18, 1, 1 << 18, 64, (1 << 18) - 1, 0)])
 def test_cuda_sources_match_cpu_twins(emulated, win):
     import k2_support
 
@@ -328,7 +333,7 @@ def test_cuda_sources_match_cpu_twins(emulated, win):
     assert np.array_equal(cols, ref_cols)
     for a, r in zip(g1, ref_g):
         np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(xx, ref_x, rtol=1e-6, atol=1e-6)
+    assert np.array_equal(xx, ref_x)  # the same additions in the same (i, j) order
     np.testing.assert_allclose(y, ref_y, rtol=1e-6, atol=1e-5)
     for a, r in zip(g, ref_g):
         np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
