@@ -248,7 +248,7 @@ def worker(seed, first, last, kinds, time_limit, mem_gb):
 
 # ---- the supervisor -------------------------------------------------------------
 
-def fuzz(calls, seed=0, batch=500, kinds=("ops", "cpu", "cuda"), time_limit=10.0, mem_gb=4.0,
+def fuzz(calls, seed=0, batch=500, kinds=("ops", "cpu", "cuda", "emu"), time_limit=10.0, mem_gb=4.0,
          progress=None) -> dict:
     """Runs calls 0..calls-1 of `seed` in child processes; returns the report."""
     rep = {"seed": seed, "calls": 0, "ok": 0, "rejected": 0, "bad": 0, "crashes": 0, "hangs": 0, "generator_error": 0,
@@ -324,7 +324,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1000, help="calls per child process")
     ap.add_argument("--time-limit", type=float, default=10.0, help="seconds after which a call is a hang")
     ap.add_argument("--mem-gb", type=float, default=4.0, help="address-space cap of the children (0: none)")
-    ap.add_argument("--targets", default="ops,cpu,cuda", help="comma list of ops, cpu, cuda")
+    ap.add_argument("--targets", default="ops,cpu,cuda,emu",
+                    help="comma list of ops (engine.ops on the CPU), cpu (engine._sprint_cpu), cuda "
+                         "(engine._sprint_cuda without a device), emu (engine.ops' GPU path with the CUDA "
+                         "sources run on the CPU)")
     ap.add_argument("--json", help="write the report here")
     ap.add_argument("--replay", type=int, help="run call REPLAY of --seed in this process and print it")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

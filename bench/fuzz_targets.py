@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -420,12 +421,101 @@ class CudaError(Exception):
     """Marker: a RuntimeError that names a CUDA error counts as a rejection."""
 
 
+# ---- the ops' GPU path on the CPU ------------------------------------------------
+# The ops take their RawModule path with NumPy arrays and each launch runs the
+# real kernels/*.cu compiled as sequential C++ (tests/k2_support.py's shim: one
+# thread, so grid-stride loops visit every index): the GPU path's validation,
+# launch arguments and kernel index arithmetic, fuzzed without a GPU. Softmax
+# needs warp shuffles and is not emulated.
+EMU_FAMILIES = ("im2col", "pool", "elementwise", "vector", "deform")
+EMU_OPS = ("im2col", "col2im", "conv2d_forward", "conv2d_backward", "relu_forward", "relu_backward", "bias_act",
+           "maxpool_forward", "maxpool_backward", "axpy", "scale", "sum_into", "momentum_step", "sgd_update", "deform")
+
+
+# A launch over more elements is refused (as a MemoryError, counted as a
+# rejection): one CPU thread runs the emulated kernel, and legitimately large
+# outputs (a 2 GB cols from a huge pad) would read as hangs.
+EMU_MAX_LAUNCH = 1 << 23
+
+
+class EmulationLimit(MemoryError):
+    pass
+
+
+def emulated_backend():
+    """A Backend whose raw_launch runs the emulated kernels; the libraries are
+    built once per source version into a shared temp folder (atomically, so
+    concurrent fuzz children reuse them)."""
+    import ctypes
+    import hashlib
+    import os
+    import shutil
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from engine import backend
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import k2_support
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        raise OSError("no C++ compiler")
+    kdir = backend.kernel_dir()
+    shim = k2_support._SHIM + "\n#define __shared__ static\n"
+    h = hashlib.sha256(shim.encode())
+    for f in sorted(kdir.glob("*.cu*")):
+        h.update(f.read_bytes())
+    cache = Path(tempfile.gettempdir()) / f"sprint_fuzz_emu_{h.hexdigest()[:16]}"
+    cache.mkdir(exist_ok=True)
+    libs = []
+    for fam in EMU_FAMILIES:
+        lib = cache / f"lib{fam}.so"
+        if not lib.exists():
+            (cache / "shim.h").write_text(shim)
+            tmp = cache / f".lib{fam}.{os.getpid()}.so"
+            subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-include", str(cache / "shim.h"),
+                            "-x", "c++", str(kdir / f"{fam}.cu"), "-I", str(kdir), "-o", str(tmp)],
+                           check=True, capture_output=True)
+            os.replace(tmp, lib)
+        libs.append(ctypes.CDLL(str(lib)))
+
+    def raw_launch(kernel, args, n=None, grid=None, block=256):
+        if n is not None and n > EMU_MAX_LAUNCH:
+            raise EmulationLimit(f"{kernel}: {n} elements are too many to emulate on one CPU thread")
+        for lib in libs:
+            if hasattr(lib, kernel):
+                return k2_support.kernel_call(lib, kernel, *args)
+        raise AssertionError(f"kernel {kernel} is not emulated")
+
+    be = backend.Backend("gpu", np, None, "rawmodule")
+    be.raw_launch = raw_launch
+    return be
+
+
+def _on_backend(be, fn):
+    import functools
+
+    from engine import backend
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        old = backend._current
+        backend._current = be
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            backend._current = old
+    return call
+
+
 def targets(kinds=("ops", "cpu", "cuda")) -> tuple[list[Target], list[str]]:
     """The fuzz targets, sorted by name, and notes on what was left out."""
     import engine.ops as ops
     from engine import backend
     backend.set_backend("cpu")
-    out, notes = [], []
+    notes = []
+    out = []
     if "ops" in kinds:
         for name in ops.__all__:
             fn = getattr(ops, name)
@@ -458,6 +548,15 @@ def targets(kinds=("ops", "cpu", "cuda")) -> tuple[list[Target], list[str]]:
                 k = binding_kinds(fn)
                 out.append(Target(f"cuda.{name}", fn, k, lambda r, A, k=k: (cuda_binding_valid(k, r), {}), None,
                                   REJECT + (CudaError,)))
+    if "emu" in kinds:
+        try:
+            be = emulated_backend()
+        except (OSError, subprocess.CalledProcessError) as e:
+            notes.append(f"emu: the CUDA sources could not be built for the CPU ({e})")
+            be = None
+        for name in EMU_OPS if be is not None else ():
+            fn = _on_backend(be, getattr(ops, name))
+            out.append(Target(f"emu.{name}", fn, op_kinds(fn), OPS[name][0], OPS[name][1], REJECT))
     if "selftest" in kinds:  # targets that crash or hang on purpose: the fuzzer must catch them
         import ctypes
         import os

@@ -1,6 +1,7 @@
 """The fuzz of bench/fuzz.py in CI: a few thousand calls of every engine.ops
-function and every raw binding (engine._sprint_cpu, and engine._sprint_cuda
-when it is built and no device is present) with random dtypes, shapes,
+function (on the CPU, and on the GPU path with the CUDA sources run on the
+CPU), every raw binding (engine._sprint_cpu, and engine._sprint_cuda when it
+is built and no device is present) with random dtypes, shapes,
 strides, huge and negative sizes, empty arrays, non-contiguous, read-only and
 aliased arrays, NaN/Inf. Every call must succeed with results of the right
 shapes and no write outside its arrays, or raise TypeError/ValueError/
@@ -25,14 +26,14 @@ def _report(rep) -> str:
 
 @pytest.mark.parametrize("seed", [2026])
 def test_fuzz_every_op_and_binding(seed):
-    rep = fuzz.fuzz(3000, seed=seed, batch=1000, time_limit=20.0)
-    assert rep["calls"] == 3000
+    rep = fuzz.fuzz(4000, seed=seed, batch=1000, time_limit=20.0)
+    assert rep["calls"] == 4000
     assert (rep["crashes"], rep["hangs"], rep["bad"]) == (0, 0, 0), _report(rep)
     assert rep["generator_error"] <= 5, rep
     # the generator reaches past argument checking everywhere: each op and
     # each CPU binding has calls that succeeded
     for name, st in rep["by_target"].items():
-        if name.startswith(("ops.", "cpu.")):
+        if name.startswith(("ops.", "cpu.", "emu.")):
             assert st["ok"] > 0, f"the fuzz never made a valid call of {name}: {st}"
     assert sum(n.startswith("ops.") for n in rep["by_target"]) >= 20
 
