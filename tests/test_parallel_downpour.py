@@ -171,3 +171,15 @@ def test_sandblaster_model_closed_form_and_simulation_agree():
     slow = simulate_sandblaster(60, 1.0, [1, 1, 4])
     assert slow["slices"][2] < slow["slices"][0] / 2          # the slow replica takes fewer slices
     assert slow["time"] < 0.5 * simulate_sandblaster(60, 1.0, [1, 1, 4], static=True)["time"]
+
+
+@pytest.mark.mpi
+@needs_mpi
+@pytest.mark.parametrize("strategy,override", [("downpour", {"lr": 0.07}),
+                                               ("sandblaster", {"extra": {"servers": 1, "slice": 16}})])
+def test_ranks_that_disagree_refuse_to_start(strategy, override):
+    cfg = {"epochs": 1, "lr": 0.05, "batch": 64, "progress": False, "extra": {"servers": 1}}
+    rc, out, dt = run_mpi(3, "ps_train.py", strategy, json.dumps(cfg), timeout=60,
+                          env={"SPRINT_TEST_OVERRIDE": "2:" + json.dumps(override)})
+    assert rc != 0 and dt < 50, out[-3000:]
+    assert "ranks disagree" in out and "refusing to start" in out, out[-3000:]

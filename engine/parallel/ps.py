@@ -156,6 +156,51 @@ def role_map(servers: int, size: int, bounds) -> str:
     return "; ".join(parts)
 
 
+# ---- `sprint train` options of the parameter-server strategies ------------------
+_PS = ("downpour", "sandblaster")
+# (flag, key in TrainConfig.extra, argparse keywords, strategies it applies to)
+TRAIN_OPTIONS = (
+    ("--servers", "servers", dict(type=int, help="downpour, sandblaster: parameter-server ranks S; the other "
+                                                 "mpiexec ranks are model replicas (default 1)"), _PS),
+    ("--fetch-every", "fetch_every", dict(type=int, help="downpour: replicas fetch the weights every n steps "
+                                                         "(default 1)"), ("downpour",)),
+    ("--push-every", "push_every", dict(type=int, help="downpour: replicas push their summed gradients every "
+                                                       "n steps (default 1)"), ("downpour",)),
+    ("--server-opt", "server_opt", dict(choices=sorted(SERVER_OPTS),
+                                        help="downpour: the servers' optimizer (default adagrad)"), ("downpour",)),
+    ("--slice", "slice", dict(type=int, help="sandblaster: samples per slice handed to a replica (default 32; "
+                                             "--batch is the L-BFGS batch)"), ("sandblaster",)),
+    ("--history", "history", dict(type=int, help="sandblaster: L-BFGS pairs kept (default 10)"), ("sandblaster",)),
+    ("--no-backup", "backup", dict(action="store_const", const=False,
+                                   help="sandblaster: no backup copies of late slices (a static-split baseline "
+                                        "with --slice = batch / replicas)"), ("sandblaster",)),
+    ("--slow-rank", "slow_rank", dict(type=int, help="downpour, sandblaster (benchmarking aid): this replica "
+                                                     "rank sleeps (F-1) x its compute time after each step"), _PS),
+    ("--slow-factor", "slow_factor", dict(type=float, help="the F of --slow-rank (default 2)"), _PS),
+)
+
+
+def add_train_options(parser):
+    for flag, key, kw, _ in TRAIN_OPTIONS:
+        parser.add_argument(flag, dest="ps_" + key, default=None, **kw)
+
+
+def train_options(args, parallel, resume=None) -> dict:
+    """The ``extra`` entries of the options given on the command line; an
+    option of another strategy (or any, with --resume) is an error naming it."""
+    out = {}
+    for flag, key, _, strategies in TRAIN_OPTIONS:
+        v = getattr(args, "ps_" + key, None)
+        if v is None:
+            continue
+        if resume:
+            raise ValueError(f"--resume continues with the run's saved options ({flag})")
+        if parallel not in strategies:
+            raise ValueError(f"applies to --parallel {' | '.join(strategies)} only ({flag})")
+        out[key] = v
+    return out
+
+
 # ---- what a parameter-server run of the engine shares --------------------------
 class PSJob:
     """Ranks' roles, the net and data, the run folder, evaluation and

@@ -12,6 +12,12 @@ import sys
 from engine.train import TrainConfig
 
 strategy, d = sys.argv[1], json.loads(sys.argv[2])
+if os.environ.get("SPRINT_TEST_OVERRIDE"):
+    # "RANK:JSON": that rank starts with other options (agreement tests)
+    from mpi4py import MPI
+    rank, more = os.environ["SPRINT_TEST_OVERRIDE"].split(":", 1)
+    if MPI.COMM_WORLD.Get_rank() == int(rank):
+        d.update(json.loads(more))
 if os.environ.get("SPRINT_TEST_KILL"):
     # "RANK:N": that rank SIGKILLs itself at its N-th slice gradient or slice push (fault tests)
     from mpi4py import MPI
