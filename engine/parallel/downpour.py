@@ -319,6 +319,14 @@ def slow_factor_of(cfg, rank, servers) -> float:
     return float(extra.get("slow_factor", 2.0)) if int(r) == rank else 1.0
 
 
+def add_train_options(parser):
+    ps.add_train_options(parser, "downpour")
+
+
+def extra_from_args(args) -> dict:
+    return ps.extra_from_args(args, "downpour")
+
+
 def run(cfg) -> dict:
     from .comm import abort_on_error, get_comm, install_abort_hooks
     comm = get_comm()

@@ -180,24 +180,27 @@ TRAIN_OPTIONS = (
 )
 
 
-def add_train_options(parser):
-    for flag, key, kw, _ in TRAIN_OPTIONS:
-        parser.add_argument(flag, dest="ps_" + key, default=None, **kw)
+def add_train_options(parser, strategy):
+    """``strategy``'s own options; one shared by both is added by the first
+    it applies to (the strategy table calls each strategy's module)."""
+    for flag, key, kw, strategies in TRAIN_OPTIONS:
+        if strategies[0] == strategy:
+            parser.add_argument(flag, dest="ps_" + key, default=None, **kw)
 
 
-def train_options(args, parallel, resume=None) -> dict:
-    """The ``extra`` entries of the options given on the command line; an
-    option of another strategy (or any, with --resume) is an error naming it."""
+def extra_from_args(args, strategy) -> dict:
+    """The ``cfg.extra`` entries of ``strategy``'s options given on the
+    command line. Under another --parallel, the options given that do not
+    apply to it are returned too (by the first strategy they apply to), so
+    that the caller refuses them, naming them."""
+    chosen = getattr(args, "parallel", None)
     out = {}
     for flag, key, _, strategies in TRAIN_OPTIONS:
         v = getattr(args, "ps_" + key, None)
-        if v is None:
+        if v is None or strategy not in strategies:
             continue
-        if resume:
-            raise ValueError(f"--resume continues with the run's saved options ({flag})")
-        if parallel not in strategies:
-            raise ValueError(f"applies to --parallel {' | '.join(strategies)} only ({flag})")
-        out[key] = v
+        if chosen == strategy or (chosen not in strategies and strategies[0] == strategy):
+            out[key] = v
     return out
 
 

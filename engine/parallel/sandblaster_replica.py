@@ -116,6 +116,14 @@ class SandReplica:
 
 
 # ---- the engine's run -------------------------------------------------------------
+def add_train_options(parser):
+    ps.add_train_options(parser, "sandblaster")
+
+
+def extra_from_args(args) -> dict:
+    return ps.extra_from_args(args, "sandblaster")
+
+
 def run(cfg) -> dict:
     from .comm import abort_on_error, get_comm, install_abort_hooks
     comm = get_comm()
