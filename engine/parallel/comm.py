@@ -50,6 +50,17 @@ def launched_under_mpi() -> bool:
     return bool(mod is not None and mod.Is_initialized())
 
 
+def launcher_world_size() -> int:
+    """How many ranks the launcher started (1 without one)."""
+    if not launched_under_mpi():
+        return 1
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
+        v = os.environ.get(var, "")
+        if v.isdigit():
+            return int(v)
+    return get_comm().size
+
+
 def config_hash(obj) -> str:
     """Stable short hash of a JSON-able object (keys sorted)."""
     blob = json.dumps(obj, sort_keys=True, default=str).encode()

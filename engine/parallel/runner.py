@@ -16,13 +16,11 @@ scheduled first; default 10).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -125,19 +123,6 @@ def _check_ranks_agree(comm, cfg, spec, train_ds, test_ds):
     comm.check_agreement("data", {"train": _data_summary(train_ds), "test": _data_summary(test_ds)})
 
 
-def _evaluate_sharded(comm, net, test_ds, cfg, deform):
-    """Mean loss and accuracy over the whole test set, each rank a shard."""
-    from engine.train import evaluate
-    idx = np.arange(comm.rank, len(test_ds), comm.size)
-    if len(idx):
-        loss, acc = evaluate(net, test_ds.subset(idx), cfg.eval_batch, deform)
-    else:
-        loss, acc = 0.0, 0.0
-    s = comm.allreduce_scalars([loss * len(idx), acc * len(idx), len(idx)]) if comm.size > 1 \
-        else [loss * len(idx), acc * len(idx), len(idx)]
-    return s[0] / s[2], s[1] / s[2]
-
-
 def _to_host(a):
     from engine import backend
     return backend.to_host(a)
@@ -151,20 +136,17 @@ def run(cfg) -> dict:
 
 
 def _run(cfg, comm):
-    from engine import checkpoint as ckpt
-    from engine import metrics as _metrics
     from engine.data import Loader
     from engine.net import Net
     from engine.optim import make_schedule
-    from engine.spec import get_spec
-    from engine.train import CHECKPOINT, CONFIG, METRICS, prepare_data, setup_device
+    from engine.session import Session
 
     mode = cfg.parallel
     if mode not in STATS:
         raise ValueError(f"parallel must be asgd or sync, got {mode!r}")
     extra = dict(cfg.extra or {})
-    be = setup_device(cfg)
-    gpu = getattr(be, "name", "cpu") == "gpu"
+    s = Session(cfg, comm)
+    be, gpu, spec = s.backend, s.gpu, s.spec
     if gpu and comm.size > 1:
         _comm.select_device(comm)
     if gpu and isinstance(comm, _comm.MPIComm):
@@ -173,9 +155,8 @@ def _run(cfg, comm):
         # On CPU the updater shares cores with the workers: wait for the
         # allreduce by polling with sleeps, not by MPICH's busy loop.
         comm.poll_interval = float(extra.get("mpi_poll", 0.0 if gpu else CPU_MPI_POLL))
-    spec = get_spec(cfg.model)
-    train_ds, test_ds, deform = prepare_data(cfg, spec)
-    root = comm.rank == 0
+    train_ds, test_ds, deform = s.train_ds, s.test_ds, s.deform
+    root = s.root
     try:
         _check_ranks_agree(comm, cfg, spec, train_ds, test_ds)
     except _comm.ConfigMismatch as e:
@@ -185,7 +166,6 @@ def _run(cfg, comm):
             print(f"sprint: {e}", file=sys.stderr, flush=True)
         comm.barrier()
         raise
-    log = (lambda msg: print(msg, flush=True)) if (root and cfg.verbose) else (lambda msg: None)
     if comm.size > 1:
         ranks = comm.rank_map()
         if root:
@@ -194,26 +174,16 @@ def _run(cfg, comm):
     W, world = cfg.workers, comm.size * cfg.workers
     n_file = len(train_ds)
     nets = [Net(spec, seed=cfg.seed) for _ in range(W)]
-    state = None
-    if cfg.resume:
-        state = comm.bcast_obj(ckpt.load(Path(cfg.resume) / CHECKPOINT) if root else None)
-        if state.get("spec_hash") != spec.hash():
-            raise ValueError("checkpoint was written for another network")
-        if state.get("mode") != mode:
-            raise ValueError(f"checkpoint is from a {state.get('mode')!r} run, not {mode!r}")
+    state = s.load_state()
+    if cfg.resume and state.get("mode") != mode:
+        raise ValueError(f"checkpoint is from a {state.get('mode')!r} run, not {mode!r}")
     w0 = nets[0].params
     if state is not None:
         nets[0].set_flat(state["params"])
     comm.bcast_(w0)                  # every rank starts from rank 0's weights
-    start_samples = int(state["samples"]) if state else 0
+    start_samples = int(state["samples"]) if cfg.resume else 0
     start_epoch = start_samples // n_file
-
-    run_dir = Path(cfg.out) if cfg.out else (Path(cfg.resume) if cfg.resume else None)
-    if root and run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / CONFIG).write_text(json.dumps({"train": cfg.to_dict(), "spec": spec.to_dict(),
-                                                  "deform": deform.to_dict()}, indent=2))
-        _metrics.truncate(run_dir / METRICS, start_epoch)
+    s.start(start_epoch)
 
     # cfg.threads is the process's CPU thread budget, split over its workers
     per_worker = threads_per_worker(W, int(cfg.threads) if cfg.threads else None)
@@ -227,17 +197,12 @@ def _run(cfg, comm):
     max_samples = int(extra.get("max_samples", cfg.epochs * n_file))
     last_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
     eval_net = Net(spec, seed=cfg.seed)
-    log(f"sprint {mode}: {comm.size} node(s) x {W} worker(s), N_Subbatch {cfg.batch}, "
-        f"{spec.name} ({nets[0].n_params:,} params), {comm.describe()}, "
-        f"{'GPU streams' if gpu else f'{per_worker} BLAS thread(s) per worker'}")
+    s.log(f"sprint {mode}: {comm.size} node(s) x {W} worker(s), N_Subbatch {cfg.batch}, "
+          f"{spec.name} ({nets[0].n_params:,} params), {comm.describe()}, "
+          f"{'GPU streams' if gpu else f'{per_worker} BLAS thread(s) per worker'}")
 
-    history = []
     clock = {"t0": time.perf_counter(), "t_epoch": time.perf_counter(), "epoch": start_epoch, "upd0": 0}
-    bar = None
-    if root and cfg.progress:
-        from tqdm import tqdm
-        bar = tqdm(total=max_samples, initial=start_samples, unit="img", leave=False,
-                   file=sys.stderr, dynamic_ncols=True, desc=f"{mode}")
+    bar = s.progress(max_samples, mode, unit="img", initial=start_samples)
 
     def checkpoint_state(trainer, epoch):
         if mode == "asgd":
@@ -272,7 +237,7 @@ def _run(cfg, comm):
 
     def _end_of_epoch(trainer, epoch, seen, tr_loss, tr_acc, now):
         eval_net.set_flat(trainer.latest)
-        test_loss, test_acc = _evaluate_sharded(comm, eval_net, test_ds, cfg, deform)
+        test_loss, test_acc = s.evaluate(eval_net)
         rec = {"epoch": int(epoch), "step": int(getattr(trainer, "updates", getattr(trainer, "steps", 0))),
                "lr": float(sched(epoch)), "train_loss": tr_loss, "train_acc": tr_acc,
                "test_loss": test_loss, "test_acc": test_acc,
@@ -282,18 +247,11 @@ def _run(cfg, comm):
         if mode == "asgd" and trainer.minibatch:
             rec["N_Minibatch_avg"] = float(np.mean(trainer.minibatch[clock["upd0"]:]))
             clock["upd0"] = len(trainer.minibatch)
-        history.append(rec)
-        if run_dir is not None:
-            st = checkpoint_state(trainer, epoch)     # collective (ASGD gathers DeltaWeights)
-            if root:
-                _metrics.append(run_dir / METRICS, rec)
-                ckpt.save(run_dir / CHECKPOINT, st)
-        if root and cfg.verbose:
-            if bar is not None:
-                bar.clear()
-            print(f"epoch {epoch:3d}  train_loss {tr_loss:.4f}  test_loss {test_loss:.4f}  "
-                  f"test_acc {100 * test_acc:6.2f} %  {rec['images_per_s']:,.0f} img/s  "
-                  f"{rec['time']:.1f} s", flush=True)
+        # collective (ASGD gathers DeltaWeights)
+        st = checkpoint_state(trainer, epoch) if s.run is not None else None
+        if bar is not None:
+            bar.clear()
+        s.end_epoch(rec, st)
 
     if mode == "asgd":
         acfg = ASGDConfig(lr=sched, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
@@ -301,20 +259,22 @@ def _run(cfg, comm):
                           n_file=n_file, min_grads=int(extra.get("min_grads", 1)),
                           lockstep=bool(extra.get("lockstep", False)),
                           max_pending=int(extra.get("max_pending", 0)))
-        mom0 = state["momentum"] if state is not None else None
+        mom0 = state["momentum"] if cfg.resume else None
         trainer = ASGD(comm, w0, sources, acfg, on_update=on_progress, delta0=mom0,
-                       start_samples=start_samples, start_version=int(state["step"]) if state else 0)
+                       start_samples=start_samples, start_version=int(state["step"]) if cfg.resume else 0)
     else:
         scfg = SyncConfig(lr=sched, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                           max_samples=max_samples, n_file=n_file,
                           bucket_bytes=int(extra.get("bucket_bytes", 4 << 20)))
-        v0 = be.xp.asarray(state["momentum"]) if state is not None else None
+        v0 = be.xp.asarray(state["momentum"]) if cfg.resume else None
         trainer = SyncSGD(comm, w0, sources, scfg, on_step=on_progress, velocity0=v0,
                           start_samples=start_samples)
-        if state is not None:
+        if cfg.resume:
             trainer.steps = int(state["step"])
     try:
         trainer.run()
+    except KeyboardInterrupt:
+        raise s.interrupted() from None
     finally:
         if bar is not None:
             bar.close()
@@ -324,14 +284,10 @@ def _run(cfg, comm):
                            "comm": comm.kind, "device_path": comm.device_path,
                            "backend": getattr(be, "name", "cpu"),
                            "threads_per_worker": None if gpu else per_worker})
-    if root and run_dir is not None:
-        (run_dir / STATS[mode]).write_text(json.dumps(stats))
+    s.write_stats(STATS[mode], stats)
     eval_net.set_flat(trainer.latest)
-    final = history[-1] if history else {}
-    if not history:
-        final = dict(zip(("test_loss", "test_acc"), _evaluate_sharded(comm, eval_net, test_ds, cfg, deform)))
-    return {"run_dir": str(run_dir) if run_dir else None, "epochs": int(trainer.samples_total // n_file),
-            "history": history, "test_acc": final.get("test_acc"), "test_loss": final.get("test_loss"),
-            "train_loss": final.get("train_loss"), "time_s": time.perf_counter() - clock["t0"],
-            "n_params": nets[0].n_params, "net": eval_net, "stats": stats, "rank": comm.rank,
-            "n_node": comm.size}
+    more = {"stats": stats, "rank": comm.rank, "n_node": comm.size}
+    res = s.result(eval_net, int(trainer.samples_total // n_file), **more)
+    if res["test_acc"] is None:
+        res["test_loss"], res["test_acc"] = s.evaluate(eval_net)
+    return res
