@@ -74,7 +74,7 @@ def describe(e: BaseException) -> str:
         what = f"out of memory{f' ({e})' if str(e) else ''}"
     elif what is None:
         what = str(e) or type(e).__name__
-        if not isinstance(e, (ValueError, TypeError, LookupError, FloatingPointError, RuntimeError)):
+        if not isinstance(e, (ValueError, TypeError, LookupError, ArithmeticError, RuntimeError, OSError)):
             what = f"{type(e).__name__}: {what}"
     line = f"{what} ({where})" if where else str(what)
     return " ".join(line.split())

@@ -80,22 +80,26 @@ def load_checkpoint(path):
 
 
 def refuse_launcher_ranks(cfg):
-    """Under mpiexec with several ranks a one-process run would train one copy
-    per rank into the same folder: refuse and name the strategies."""
+    """Under mpiexec with several ranks, `sprint train` without a strategy would
+    train one copy per rank into the same folder: refuse and name the
+    strategies. (The Python API lets a rank train alone on purpose.)"""
     from .parallel.comm import launcher_world_size
     n = launcher_world_size()
     if n > 1:
         choices = [s.name for s in _registry.STRATEGIES.values() if s.distributed]
-        raise RunError(f"{n} MPI ranks were started but no parallel strategy was chosen (each rank would "
-                       f"train its own copy into the same folder); choose --parallel "
-                       f"{' | '.join(choices)}, or run without mpiexec", "--parallel")
+        e = RunError(f"{n} MPI ranks were started but no parallel strategy was chosen (each rank would "
+                     f"train its own copy into the same folder); choose --parallel "
+                     f"{' | '.join(choices)}, or run without mpiexec", "--parallel")
+        import os
+        rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
+        e.reported_by_root = rank != "0"     # one line for the job, from rank 0
+        raise e
 
 
 # ---- the trivial strategy ----------------------------------------------------
 def run_single(cfg: TrainConfig) -> dict:
     """One process: the whole batch on one device, SGD after every batch."""
     from .data import Loader
-    refuse_launcher_ranks(cfg)
     s = Session(cfg)
     net, opt = build(cfg, s.spec)
     state = s.load_state()
@@ -116,8 +120,19 @@ def run_single(cfg: TrainConfig) -> dict:
     s.log(f"{s.spec.name}: {net.n_params:,} parameters; {s.train_ds.name} {len(s.train_ds)} / "
           f"{s.test_ds.name} {len(s.test_ds)} images; batch {cfg.batch}, {steps} steps per epoch; "
           f"device {backend.get_backend().name}" + (f"; resuming after epoch {start}" if start else ""))
+    try:
+        # overflow on the way to a NaN loss is reported once, as divergence
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            last = _epochs(s, cfg, net, opt, loader, start)
+    except KeyboardInterrupt:
+        raise s.interrupted() from None
+    return s.result(net, last, optimizer=opt)
+
+
+def _epochs(s, cfg, net, opt, loader, start):
     from .metrics import Meter
     meter = Meter()
+    steps = len(loader)
     t_run = time.perf_counter()
     last = start
     bar = None
@@ -148,12 +163,10 @@ def run_single(cfg: TrainConfig) -> dict:
             last = epoch + 1
             if cfg.stop_after is not None and epoch + 1 >= cfg.stop_after:
                 break
-    except KeyboardInterrupt:
-        raise s.interrupted() from None
     finally:
         if bar is not None:
             bar.close()
-    return s.result(net, last, optimizer=opt)
+    return last
 
 
 class _CallableModule(type(sys)):

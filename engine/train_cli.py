@@ -121,6 +121,25 @@ def _flag(name):
     return "--" + name.replace("_", "-")
 
 
+def _registry_strategy(cfg):
+    from .session import registry
+    return registry.get_strategy(cfg.parallel)
+
+
+def _as_option_error(make):
+    """TrainConfig's errors name a field: say which option it is."""
+    from .errors import RunError
+    try:
+        return make()
+    except RunError:
+        raise
+    except ValueError as e:
+        field = str(e).split(" ", 1)[0]
+        if field in _TRAIN_KEYS or field in ("extra", "resume"):
+            raise RunError(str(e), "--format" if field == "fmt" else _flag(field)) from None
+        raise
+
+
 def cmd_train(args) -> int:
     from . import train as _train
     from .errors import RunError
@@ -146,11 +165,13 @@ def cmd_train(args) -> int:
             raise RunError(f"--resume continues with the run's saved options; only "
                            f"{', '.join(_flag(k) for k in RESUME_MAY_CHANGE if hasattr(args, k))} may change",
                            ", ".join(sorted(_flag(k) for k in extra)))
-        cfg = resume_config(args.resume, **given, **common)
+        cfg = _as_option_error(lambda: resume_config(args.resume, **given, **common))
     else:
         out = args.out or os.path.join("runs", f"{given.get('model', TrainConfig.model).replace('/', '_')}-"
                                                f"{time.strftime('%Y%m%d-%H%M%S')}")
-        cfg = TrainConfig(out=out, **given, **common)
+        cfg = _as_option_error(lambda: TrainConfig(out=out, **given, **common))
+    if not _registry_strategy(cfg).distributed:
+        _train.refuse_launcher_ranks(cfg)
     res = _train.train(cfg)
     if res.get("rank", 0) != 0:
         return 0

@@ -311,7 +311,9 @@ def test_disagreeing_rank_data_is_named():
             return [obj, obj]
 
     _check_ranks_agree(LocalComm(), TrainConfig(), get_spec("digits"), train, test)
-    with pytest.raises(ConfigMismatch, match=r"ranks disagree on data.*rank 1: .*'train': 'd/train: 320 images 1x8x8"):
+    with pytest.raises(ConfigMismatch, match=r"ranks disagree on data: train: rank 0 'd/train: 320 images 1x8x8, "
+                                             r"sha256 (\w+)', rank 1 'd/train: 320 images 1x8x8, sha256 (?!\1)\w+'; "
+                                             r"refusing to start"):
         _check_ranks_agree(Rank1Differs(), TrainConfig(), get_spec("digits"), train, test)
 
 

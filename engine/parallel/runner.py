@@ -1,14 +1,15 @@
 """``run(cfg)``: a TrainConfig trained by SPRINT ASGD or synchronous SGD.
 
 Every MPI rank is a node running ``cfg.workers`` workers (each its own Net
-and data shard ``rank * workers + t`` of ``n_node * workers``). Rank 0 logs,
-draws the progress bar and writes config.json, metrics.jsonl, the checkpoint
-and the stats file; all ranks start from rank 0's weights, evaluate a shard
-of the test set each and average. Ranks that disagree on options, network
-or data refuse to start. ``cfg.batch`` is N_Subbatch, per worker.
+and data shard ``rank * workers + t`` of ``n_node * workers``). The run
+folder, evaluation, logging and the watchdog are engine.session's: rank 0
+writes, all ranks start from rank 0's weights, evaluate a shard of the test
+set each and average. Ranks that disagree on options, network or data
+refuse to start, naming what differs. ``cfg.batch`` is N_Subbatch, per worker.
 
 Options in ``cfg.extra``: ``min_grads`` (ASGD, default 1), ``lockstep``
-(ASGD, deterministic), ``max_pending`` (ASGD, bounded accumulation, default 0 = off), ``bucket_bytes`` (sync), ``max_seconds``,
+(ASGD, deterministic), ``max_pending`` (ASGD, bounded accumulation; the
+strategy table's default 2, 0 = off), ``bucket_bytes`` (sync), ``max_seconds``,
 ``mpi_poll`` (seconds; poll instead of busy-waiting in MPI), ``max_samples``,
 ``worker_nice`` (CPU: niceness added to worker threads so the updater is
 scheduled first; default 10).
@@ -38,7 +39,7 @@ STATS = {"asgd": "asgd_stats.json", "sync": "sync_stats.json"}
 CPU_MPI_POLL = 2e-4
 CPU_WORKER_NICE = 10
 # TrainConfig fields that may differ between ranks without changing the run.
-_LOCAL_FIELDS = ("progress", "verbose", "out", "resume", "device", "threads", "prefetch")
+_LOCAL_FIELDS = ("progress", "verbose", "out", "resume", "device", "threads", "prefetch", "timeout")
 
 
 class NetSource:
@@ -89,10 +90,25 @@ class NetSource:
 
     def compute(self, batch):
         x, y = batch
-        loss, correct = self.net.loss_and_grad(x, y)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # reported as divergence
+            loss, correct = self.net.loss_and_grad(x, y)
         if not math.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss}: lower --lr")
+            raise _NonFinite(loss, self.epoch + 1)
         return Step(grad=self.net.grads, n=int(len(y)), loss=loss, correct=int(correct))
+
+
+class _NonFinite(FloatingPointError):
+    def __init__(self, loss, epoch):
+        self.loss, self.epoch = loss, epoch
+        super().__init__(f"loss became {loss} in epoch {epoch}")
+
+
+def _nonfinite_cause(e):
+    while e is not None:
+        if isinstance(e, _NonFinite):
+            return e
+        e = e.__cause__
+    return None
 
 
 def _data_fingerprint(ds) -> str:
@@ -118,9 +134,16 @@ def _data_summary(ds) -> str:
 
 def _check_ranks_agree(comm, cfg, spec, train_ds, test_ds):
     opts = {k: v for k, v in cfg.to_dict().items() if k not in _LOCAL_FIELDS}
-    comm.check_agreement("options", _comm.config_hash(opts))
-    comm.check_agreement("network", spec.hash())
+    comm.check_agreement("options", opts)
+    comm.check_agreement("network", {"spec": spec.to_dict()})
     comm.check_agreement("data", {"train": _data_summary(train_ds), "test": _data_summary(test_ds)})
+
+
+def _evaluate_sharded(comm, net, test_ds, cfg, deform):
+    """(loss, accuracy) over the whole test set, each rank a shard (for strategies
+    not on engine.session.Session yet)."""
+    from engine.session import evaluate_sharded
+    return evaluate_sharded(comm, net, test_ds, cfg.eval_batch, deform)
 
 
 def _to_host(a):
@@ -136,16 +159,21 @@ def run(cfg) -> dict:
 
 
 def _run(cfg, comm):
-    from engine.data import Loader
-    from engine.net import Net
-    from engine.optim import make_schedule
     from engine.session import Session
 
     mode = cfg.parallel
     if mode not in STATS:
         raise ValueError(f"parallel must be asgd or sync, got {mode!r}")
+    with Session(cfg, comm) as s:
+        return _train(s, cfg, comm)
+
+
+def _train(s, cfg, comm):
+    from engine.data import Loader
+    from engine.net import Net
+    from engine.optim import make_schedule
+    mode = cfg.parallel
     extra = dict(cfg.extra or {})
-    s = Session(cfg, comm)
     be, gpu, spec = s.backend, s.gpu, s.spec
     if gpu and comm.size > 1:
         _comm.select_device(comm)
@@ -160,10 +188,11 @@ def _run(cfg, comm):
     try:
         _check_ranks_agree(comm, cfg, spec, train_ds, test_ds)
     except _comm.ConfigMismatch as e:
-        # every rank sees the mismatch; make sure the message is out before
-        # any rank's exit can take the job down
+        # every rank sees the mismatch; make sure rank 0's line is out before
+        # any rank's exit can take the job down, and that it is the only one
         if root:
-            print(f"sprint: {e}", file=sys.stderr, flush=True)
+            print(f"sprint: error: {e}", file=sys.stderr, flush=True)
+        e.reported_by_root = True
         comm.barrier()
         raise
     if comm.size > 1:
@@ -198,7 +227,7 @@ def _run(cfg, comm):
     last_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
     eval_net = Net(spec, seed=cfg.seed)
     s.log(f"sprint {mode}: {comm.size} node(s) x {W} worker(s), N_Subbatch {cfg.batch}, "
-          f"{spec.name} ({nets[0].n_params:,} params), {comm.describe()}, "
+          f"{spec.name} ({nets[0].n_params:,} params), {comm.describe(gpu)}, "
           f"{'GPU streams' if gpu else f'{per_worker} BLAS thread(s) per worker'}")
 
     clock = {"t0": time.perf_counter(), "t_epoch": time.perf_counter(), "epoch": start_epoch, "upd0": 0}
@@ -275,6 +304,11 @@ def _run(cfg, comm):
         trainer.run()
     except KeyboardInterrupt:
         raise s.interrupted() from None
+    except Exception as e:
+        bad = _nonfinite_cause(e)
+        if bad is None:
+            raise
+        raise s.diverged(bad.loss, bad.epoch, None, float(sched(trainer.samples_total / n_file))) from None
     finally:
         if bar is not None:
             bar.close()

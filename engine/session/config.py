@@ -85,6 +85,8 @@ class TrainConfig:
         _number("weight_decay", self.weight_decay, lambda v: v >= 0, "finite and >= 0")
         _number("warmup", self.warmup, lambda v: v >= 0, "finite and >= 0")
         _number("timeout", self.timeout, lambda v: v > 0, "finite and > 0")
+        if self.schedule not in ("constant", "step", "cosine"):
+            raise ValueError(f"schedule must be constant, step or cosine, got {self.schedule!r}")
         if self.device not in ("auto", "cpu", "gpu"):
             raise ValueError(f"device must be auto, cpu or gpu, got {self.device!r}")
         if not 0 <= self.scale_jitter < 1:

@@ -58,6 +58,10 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         return _ckpt.remove_stale_temps(self.path, WRITTEN)
 
+    def clean(self) -> list:
+        """Remove temporaries a killed writer left (the folder may not exist yet)."""
+        return _ckpt.remove_stale_temps(self.path, WRITTEN)
+
     def write_json(self, name, obj, indent=None) -> Path:
         return _ckpt.atomic_write(self.file(name), json.dumps(obj, indent=indent))
 

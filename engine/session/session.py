@@ -10,29 +10,45 @@ import time
 from engine.errors import Diverged, Interrupted, RunError
 
 from .rundir import CHECKPOINT, RunDir, new_run_id
-from .setup import evaluate_sharded, prepare_data, setup_device
+from .setup import check_memory, evaluate_sharded, prepare_data, setup_device
 
 
 class Session:
     def __init__(self, cfg, comm=None):
         from engine.parallel.comm import LocalComm
         from engine.spec import get_spec
+        from .watchdog import Watchdog
         self.cfg = cfg
         self.comm = comm if comm is not None else LocalComm()
         self.root = self.comm.rank == 0
         self.t0 = time.perf_counter()
+        self.watchdog = Watchdog(self.comm, cfg.timeout)
         self.backend = setup_device(cfg)
         self.gpu = getattr(self.backend, "name", "cpu") == "gpu"
         self.spec = get_spec(cfg.model)
+        check_memory(cfg, self.spec, self.backend)
         self.train_ds, self.test_ds, self.deform = prepare_data(cfg, self.spec)
         path = cfg.out or cfg.resume
         self.run = RunDir(path) if path else None
+        if self.run is not None and self.root:
+            self.run.clean()
         self.history: list = []
         self.first_new = 0         # history[first_new:] are this invocation's epochs
         self.saved_epoch = 0       # last epoch whose checkpoint is on disk
         self.run_id = None
+        self.planned_epochs = None   # epochs the resumed run had planned
         self.show_progress = (cfg.progress if cfg.progress is not None
                               else bool(getattr(sys.stderr, "isatty", lambda: False)()))
+
+    def close(self, ok: bool = True):
+        self.watchdog.close(ok)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close(ok=exc_type is None)
+        return False
 
     # ---- where the weights come from -------------------------------------------
     def load_state(self) -> dict | None:
@@ -46,6 +62,7 @@ class Session:
             self.first_new = len(self.history)
             self.saved_epoch = int(state.get("epoch", 0))
             self.run_id = state.get("run_id")
+            self.planned_epochs = state.pop("planned_epochs", None)
         elif cfg.init_from:
             state = self._on_root(self._read_init)
         else:
@@ -64,6 +81,8 @@ class Session:
             raise RunError(f"the checkpoint belongs to run {got}, the folder to run {want}; to start a new "
                            f"run from those weights use --init-from", rd.file(CHECKPOINT))
         state["run_id"] = want or got
+        planned = (config.get("train") or {}).get("epochs")
+        state["planned_epochs"] = planned if isinstance(planned, int) else None
         if not state.get("history"):
             state["history"] = rd.legacy_history(int(state.get("epoch", 0)))
         return state
@@ -104,12 +123,27 @@ class Session:
         """Write config.json and metrics.jsonl (from the checkpoint's history)."""
         self.history = [r for r in self.history if r.get("epoch", 0) <= start_epoch]
         self.first_new = len(self.history)
+        self._say_replanned(start_epoch)
         if self.run is None or not self.root:
             return
         self.run.prepare()
         self.run.write_config({"run_id": self.run_id, "train": self.cfg.to_dict(),
                                "spec": self.spec.to_dict(), "deform": self.deform.to_dict()})
         self.run.write_metrics(self.history)
+
+    def _say_replanned(self, start_epoch):
+        """Resuming with another --epochs re-plans the schedule for the new
+        total, as if the run had started with it (the epochs already trained
+        keep their rates): say so, with the rate the next epoch starts at."""
+        cfg, old = self.cfg, self.planned_epochs
+        if not cfg.resume or old is None or old == cfg.epochs or cfg.schedule == "constant":
+            return
+        from engine.optim import make_schedule
+        sched = make_schedule(cfg.schedule, cfg.lr, cfg.epochs, cfg.warmup)
+        if start_epoch < cfg.epochs:
+            self.log(f"--epochs {cfg.epochs} (was {old}): the {cfg.schedule} schedule is re-planned for "
+                     f"{cfg.epochs} epochs as if the run had started with them; epoch {start_epoch + 1} "
+                     f"starts at lr {sched(start_epoch):.3g}")
 
     def end_epoch(self, rec: dict, state: dict | None):
         """Record an epoch: checkpoint (carrying the whole history) first, then
@@ -118,8 +152,9 @@ class Session:
         if self.run is not None and state is not None:
             if self.root:
                 self.run.save_checkpoint(dict(state, history=list(self.history), run_id=self.run_id))
-                self.run.write_metrics(self.history)
             self.saved_epoch = int(rec["epoch"])
+            if self.root:
+                self.run.write_metrics(self.history)
         self.report(rec)
 
     def write_stats(self, name, stats: dict):

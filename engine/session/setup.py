@@ -75,3 +75,59 @@ def evaluate_sharded(comm, net, dataset, batch, deform):
     if comm.size > 1:
         s = comm.allreduce_scalars(s)
     return s[0] / s[2], s[1] / s[2]
+
+
+def memory_estimate(spec, batch: int, workers: int = 1) -> int:
+    """A lower bound of the bytes a run of ``spec`` needs: the flat vectors
+    (weights, gradients, momentum, a checkpoint copy; weights and gradients
+    again per extra worker) and, per worker, one batch's activations kept for
+    the backward pass plus the largest im2col matrix (float32)."""
+    from engine.spec import layers, n_params
+    p = n_params(spec)
+    geo = layers(spec, batch)
+    acts = 0
+    for g in geo:
+        per = _prod(g.extra.get("conv_out", g.out_shape)) + (_prod(g.out_shape) if g.pool > 1 else 0)
+        acts += per * batch
+    acts += _prod(spec.input_shape) * batch
+    cols = max((g.im2col_elems for g in geo), default=0)
+    return 4 * (p * (4 + 2 * (workers - 1)) + workers * (acts + cols))
+
+
+def _prod(t):
+    r = 1
+    for v in t:
+        r *= int(v)
+    return r
+
+
+def available_memory(backend) -> int | None:
+    """Bytes free for the run: the GPU's free memory, else MemAvailable."""
+    if getattr(backend, "name", "cpu") == "gpu":
+        try:
+            import cupy
+            return int(cupy.cuda.runtime.memGetInfo()[0])
+        except Exception:
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(cfg, spec, backend):
+    """Refuse, before anything is allocated, a network that cannot fit."""
+    from engine.errors import RunError
+    need = memory_estimate(spec, cfg.batch, cfg.workers)
+    have = available_memory(backend)
+    if have is not None and need > have:
+        where = "GPU" if getattr(backend, "name", "cpu") == "gpu" else "host"
+        raise RunError(f"model {spec.name} with batch {cfg.batch}"
+                       f"{f' x {cfg.workers} workers' if cfg.workers > 1 else ''} needs at least "
+                       f"{need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB of {where} memory is free; "
+                       f"use a smaller --batch or network", "--model")
+    return need
