@@ -72,6 +72,8 @@ def register(sub):
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: only when stderr is a terminal)")
     p.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    for _, mod in registry.cli_modules():
+        mod.add_train_options(p)
     p.add_argument("-v", "--verbose", action="store_true", help="name every unreadable file (default: the first 5)")
     p.set_defaults(func=cmd_train)
 
@@ -148,11 +150,18 @@ def cmd_train(args) -> int:
     from .data.dataset import name_all_skipped
     name_all_skipped(args.verbose)
     given = {k: getattr(args, k) for k in _TRAIN_KEYS if getattr(args, k) is not None}
+    for strat, mod in registry.cli_modules():
+        own = mod.extra_from_args(args)
+        if own and given.get("parallel") != strat.name:
+            flags = sorted("--pipe-schedule" if k == "schedule" else _flag(k) for k in own)
+            raise RunError(f"apply to --parallel {strat.name} only", ", ".join(flags))
+        if own:
+            given["extra"] = {**given.get("extra", {}), **own}
     if args.max_pending is not None:
         strat = registry.get_strategy(given.get("parallel", "none"))
         if "max_pending" not in strat.extra and not args.resume:
             raise RunError("applies to --parallel asgd only", "--max-pending")
-        given["extra"] = {"max_pending": args.max_pending}
+        given["extra"] = {**given.get("extra", {}), "max_pending": args.max_pending}
     if args.workers is not None and not args.resume and not registry.get_strategy(
             given.get("parallel", "none")).workers:
         takes = [s.name for s in registry.STRATEGIES.values() if s.workers]

@@ -1,6 +1,7 @@
-"""MPI runs that go wrong: a frozen rank ends the job within --timeout + 10 s
-with a line naming it; `sprint train` under a launcher refuses to run one
-copy per rank."""
+"""`sprint train` under mpiexec: a frozen rank ends the job within --timeout
++ 10 s with a line naming it; without --parallel it refuses to run one copy
+per rank; a strategy registered by one row of the strategy table (pipeline)
+trains from the command line with its own options."""
 import os
 import re
 import shutil
@@ -68,3 +69,15 @@ def test_train_without_a_strategy_under_a_launcher_refuses(tmp_path):
     assert len(lines) == 1 and all("2 MPI ranks were started but no parallel strategy was chosen" in l and
                          "--parallel asgd | sync" in l for l in lines), p.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_strategy_row_brings_its_own_cli_options(tmp_path):
+    run = tmp_path / "run"
+    p = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "engine.cli", "train", "--parallel", "pipeline",
+                        "--stages", "2", "--epochs", "1", "--out", str(run), "--no-progress"],
+                       capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=180)
+    assert p.returncode == 0 and "done: 1 epoch," in p.stdout, p.stderr[-2000:]
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
+    p = subprocess.run([sys.executable, "-m", "engine.cli", "train", "--stages", "2"], capture_output=True,
+                       text=True, env=ENV, cwd=ROOT, timeout=60)
+    assert p.returncode == 2 and p.stderr.strip() == "sprint: error: apply to --parallel pipeline only (--stages)"

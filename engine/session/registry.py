@@ -3,7 +3,9 @@
 A strategy is one module with a ``run(cfg) -> dict`` function; adding one is
 one row here (the CLI's ``--parallel`` choices, TrainConfig's validation,
 ``engine.train`` / ``engine.parallel.run`` dispatch and the defaults all read
-this table). Its module is imported only when the strategy runs.
+this table). Its module is imported only when the strategy runs; a strategy
+with options of its own names a ``cli`` module that adds them to
+``sprint train`` and turns them into ``cfg.extra``.
 """
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ class Strategy:
     distributed: bool = True       # may span MPI ranks
     defaults: dict = field(default_factory=dict)   # TrainConfig fields
     extra: dict = field(default_factory=dict)      # defaults of cfg.extra
+    # a module with add_train_options(parser) and extra_from_args(args) -> dict:
+    # the strategy's own `sprint train` options, which land in cfg.extra
+    cli: str | None = None
 
     def field_default(self, name):
         return self.defaults.get(name, BASE_DEFAULTS.get(name))
@@ -54,6 +59,13 @@ register(Strategy("asgd", "engine.parallel.runner:run", "SPRINT asynchronous SGD
                   workers=True, defaults=_ASGD, extra={"max_pending": 2}))
 register(Strategy("sync", "engine.parallel.runner:run", "synchronous allreduce SGD over MPI ranks x worker threads",
                   workers=True))
+register(Strategy("pipeline", "engine.parallel.pipeline_run:run", "K pipeline stages x D replicas over K*D ranks "
+                  "(GPipe, 1F1B, DualPipe)", cli="engine.parallel.pipeline_run"))
+
+
+def cli_modules() -> list:
+    """(strategy, module) of every strategy that has its own train options."""
+    return [(s, importlib.import_module(s.cli)) for s in STRATEGIES.values() if s.cli]
 
 
 def names() -> list[str]:
