@@ -1,17 +1,91 @@
-"""Checkpoints: one .npz holding the arrays of a state dict plus its other
-values as JSON, written to a temporary file in the same directory and renamed
-over the old one, so a crash leaves either the old or the new file, never a
-half-written one."""
+"""Checkpoints and atomic files.
+
+Every file of a run folder is written by :func:`atomic_write`: to a
+temporary file beside the target (``NAME.XXXX.tmp``), flushed and fsynced,
+renamed over the target and the folder fsynced, so a crash, a kill or a full
+disk leaves either the old or the new file, never a half-written one.
+
+A checkpoint is one .npz holding the arrays of a state dict plus its other
+values as JSON (``__meta__.json``)."""
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from engine.errors import MissingFile, RunError
+
 _META = "__meta__.json"
+NAME = "checkpoint.npz"
+
+
+class CheckpointError(RunError):
+    """A checkpoint that cannot be read: missing, corrupt, truncated or not ours."""
+
+
+def fsync_dir(path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass    # some file systems refuse fsync on folders; the rename still stands
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, write) -> Path:
+    """Write ``path`` through ``write(binary file)`` (or bytes/str given
+    directly) via temp file + fsync + rename + folder fsync. An OSError names
+    ``path``, never the temporary file, and leaves no temporary file behind."""
+    path = Path(path)
+    if isinstance(write, str):
+        write = write.encode()
+    if isinstance(write, (bytes, bytearray)):
+        blob = bytes(write)
+        write = lambda f: f.write(blob)  # noqa: E731
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        fsync_dir(path.parent)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return path
+
+
+def remove_stale_temps(folder, names) -> list:
+    """Delete ``NAME.*.tmp`` files that a killed writer left in ``folder``."""
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for name in names:
+        for p in folder.glob(f"{name}.*.tmp"):
+            try:
+                p.unlink()
+                removed.append(p)
+            except OSError:
+                pass
+    return removed
 
 
 def _split(state, prefix, arrays):
@@ -31,13 +105,15 @@ def _split(state, prefix, arrays):
     return out
 
 
-def _join(meta, arrays):
+def _join(meta, arrays, path):
     out = {}
     for k, v in meta.items():
         if isinstance(v, dict) and set(v) == {"__array__"}:
+            if v["__array__"] not in arrays:
+                raise CheckpointError(f"checkpoint metadata names a missing array {v['__array__']!r}", path)
             out[k] = arrays[v["__array__"]]
         elif isinstance(v, dict):
-            out[k] = _join(v, arrays)
+            out[k] = _join(v, arrays, path)
         else:
             out[k] = v
     return out
@@ -52,35 +128,50 @@ def _host(a):
 
 def save(path, state: dict):
     """Write ``state`` (nested dicts of arrays and JSON values) atomically to ``path``."""
-    path = Path(path)
     arrays = {}
     meta = _split(state, "", arrays)
     payload = dict(arrays)
     payload[_META] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    return atomic_write(path, lambda f: np.savez(f, **payload))
+
+
+def _resolve(path) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        path = path / NAME
+    if not path.exists():
+        raise MissingFile("no checkpoint", path)
+    if not path.is_file():
+        raise CheckpointError("not a file", path)
     return path
 
 
+def _read(path, arrays: bool):
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files") or _META not in z.files:
+                raise CheckpointError(f"not a sprint checkpoint (no {_META})", path)
+            meta = json.loads(z[_META].tobytes().decode())
+            if not isinstance(meta, dict):
+                raise CheckpointError("checkpoint metadata is not an object", path)
+            data = {k: z[k] for k in z.files if k != _META} if arrays else None
+    except CheckpointError:
+        raise
+    except (zipfile.BadZipFile, EOFError, ValueError, KeyError, UnicodeDecodeError,
+            RecursionError, __import__("zlib").error) as e:
+        raise CheckpointError(f"corrupt or truncated checkpoint ({type(e).__name__}: {e})", path) from None
+    return meta, data
+
+
 def load(path) -> dict:
-    path = Path(path)
-    if path.is_dir():
-        path = path / "checkpoint.npz"
-    if not path.exists():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    with np.load(path, allow_pickle=False) as z:
-        if _META not in z.files:
-            raise ValueError(f"{path} is not a sprint checkpoint (no {_META})")
-        meta = json.loads(z[_META].tobytes().decode())
-        arrays = {k: z[k] for k in z.files if k != _META}
-    return _join(meta, arrays)
+    """The state dict saved at ``path`` (a checkpoint file or a run folder)."""
+    path = _resolve(path)
+    meta, arrays = _read(path, True)
+    return _join(meta, arrays, path)
+
+
+def load_meta(path) -> dict:
+    """The JSON values of a checkpoint, arrays left out (cheap for big nets)."""
+    path = _resolve(path)
+    meta, _ = _read(path, False)
+    return meta

@@ -1,5 +1,9 @@
 """Run metrics: one JSON object per epoch in ``metrics.jsonl``, and a running
-mean / throughput meter for the progress bar."""
+mean / throughput meter for the progress bar.
+
+The file is a copy: the checkpoint carries the same records (its
+``history``), and a run rebuilds metrics.jsonl from it at every start, so a
+kill between the two writes loses no line."""
 from __future__ import annotations
 
 import json
@@ -42,11 +46,21 @@ class Meter:
         return self.seen / e if e > 0 else 0.0
 
 
+def _lines(records) -> str:
+    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+
+
+def write(path, records) -> Path:
+    """Replace ``path`` by ``records``, atomically (the file is never rewritten
+    in place: a kill leaves the old or the new list)."""
+    from .checkpoint import atomic_write
+    return atomic_write(path, _lines(records))
+
+
 def append(path, record: dict):
+    """Add one record (the whole file is rewritten atomically)."""
     path = Path(path)
-    with open(path, "a") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
-        f.flush()
+    write(path, (read(path) if path.exists() else []) + [record])
 
 
 def read(path) -> list:
@@ -71,5 +85,4 @@ def truncate(path, epochs_kept: int):
     path = Path(path)
     if not path.exists():
         return
-    keep = [r for r in read(path) if r.get("epoch", 0) <= epochs_kept]
-    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+    write(path, [r for r in read(path) if r.get("epoch", 0) <= epochs_kept])

@@ -1,77 +1,109 @@
 """``sprint train | eval | plot | info``: argument parsing only; the work is
-in engine.train, engine.plot and engine.spec."""
+in engine.train (strategies via engine.session), engine.plot and engine.spec."""
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import time
+
+_FORMATS = ["digits", "tree", "mnist", "cifar", "npz"]
 
 
 def register(sub):
-    from .train import TrainConfig
+    from .session import registry
+    from .session.config import DEFAULT_TIMEOUT, TrainConfig
     d = TrainConfig()
+    asgd = registry.get_strategy("asgd")
+    strategies = "; ".join(f"{s.name}: {s.help}" for s in registry.STRATEGIES.values())
 
     p = sub.add_parser("train", help="train a network (default: digits preset on the embedded digits)",
                        description="Train a SPRINT-family CNN. Without options: the digits preset on the "
                                    "embedded handwritten digits.")
-    p.add_argument("--model", default=None, help=f"preset or JSON/YAML spec file (default {d.model})")
+    p.add_argument("--model", default=None, help=f"preset or JSON/YAML spec file (default {d.model}; "
+                                                  "`sprint info` lists the presets)")
     p.add_argument("--data", default=None, help="'digits' (embedded) or a path: image tree, MNIST IDX dir, "
                                                 "CIFAR-10 bin dir, .npz (default digits)")
-    p.add_argument("--format", dest="fmt", default=None, choices=["digits", "tree", "mnist", "cifar", "npz"],
+    p.add_argument("--format", dest="fmt", default=None, choices=_FORMATS,
                    help="data format (guessed when omitted)")
     p.add_argument("--resize", action="store_true", default=None,
                    help="scale images of another size than the network's input (else that is an error)")
     p.add_argument("--skip-bad", action="store_true", default=None,
                    help="leave out images holding NaN/Inf and truncated CIFAR batch files, with a warning "
                         "(else they are an error)")
-    p.add_argument("--epochs", type=int, default=None, help=f"default {d.epochs}")
-    p.add_argument("--batch", type=int, default=None, help=f"minibatch size (default {d.batch})")
-    p.add_argument("--lr", type=float, default=None, help=f"learning rate eta (default {d.lr})")
-    p.add_argument("--momentum", type=float, default=None, help=f"nu (default {d.momentum})")
-    p.add_argument("--weight-decay", type=float, default=None, help=f"default {d.weight_decay}")
+    p.add_argument("--epochs", type=int, default=None,
+                   help=f"epochs in all (default {d.epochs}; asgd {asgd.field_default('epochs')}); with "
+                        "--resume of a finished run: continue to this many")
+    p.add_argument("--batch", type=int, default=None,
+                   help=f"minibatch size; per worker in parallel runs (default {d.batch})")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"learning rate eta, finite and > 0 (default {d.lr}; asgd {asgd.field_default('lr')})")
+    p.add_argument("--momentum", type=float, default=None,
+                   help=f"momentum nu in [0, 1) (default {d.momentum}; asgd {asgd.field_default('momentum')})")
+    p.add_argument("--weight-decay", type=float, default=None, help=f"L2 weight decay (default {d.weight_decay})")
     p.add_argument("--schedule", choices=["constant", "step", "cosine"], default=None,
                    help=f"learning-rate schedule (default {d.schedule})")
     p.add_argument("--warmup", type=float, default=None, help=f"epochs of linear warm-up (default {d.warmup})")
-    p.add_argument("--seed", type=int, default=None, help="default 0")
-    p.add_argument("--device", dest="sub_device", choices=["auto", "cpu", "gpu"], default=None)
+    p.add_argument("--seed", type=int, default=None, help="seed of weights, order and augmentation (default 0)")
+    p.add_argument("--device", dest="sub_device", choices=["auto", "cpu", "gpu"], default=None,
+                   help="compute backend (default: the global --device, $SPRINT_DEVICE or auto)")
     p.add_argument("--out", default=None, help="run directory (default runs/MODEL-TIMESTAMP)")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
-                   help="continue the run in RUN_DIR from its last checkpoint (its saved options; "
-                        "--epochs may extend it)")
-    p.add_argument("--parallel", choices=["none", "asgd", "sync"], default=None)
-    p.add_argument("--workers", type=int, default=None, help="workers per process (parallel modes)")
+                   help="continue the run in RUN_DIR from its last checkpoint with its saved options "
+                        "(--epochs may extend it)")
+    p.add_argument("--init-from", metavar="CKPT", default=None,
+                   help="start a new run from the weights of another run's checkpoint (same network)")
+    p.add_argument("--parallel", choices=registry.names(), default=None,
+                   help=f"training strategy (default none); {strategies}. Under mpiexec each rank is a node")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker threads per process (parallel strategies only; default 1)")
     p.add_argument("--max-pending", type=int, default=None,
-                   help="ASGD: cap on gradients a worker queues before the updater takes them "
-                        "(0: unbounded, as the seed; default 2 guards against a starved updater)")
+                   help="asgd: cap on gradients a worker queues before the updater takes them "
+                        f"(0: unbounded, as the seed; default {asgd.extra['max_pending']} guards against a "
+                        "starved updater)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help=f"MPI runs: seconds without a heartbeat from a rank before the whole job ends, "
+                        f"naming it (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for the kernels (default: 1 for nets under 20 MFLOP per image, else all)")
     p.add_argument("--crop-pad", type=int, default=None, help=f"random crop padding in pixels (default {d.crop_pad})")
     p.add_argument("--flip", action="store_true", default=None, help="random horizontal flips")
-    p.add_argument("--scale-jitter", type=float, default=None, help="random zoom in [1-j, 1+j]")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--scale-jitter", type=float, default=None, help="random zoom in [1-j, 1+j] (default 0)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: only when stderr is a terminal)")
     p.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    for _, mod in registry.cli_modules():
+        mod.add_train_options(p)
     p.add_argument("-v", "--verbose", action="store_true", help="name every unreadable file (default: the first 5)")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="evaluate a checkpoint on a data set")
+    p = sub.add_parser("eval", help="evaluate a checkpoint on a data set",
+                       description="Evaluate a checkpoint. By default on the data, format and split the run "
+                                   "recorded in its config.json.")
     p.add_argument("checkpoint", help="checkpoint.npz or a run directory")
-    p.add_argument("--data", default="digits")
-    p.add_argument("--format", dest="fmt", default=None, choices=["digits", "tree", "mnist", "cifar", "npz"])
-    p.add_argument("--split", choices=["test", "train"], default="test")
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--resize", action="store_true",
-                   help="scale images of another size than the network's input (else that is an error)")
-    p.add_argument("--skip-bad", action="store_true", help="leave out images holding NaN/Inf, with a warning")
+    p.add_argument("--data", default=None,
+                   help="data to evaluate on (default: the run's own data; 'digits' without a run config)")
+    p.add_argument("--format", dest="fmt", default=None, choices=_FORMATS,
+                   help="data format (default: the run's, else guessed)")
+    p.add_argument("--split", choices=["test", "train"], default="test", help="which split (default test)")
+    p.add_argument("--batch", type=int, default=256, help="evaluation batch size (default 256)")
+    p.add_argument("--resize", action="store_true", default=None,
+                   help="scale images of another size than the network's input (default: as the run did; "
+                        "else that is an error)")
+    p.add_argument("--skip-bad", action="store_true", default=None,
+                   help="leave out images holding NaN/Inf, with a warning (default: as the run did)")
     p.add_argument("-v", "--verbose", action="store_true", help="name every unreadable file (default: the first 5)")
-    p.add_argument("--device", dest="sub_device", choices=["auto", "cpu", "gpu"], default=None)
+    p.add_argument("--device", dest="sub_device", choices=["auto", "cpu", "gpu"], default=None,
+                   help="compute backend (default: the global --device, $SPRINT_DEVICE or auto)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("plot", help="PNG curves of loss and accuracy of a run")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="run directory holding metrics.jsonl")
     p.add_argument("--out", default=None, help="directory for the PNGs (default: the run directory)")
     p.set_defaults(func=cmd_plot)
 
-    p = sub.add_parser("info", help="layer table of a model: shapes, parameters, FLOPs")
-    p.add_argument("model", help="preset name or spec file")
+    p = sub.add_parser("info", help="layer table of a model (without one: the presets)")
+    p.add_argument("model", nargs="?", default=None, help="preset name or spec file (omit to list the presets)")
     p.add_argument("--batch", type=int, default=1, help="batch size for the FLOP columns")
     from .perf.pipeline import add_info_options
     add_info_options(p)           # --stages K: the pipeline partition, per-stage time, memory, bubble
@@ -79,50 +111,98 @@ def register(sub):
 
 
 _TRAIN_KEYS = ("model", "data", "fmt", "epochs", "batch", "lr", "momentum", "weight_decay", "schedule",
-               "warmup", "seed", "parallel", "workers", "threads", "crop_pad", "flip", "scale_jitter", "resize",
-               "skip_bad")
+               "warmup", "seed", "parallel", "workers", "threads", "crop_pad", "flip", "scale_jitter",
+               "timeout", "init_from", "resize", "skip_bad")
 
 
 def _device(args):
     return args.sub_device or getattr(args, "device", None) or "auto"
 
 
-# Stale gradients with heavy-ball momentum shrink the stable step sharply
-# (a delay of one update takes lr*curvature from 3.8 to 0.1), so ASGD gets
-# its own defaults where the user left them open: these reach >= 95 % on
-# digits with 2 ranks x 2 workers.
-ASGD_DEFAULTS = dict(lr=0.02, momentum=0.0, epochs=12)
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def _registry_strategy(cfg):
+    from .session import registry
+    return registry.get_strategy(cfg.parallel)
+
+
+def _as_option_error(make):
+    """TrainConfig's errors name a field: say which option it is."""
+    from .errors import RunError
+    try:
+        return make()
+    except RunError:
+        raise
+    except ValueError as e:
+        field = str(e).split(" ", 1)[0]
+        if field in _TRAIN_KEYS or field in ("extra", "resume"):
+            raise RunError(str(e), "--format" if field == "fmt" else _flag(field)) from None
+        raise
 
 
 def cmd_train(args) -> int:
+    from . import train as _train
+    from .errors import RunError
+    from .session import registry
+    from .session.config import RESUME_MAY_CHANGE, TrainConfig, resume_config
     from .data.dataset import name_all_skipped
-    from .train import TrainConfig, resume_config, train
     name_all_skipped(args.verbose)
     given = {k: getattr(args, k) for k in _TRAIN_KEYS if getattr(args, k) is not None}
-    if given.get("parallel") == "asgd" and not args.resume:
-        given = {**ASGD_DEFAULTS, **given}
-        given["extra"] = {"max_pending": 2 if args.max_pending is None else args.max_pending}
-    elif args.max_pending is not None:
-        raise ValueError("--max-pending applies to --parallel asgd only")
-    common = dict(device=_device(args), progress=not args.no_progress, verbose=not args.quiet)
+    for strat, mod in registry.cli_modules():
+        own = mod.extra_from_args(args)
+        if own and given.get("parallel") != strat.name:
+            flags = sorted("--pipe-schedule" if k == "schedule" else _flag(k) for k in own)
+            raise RunError(f"apply to --parallel {strat.name} only", ", ".join(flags))
+        if own:
+            given["extra"] = {**given.get("extra", {}), **own}
+    if args.max_pending is not None:
+        strat = registry.get_strategy(given.get("parallel", "none"))
+        if "max_pending" not in strat.extra and not args.resume:
+            raise RunError("applies to --parallel asgd only", "--max-pending")
+        given["extra"] = {**given.get("extra", {}), "max_pending": args.max_pending}
+    if args.workers is not None and not args.resume and not registry.get_strategy(
+            given.get("parallel", "none")).workers:
+        takes = [s.name for s in registry.STRATEGIES.values() if s.workers]
+        raise RunError(f"worker threads need a parallel strategy: add --parallel {' | '.join(takes)}",
+                       "--workers")
+    common = dict(device=_device(args), progress=args.progress, verbose=not args.quiet)
     if args.resume:
-        extra = set(given) - {"epochs", "threads", "workers"}
+        extra = set(given) - set(RESUME_MAY_CHANGE)
         if extra:
-            raise ValueError(f"--resume continues with the run's saved options; only --epochs, --threads "
-                             f"and --workers may change (got {sorted('--' + k.replace('_', '-') for k in extra)})")
-        cfg = resume_config(args.resume, **given, **common)
+            raise RunError(f"--resume continues with the run's saved options; only "
+                           f"{', '.join(_flag(k) for k in RESUME_MAY_CHANGE if hasattr(args, k))} may change",
+                           ", ".join(sorted(_flag(k) for k in extra)))
+        cfg = _as_option_error(lambda: resume_config(args.resume, **given, **common))
     else:
         out = args.out or os.path.join("runs", f"{given.get('model', TrainConfig.model).replace('/', '_')}-"
                                                f"{time.strftime('%Y%m%d-%H%M%S')}")
-        cfg = TrainConfig(out=out, **given, **common)
-    res = train(cfg)
+        cfg = _as_option_error(lambda: TrainConfig(out=out, **given, **common))
+    if not _registry_strategy(cfg).distributed:
+        _train.refuse_launcher_ranks(cfg)
+    res = _train.train(cfg)
     if res.get("rank", 0) != 0:
         return 0
     acc = res.get("test_acc")
-    print(f"done: {res.get('epochs')} epochs, test accuracy "
+    n = res.get("epochs")
+    print(f"done: {n} epoch{'' if n == 1 else 's'}, test accuracy "
           f"{'n/a' if acc is None else f'{100 * acc:.2f} %'}, {res.get('time_s', 0):.1f} s, "
           f"run directory {res.get('run_dir')}")
     return 0
+
+
+def _run_config(path):
+    """config.json of the run a checkpoint path belongs to, or None."""
+    from pathlib import Path
+
+    from .session.rundir import CONFIG, read_json
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    if not (folder / CONFIG).is_file():
+        return None
+    d = read_json(folder / CONFIG)
+    return d.get("train") if isinstance(d, dict) and isinstance(d.get("train"), dict) else None
 
 
 def cmd_eval(args) -> int:
@@ -133,10 +213,21 @@ def cmd_eval(args) -> int:
     name_all_skipped(args.verbose)
     if args.sub_device:
         backend.set_backend(args.sub_device)
+    if args.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {args.batch}")
     net, state = load_checkpoint(args.checkpoint)
     spec = net.spec
-    train_ds, test_ds = load_dataset(args.data, args.fmt, size=spec.x0, channels=spec.m0, resize=args.resize,
-                                     skip_bad=args.skip_bad)
+    run = _run_config(args.checkpoint) or {}
+    data = args.data or run.get("data", "digits")
+    fmt = args.fmt or (run.get("fmt") if args.data is None else None)
+    if run and args.data is not None and args.data != run.get("data"):
+        print(f"note: evaluating on {args.data}, not the run's own data {run.get('data')}", file=sys.stderr)
+    own = args.data is None or args.data == run.get("data")
+    resize = args.resize if args.resize is not None else bool(own and run.get("resize"))
+    skip_bad = args.skip_bad if args.skip_bad is not None else bool(own and run.get("skip_bad"))
+    train_ds, test_ds = load_dataset(data, fmt, size=spec.x0, channels=spec.m0,
+                                     test_fraction=run.get("test_fraction", 0.2), resize=resize,
+                                     skip_bad=skip_bad)
     ds = test_ds if args.split == "test" else train_ds
     if ds.n_classes != spec.n_classes or ds.shape[0] != spec.m0:
         raise ValueError(f"checkpoint model {spec.name} ({spec.m0} channels, {spec.n_classes} classes) does not "
@@ -144,7 +235,7 @@ def cmd_eval(args) -> int:
     d = dict(state.get("deform") or {})
     deform = DeformConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}) if d else None
     loss, acc = evaluate(net, ds, args.batch, deform)
-    print(f"{spec.name} epoch {state.get('epoch')} on {ds.name} ({len(ds)} images): "
+    print(f"{spec.name} epoch {state.get('epoch')} on {ds.name}, {args.split} split ({len(ds)} images): "
           f"loss {loss:.4f}  accuracy {100 * acc:.2f} %")
     return 0
 
@@ -157,9 +248,16 @@ def cmd_plot(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from .spec import get_spec, n_params, n_params_formula, summary_table
+    from .spec import PRESETS, get_spec, n_params, n_params_formula, summary_table
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    if args.model is None:
+        print("presets (sprint info NAME for the layer table):")
+        for name, spec in PRESETS.items():
+            convs = len(spec.convs)
+            print(f"  {name:8s} {spec.x0}x{spec.x0}x{spec.m0} input, {spec.n_classes} classes, "
+                  f"{convs} conv + {len(spec.fcs)} fc layers, {n_params(spec):,} parameters")
+        return 0
     spec = get_spec(args.model)
     print(summary_table(spec, args.batch))
     print(f"N_Param = {n_params(spec):,} (SPEC formula: {n_params_formula(spec):,})")

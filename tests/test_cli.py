@@ -35,7 +35,7 @@ def default_run(tmp_path_factory):
     """`sprint train` with the defaults (digits preset, embedded digits)."""
     out = tmp_path_factory.mktemp("cli") / "default"
     t = time.perf_counter()
-    p = sprint("train", "--out", out)
+    p = sprint("train", "--out", out, "--progress")
     return out, p, time.perf_counter() - t
 
 
@@ -105,7 +105,7 @@ def test_train_a_spec_file_on_an_image_tree_reports_the_corrupt_file(tmp_path):
     p = sprint("train", "--model", spec, "--data", tmp_path / "tree", "--epochs", "2", "--out", out,
                "--no-progress", "--flip", "--lr", "0.02", "--resize")   # 10x10 images, an 8x8 net
     lines = [l for l in p.stdout.splitlines() if l.startswith("epoch")]
-    assert len(lines) == 2 and all("(1 unreadable files skipped)" in l for l in lines)
+    assert len(lines) == 2 and all("(1 unreadable file skipped)" in l for l in lines)
     assert [json.loads(l)["skipped"] for l in (out / "metrics.jsonl").read_text().splitlines()] == [1, 1]
 
 

@@ -38,8 +38,11 @@ def test_info_prints_n_param():
 
 def test_asgd_defaults_differ_from_sync(monkeypatch):
     """`--parallel asgd` without lr/momentum gets the stale-gradient-safe
-    defaults; anything the user gives wins."""
+    defaults of the strategy table; anything the user gives wins; the Python
+    API resolves the same table."""
     from engine import train_cli
+    from engine.errors import RunError
+    from engine.session import TrainConfig, get_strategy
     seen = {}
 
     def fake_train(cfg):
@@ -51,8 +54,12 @@ def test_asgd_defaults_differ_from_sync(monkeypatch):
     args = p.parse_args(["train", "--parallel", "asgd", "--lr", "0.01", "--out", "x"])
     assert train_cli.cmd_train(args) == 0
     cfg = seen["cfg"]
-    assert cfg.lr == 0.01 and cfg.momentum == train_cli.ASGD_DEFAULTS["momentum"]
-    assert cfg.extra["max_pending"] == 2
+    asgd = get_strategy("asgd")
+    assert cfg.lr == 0.01 and cfg.momentum == asgd.defaults["momentum"] == 0.0
+    assert cfg.epochs == 12 and cfg.extra["max_pending"] == 2
+    api = TrainConfig(parallel="asgd")
+    assert (api.lr, api.momentum, api.epochs, api.extra["max_pending"]) == (0.02, 0.0, 12, 2)
+    assert (TrainConfig().lr, TrainConfig().momentum, TrainConfig(parallel="sync").epochs) == (0.05, 0.9, 10)
     args = p.parse_args(["train", "--max-pending", "3", "--out", "x"])
-    with pytest.raises(ValueError, match="max-pending"):
+    with pytest.raises(RunError, match="max-pending"):
         train_cli.cmd_train(args)

@@ -4,6 +4,7 @@ declared size, symlink loops are no classes, unreadable files are named,
 and the rank agreement check sees every sample."""
 import gzip
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -91,7 +92,13 @@ def test_cli_size_mismatch_is_one_line_and_resize_trains(tmp_path):
     assert len(err) == 1 and "error:" in err[0] and "28x28 but the network takes 8x8" in err[0], p.stderr
     p = subprocess.run(cmd + ["--resize"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert p.returncode == 0 and "epoch   1" in p.stdout, p.stderr
+    # eval follows the run's recorded --resize on the run's own data; a bare
+    # checkpoint (no config.json beside it) needs the flag again
     ev = [sys.executable, "-m", "engine.cli", "eval", str(tmp_path / "run"), "--data", str(d)]
+    p = subprocess.run(ev, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert p.returncode == 0 and "(16 images)" in p.stdout, p.stderr
+    shutil.copy(tmp_path / "run" / "checkpoint.npz", tmp_path / "bare.npz")
+    ev = [sys.executable, "-m", "engine.cli", "eval", str(tmp_path / "bare.npz"), "--data", str(d)]
     p = subprocess.run(ev, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert p.returncode == 2 and "--resize" in p.stderr and "Traceback" not in p.stderr
     p = subprocess.run(ev + ["--resize"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
@@ -304,7 +311,9 @@ def test_disagreeing_rank_data_is_named():
             return [obj, obj]
 
     _check_ranks_agree(LocalComm(), TrainConfig(), get_spec("digits"), train, test)
-    with pytest.raises(ConfigMismatch, match=r"ranks disagree on data.*rank 1: .*'train': 'd/train: 320 images 1x8x8"):
+    with pytest.raises(ConfigMismatch, match=r"ranks disagree on data: train: rank 0 'd/train: 320 images 1x8x8, "
+                                             r"sha256 (\w+)', rank 1 'd/train: 320 images 1x8x8, sha256 (?!\1)\w+'; "
+                                             r"refusing to start"):
         _check_ranks_agree(Rank1Differs(), TrainConfig(), get_spec("digits"), train, test)
 
 

@@ -101,11 +101,20 @@ def test_config_validation_and_parallel_delegation(monkeypatch):
             TrainConfig(**bad)
     with pytest.raises(ValueError, match="unknown"):
         TrainConfig.from_dict({"epochz": 3})
-    import engine.parallel
+    for bad in (dict(lr=float("inf")), dict(lr=float("nan")), dict(momentum=1.0), dict(momentum=-0.1),
+                dict(workers=2)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            TrainConfig(**bad)
+    with pytest.raises(ValueError, match="lr must be finite and > 0, got inf"):
+        TrainConfig(lr=float("inf"))
+    import engine.parallel.runner
     seen = []
-    monkeypatch.setattr(engine.parallel, "run", lambda cfg: seen.append(cfg) or {"delegated": True})
+    monkeypatch.setattr(engine.parallel.runner, "run", lambda cfg: seen.append(cfg) or {"delegated": True})
     cfg = TrainConfig(parallel="asgd", workers=2)
     assert train(cfg) == {"delegated": True} and seen == [cfg]
+    assert engine.parallel.run(cfg) == {"delegated": True} and seen == [cfg, cfg]
+    with pytest.raises(ValueError, match="asgd, sync"):
+        engine.parallel.run(TrainConfig())
 
 
 def test_metrics_and_plot_errors(tmp_path):

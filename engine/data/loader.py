@@ -105,43 +105,94 @@ class Loader:
 
     def __iter__(self):
         if self.prefetch == 0:
-            yield from self.batches()
-            return
-        q = queue.Queue(maxsize=self.prefetch)
-        halt = threading.Event()
-        done = object()
+            return self.batches()
+        return _Prefetcher(self)
 
-        def produce():
+
+# How long close() waits for the data thread: it stops after the batch it is
+# computing; past this it is left to end on its own (it is a daemon).
+JOIN_TIMEOUT = 10.0
+
+
+class _Done:
+    pass
+
+
+class _Failed:
+    def __init__(self, exc):
+        self.exc = exc
+
+
+class _Prefetcher:
+    """The iterator of a prefetching Loader: a data thread fills a bounded
+    queue. Whenever the consumer stops -- the epoch ends, it breaks out,
+    raises, calls close() or drops the iterator -- the thread is told to halt
+    and never blocks on the full queue, so stopping takes bounded time."""
+
+    def __init__(self, loader):
+        self._q = queue.Queue(maxsize=loader.prefetch)
+        self._halt = threading.Event()
+        self._finished = False
+        # the thread holds the queue and the event, not this iterator, so the
+        # iterator can be garbage-collected (and halt the thread) while it runs
+        self._th = threading.Thread(target=_produce, args=(loader, self._q, self._halt),
+                                    name="sprint-loader", daemon=True)
+        self._th.start()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._finished:
+            raise StopIteration
+        item = self._q.get()
+        if isinstance(item, _Done):
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failed):
+            self.close()
+            raise item.exc
+        return item
+
+    def close(self, timeout=JOIN_TIMEOUT):
+        """Stop the data thread; returns once it ended (or after ``timeout``)."""
+        self._finished = True
+        self._halt.set()
+        while True:      # free a put() waiting on the full queue
             try:
-                if self.threads:
-                    from engine.parallel.threads import limit_this_thread
-                    limit_this_thread(self.threads)
-                for item in self.batches():
-                    while not halt.is_set():
-                        try:
-                            q.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if halt.is_set():
-                        return
-                q.put(done)
-            except BaseException as e:  # re-raised in the consumer
-                q.put(e)
+                self._q.get_nowait()
+            except queue.Empty:
+                break
+        if self._th is not threading.current_thread():
+            self._th.join(timeout)
 
-        th = threading.Thread(target=produce, name="sprint-loader", daemon=True)
-        th.start()
+    def __del__(self):
         try:
-            while True:
-                item = q.get()
-                if item is done:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            halt.set()
-            th.join()
+            self.close()
+        except Exception:
+            pass
+
+
+def _produce(loader, q, halt):
+    def put(item):
+        while not halt.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        if loader.threads:
+            from engine.parallel.threads import limit_this_thread
+            limit_this_thread(loader.threads)
+        for item in loader.batches():
+            if not put(item):
+                return
+        put(_Done())
+    except BaseException as e:  # re-raised in the consumer
+        put(_Failed(e))
 
 
 def _identity(n, in_hw, out_hw):

@@ -50,6 +50,17 @@ def launched_under_mpi() -> bool:
     return bool(mod is not None and mod.Is_initialized())
 
 
+def launcher_world_size() -> int:
+    """How many ranks the launcher started (1 without one)."""
+    if not launched_under_mpi():
+        return 1
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
+        v = os.environ.get(var, "")
+        if v.isdigit():
+            return int(v)
+    return get_comm().size
+
+
 def config_hash(obj) -> str:
     """Stable short hash of a JSON-able object (keys sorted)."""
     blob = json.dumps(obj, sort_keys=True, default=str).encode()
@@ -108,9 +119,17 @@ class Comm:
     def check_agreement(self, what: str, value) -> None:
         """Raise CommError on every rank unless all ranks pass the same value."""
         values = self.allgather_obj(value)
-        if any(v != values[0] for v in values):
-            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
-            raise ConfigMismatch(f"ranks disagree on {what} ({per_rank}); refusing to start")
+        if all(v == values[0] for v in values):
+            return
+        if all(isinstance(v, dict) for v in values):
+            # name what differs, with every rank's value, not a hash of it all
+            keys = sorted({k for v in values for k in v}, key=str)
+            diff = [k for k in keys if any(v.get(k, _MISSING) != values[0].get(k, _MISSING) for v in values)]
+            per_key = "; ".join(f"{k}: " + ", ".join(f"rank {r} {_short(v.get(k, '(unset)'))}"
+                                                     for r, v in enumerate(values)) for k in diff)
+            raise ConfigMismatch(f"ranks disagree on {what}: {per_key}; refusing to start")
+        per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+        raise ConfigMismatch(f"ranks disagree on {what} ({per_rank}); refusing to start")
 
     def abort(self, message: str, code: int = 1, report: bool = True):
         """Print a message naming this rank and end the whole job."""
@@ -132,8 +151,20 @@ class Comm:
         me = (self.rank, os.getpid(), socket.gethostname())
         return ", ".join(f"rank {r} pid {p}@{h}" for r, p, h in self.allgather_obj(me))
 
-    def describe(self) -> str:
-        return f"{self.kind} comm, rank {self.rank}/{self.size}, device path {self.device_path}"
+    def describe(self, gpu: bool = False) -> str:
+        """'mpi comm, rank 0 of 2' and, for GPU runs, how device vectors travel."""
+        paths = {"nccl": "NCCL", "cuda-mpi": "CUDA-aware MPI", "host": "copies through host memory"}
+        where = (f"GPU vectors reduced by {paths.get(self.device_path, self.device_path)}" if gpu
+                 else "vectors in host memory")
+        return f"{self.kind} comm, rank {self.rank} of {self.size}, {where}"
+
+
+_MISSING = object()
+
+
+def _short(v, n=60):
+    t = repr(v)
+    return t if len(t) <= n else t[:n - 3] + "..."
 
 
 class _Done:
@@ -151,14 +182,20 @@ class _Pending:
         self.req.Wait()
 
 
-def _report_failure(rank, size, message):
+def say_before_abort(text: str):
+    """Write ``text`` to stderr after whatever stdout holds, flushed: the
+    last words of a rank before MPI_Abort."""
     try:
         sys.stdout.flush()
     except Exception:
         pass
-    sys.stderr.write(f"sprint: rank {rank} of {size} failed: {message}\n"
-                     f"sprint: aborting all ranks because rank {rank} failed\n")
+    sys.stderr.write(text)
     sys.stderr.flush()
+
+
+def _report_failure(rank, size, message):
+    say_before_abort(f"sprint: rank {rank} of {size} failed: {message}\n"
+                     f"sprint: aborting all ranks because rank {rank} failed\n")
 
 
 class LocalComm(Comm):
@@ -262,7 +299,8 @@ class MPIComm(Comm):
     # -- device buffers --------------------------------------------------------
     def setup_device(self):
         """Choose how device vectors are reduced: nccl, cuda-aware mpi or host."""
-        self.device_path = _probe_device_path(self)
+        from .device_path import probe_device_path
+        self.device_path = probe_device_path(self)
         return self.device_path
 
     def _allreduce_device(self, buf):
@@ -292,73 +330,14 @@ def _to_host_synced(buf):
     return cupy.asnumpy(buf)
 
 
-def _probe_device_path(comm: MPIComm) -> str:
-    forced = os.environ.get("SPRINT_DEVICE_ALLREDUCE")
-    if forced in ("nccl", "cuda-mpi", "host"):
-        choice = forced
-    else:
-        choice = "host"
-        # NCCL needs one GPU per rank; a failed NcclCommunicator on one rank
-        # would leave the others in its collective init, so all ranks decide
-        # together from where everybody's device is.
-        places = comm.comm.allgather(_device_place())
-        if len(set(places)) == len(places) and _nccl_usable(comm):
-            choice = "nccl"
-        elif _mpi_cuda_aware(comm):
-            choice = "cuda-mpi"
-        # All ranks must take the same path or the collectives would not match.
-        choices = comm.comm.allgather(choice)
-        if any(c != choices[0] for c in choices):
-            choice = "host"
-    if choice == "nccl" and comm._nccl is None and not _nccl_usable(comm):
-        raise CommError("SPRINT_DEVICE_ALLREDUCE=nccl but NCCL could not be initialised")
-    return choice
-
-
 def local_rank(comm: Comm) -> int:
-    """This rank's index among the ranks of its host (launcher variables)."""
-    for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "PMI_LOCAL_RANK"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return comm.rank
+    from .device_path import local_rank as _local_rank
+    return _local_rank(comm)
 
 
 def select_device(comm: Comm) -> int:
-    """Give each rank of a host its own GPU when there are enough (round robin)."""
-    import cupy
-    n = cupy.cuda.runtime.getDeviceCount()
-    dev = local_rank(comm) % max(1, n)
-    cupy.cuda.Device(dev).use()
-    return dev
-
-
-def _device_place():
-    import socket
-    try:
-        import cupy
-        return (socket.gethostname(), int(cupy.cuda.runtime.getDevice()))
-    except Exception:
-        return (socket.gethostname(), -1)
-
-
-def _nccl_usable(comm: MPIComm) -> bool:
-    try:
-        from cupy.cuda import nccl
-        uid = nccl.get_unique_id() if comm.rank == 0 else None
-        uid = comm.comm.bcast(uid, root=0)
-        comm._nccl = nccl.NcclCommunicator(comm.size, uid, comm.rank)
-        return True
-    except Exception:
-        comm._nccl = None
-        return False
-
-
-def _mpi_cuda_aware(comm: MPIComm) -> bool:
-    query = getattr(comm.MPI, "Query_cuda_support", None)
-    try:
-        return bool(query()) if query is not None else False
-    except Exception:
-        return False
+    from .device_path import select_device as _select_device
+    return _select_device(comm)
 
 
 def require_thread_level(comm: Comm, updater_is_main: bool = True) -> None:
@@ -415,7 +394,15 @@ def abort_on_error(comm: Comm):
     ConfigMismatch is raised on every rank alike and is let through."""
     try:
         yield comm
-    except (ConfigMismatch, KeyboardInterrupt, SystemExit):
+    except KeyboardInterrupt as e:
+        if comm.size <= 1:
+            raise
+        # a peer may sit in a blocking collective that never returns once this
+        # rank leaves: say how to resume (rank 0) and end the whole job
+        if comm.rank == 0:
+            say_before_abort(f"{e or 'interrupted'}\n")
+        comm.abort("interrupted", code=130, report=False)
+    except (ConfigMismatch, SystemExit):
         raise
     except BaseException as e:
         if comm.size <= 1:

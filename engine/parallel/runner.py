@@ -1,14 +1,15 @@
 """``run(cfg)``: a TrainConfig trained by SPRINT ASGD or synchronous SGD.
 
 Every MPI rank is a node running ``cfg.workers`` workers (each its own Net
-and data shard ``rank * workers + t`` of ``n_node * workers``). Rank 0 logs,
-draws the progress bar and writes config.json, metrics.jsonl, the checkpoint
-and the stats file; all ranks start from rank 0's weights, evaluate a shard
-of the test set each and average. Ranks that disagree on options, network
-or data refuse to start. ``cfg.batch`` is N_Subbatch, per worker.
+and data shard ``rank * workers + t`` of ``n_node * workers``). The run
+folder, evaluation, logging and the watchdog are engine.session's: rank 0
+writes, all ranks start from rank 0's weights, evaluate a shard of the test
+set each and average. Ranks that disagree on options, network or data
+refuse to start, naming what differs. ``cfg.batch`` is N_Subbatch, per worker.
 
 Options in ``cfg.extra``: ``min_grads`` (ASGD, default 1), ``lockstep``
-(ASGD, deterministic), ``max_pending`` (ASGD, bounded accumulation, default 0 = off), ``bucket_bytes`` (sync), ``max_seconds``,
+(ASGD, deterministic), ``max_pending`` (ASGD, bounded accumulation; the
+strategy table's default 2, 0 = off), ``bucket_bytes`` (sync), ``max_seconds``,
 ``mpi_poll`` (seconds; poll instead of busy-waiting in MPI), ``max_samples``,
 ``worker_nice`` (CPU: niceness added to worker threads so the updater is
 scheduled first; default 10).
@@ -16,13 +17,11 @@ scheduled first; default 10).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -40,7 +39,7 @@ STATS = {"asgd": "asgd_stats.json", "sync": "sync_stats.json"}
 CPU_MPI_POLL = 2e-4
 CPU_WORKER_NICE = 10
 # TrainConfig fields that may differ between ranks without changing the run.
-_LOCAL_FIELDS = ("progress", "verbose", "out", "resume", "device", "threads", "prefetch")
+_LOCAL_FIELDS = ("progress", "verbose", "out", "resume", "device", "threads", "prefetch", "timeout")
 
 
 class NetSource:
@@ -91,10 +90,25 @@ class NetSource:
 
     def compute(self, batch):
         x, y = batch
-        loss, correct = self.net.loss_and_grad(x, y)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # reported as divergence
+            loss, correct = self.net.loss_and_grad(x, y)
         if not math.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss}: lower --lr")
+            raise _NonFinite(loss, self.epoch + 1)
         return Step(grad=self.net.grads, n=int(len(y)), loss=loss, correct=int(correct))
+
+
+class _NonFinite(FloatingPointError):
+    def __init__(self, loss, epoch):
+        self.loss, self.epoch = loss, epoch
+        super().__init__(f"loss became {loss} in epoch {epoch}")
+
+
+def _nonfinite_cause(e):
+    while e is not None:
+        if isinstance(e, _NonFinite):
+            return e
+        e = e.__cause__
+    return None
 
 
 def _data_fingerprint(ds) -> str:
@@ -120,22 +134,16 @@ def _data_summary(ds) -> str:
 
 def _check_ranks_agree(comm, cfg, spec, train_ds, test_ds):
     opts = {k: v for k, v in cfg.to_dict().items() if k not in _LOCAL_FIELDS}
-    comm.check_agreement("options", _comm.config_hash(opts))
-    comm.check_agreement("network", spec.hash())
+    comm.check_agreement("options", opts)
+    comm.check_agreement("network", {"spec": spec.to_dict()})
     comm.check_agreement("data", {"train": _data_summary(train_ds), "test": _data_summary(test_ds)})
 
 
 def _evaluate_sharded(comm, net, test_ds, cfg, deform):
-    """Mean loss and accuracy over the whole test set, each rank a shard."""
-    from engine.train import evaluate
-    idx = np.arange(comm.rank, len(test_ds), comm.size)
-    if len(idx):
-        loss, acc = evaluate(net, test_ds.subset(idx), cfg.eval_batch, deform)
-    else:
-        loss, acc = 0.0, 0.0
-    s = comm.allreduce_scalars([loss * len(idx), acc * len(idx), len(idx)]) if comm.size > 1 \
-        else [loss * len(idx), acc * len(idx), len(idx)]
-    return s[0] / s[2], s[1] / s[2]
+    """(loss, accuracy) over the whole test set, each rank a shard (for strategies
+    not on engine.session.Session yet)."""
+    from engine.session import evaluate_sharded
+    return evaluate_sharded(comm, net, test_ds, cfg.eval_batch, deform)
 
 
 def _to_host(a):
@@ -151,20 +159,22 @@ def run(cfg) -> dict:
 
 
 def _run(cfg, comm):
-    from engine import checkpoint as ckpt
-    from engine import metrics as _metrics
-    from engine.data import Loader
-    from engine.net import Net
-    from engine.optim import make_schedule
-    from engine.spec import get_spec
-    from engine.train import CHECKPOINT, CONFIG, METRICS, prepare_data, setup_device
+    from engine.session import Session
 
     mode = cfg.parallel
     if mode not in STATS:
         raise ValueError(f"parallel must be asgd or sync, got {mode!r}")
+    with Session(cfg, comm) as s:
+        return _train(s, cfg, comm)
+
+
+def _train(s, cfg, comm):
+    from engine.data import Loader
+    from engine.net import Net
+    from engine.optim import make_schedule
+    mode = cfg.parallel
     extra = dict(cfg.extra or {})
-    be = setup_device(cfg)
-    gpu = getattr(be, "name", "cpu") == "gpu"
+    be, gpu, spec = s.backend, s.gpu, s.spec
     if gpu and comm.size > 1:
         _comm.select_device(comm)
     if gpu and isinstance(comm, _comm.MPIComm):
@@ -173,19 +183,18 @@ def _run(cfg, comm):
         # On CPU the updater shares cores with the workers: wait for the
         # allreduce by polling with sleeps, not by MPICH's busy loop.
         comm.poll_interval = float(extra.get("mpi_poll", 0.0 if gpu else CPU_MPI_POLL))
-    spec = get_spec(cfg.model)
-    train_ds, test_ds, deform = prepare_data(cfg, spec)
-    root = comm.rank == 0
+    train_ds, test_ds, deform = s.train_ds, s.test_ds, s.deform
+    root = s.root
     try:
         _check_ranks_agree(comm, cfg, spec, train_ds, test_ds)
     except _comm.ConfigMismatch as e:
-        # every rank sees the mismatch; make sure the message is out before
-        # any rank's exit can take the job down
+        # every rank sees the mismatch; make sure rank 0's line is out before
+        # any rank's exit can take the job down, and that it is the only one
         if root:
-            print(f"sprint: {e}", file=sys.stderr, flush=True)
+            print(f"sprint: error: {e}", file=sys.stderr, flush=True)
+        e.reported_by_root = True
         comm.barrier()
         raise
-    log = (lambda msg: print(msg, flush=True)) if (root and cfg.verbose) else (lambda msg: None)
     if comm.size > 1:
         ranks = comm.rank_map()
         if root:
@@ -194,26 +203,16 @@ def _run(cfg, comm):
     W, world = cfg.workers, comm.size * cfg.workers
     n_file = len(train_ds)
     nets = [Net(spec, seed=cfg.seed) for _ in range(W)]
-    state = None
-    if cfg.resume:
-        state = comm.bcast_obj(ckpt.load(Path(cfg.resume) / CHECKPOINT) if root else None)
-        if state.get("spec_hash") != spec.hash():
-            raise ValueError("checkpoint was written for another network")
-        if state.get("mode") != mode:
-            raise ValueError(f"checkpoint is from a {state.get('mode')!r} run, not {mode!r}")
+    state = s.load_state()
+    if cfg.resume and state.get("mode") != mode:
+        raise ValueError(f"checkpoint is from a {state.get('mode')!r} run, not {mode!r}")
     w0 = nets[0].params
     if state is not None:
         nets[0].set_flat(state["params"])
     comm.bcast_(w0)                  # every rank starts from rank 0's weights
-    start_samples = int(state["samples"]) if state else 0
+    start_samples = int(state["samples"]) if cfg.resume else 0
     start_epoch = start_samples // n_file
-
-    run_dir = Path(cfg.out) if cfg.out else (Path(cfg.resume) if cfg.resume else None)
-    if root and run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / CONFIG).write_text(json.dumps({"train": cfg.to_dict(), "spec": spec.to_dict(),
-                                                  "deform": deform.to_dict()}, indent=2))
-        _metrics.truncate(run_dir / METRICS, start_epoch)
+    s.start(start_epoch)
 
     # cfg.threads is the process's CPU thread budget, split over its workers
     per_worker = threads_per_worker(W, int(cfg.threads) if cfg.threads else None)
@@ -227,17 +226,12 @@ def _run(cfg, comm):
     max_samples = int(extra.get("max_samples", cfg.epochs * n_file))
     last_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
     eval_net = Net(spec, seed=cfg.seed)
-    log(f"sprint {mode}: {comm.size} node(s) x {W} worker(s), N_Subbatch {cfg.batch}, "
-        f"{spec.name} ({nets[0].n_params:,} params), {comm.describe()}, "
-        f"{'GPU streams' if gpu else f'{per_worker} BLAS thread(s) per worker'}")
+    s.log(f"sprint {mode}: {comm.size} node(s) x {W} worker(s), N_Subbatch {cfg.batch}, "
+          f"{spec.name} ({nets[0].n_params:,} params), {comm.describe(gpu)}, "
+          f"{'GPU streams' if gpu else f'{per_worker} BLAS thread(s) per worker'}")
 
-    history = []
     clock = {"t0": time.perf_counter(), "t_epoch": time.perf_counter(), "epoch": start_epoch, "upd0": 0}
-    bar = None
-    if root and cfg.progress:
-        from tqdm import tqdm
-        bar = tqdm(total=max_samples, initial=start_samples, unit="img", leave=False,
-                   file=sys.stderr, dynamic_ncols=True, desc=f"{mode}")
+    bar = s.progress(max_samples, mode, unit="img", initial=start_samples)
 
     def checkpoint_state(trainer, epoch):
         if mode == "asgd":
@@ -272,7 +266,7 @@ def _run(cfg, comm):
 
     def _end_of_epoch(trainer, epoch, seen, tr_loss, tr_acc, now):
         eval_net.set_flat(trainer.latest)
-        test_loss, test_acc = _evaluate_sharded(comm, eval_net, test_ds, cfg, deform)
+        test_loss, test_acc = s.evaluate(eval_net)
         rec = {"epoch": int(epoch), "step": int(getattr(trainer, "updates", getattr(trainer, "steps", 0))),
                "lr": float(sched(epoch)), "train_loss": tr_loss, "train_acc": tr_acc,
                "test_loss": test_loss, "test_acc": test_acc,
@@ -282,18 +276,11 @@ def _run(cfg, comm):
         if mode == "asgd" and trainer.minibatch:
             rec["N_Minibatch_avg"] = float(np.mean(trainer.minibatch[clock["upd0"]:]))
             clock["upd0"] = len(trainer.minibatch)
-        history.append(rec)
-        if run_dir is not None:
-            st = checkpoint_state(trainer, epoch)     # collective (ASGD gathers DeltaWeights)
-            if root:
-                _metrics.append(run_dir / METRICS, rec)
-                ckpt.save(run_dir / CHECKPOINT, st)
-        if root and cfg.verbose:
-            if bar is not None:
-                bar.clear()
-            print(f"epoch {epoch:3d}  train_loss {tr_loss:.4f}  test_loss {test_loss:.4f}  "
-                  f"test_acc {100 * test_acc:6.2f} %  {rec['images_per_s']:,.0f} img/s  "
-                  f"{rec['time']:.1f} s", flush=True)
+        # collective (ASGD gathers DeltaWeights)
+        st = checkpoint_state(trainer, epoch) if s.run is not None else None
+        if bar is not None:
+            bar.clear()
+        s.end_epoch(rec, st)
 
     if mode == "asgd":
         acfg = ASGDConfig(lr=sched, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
@@ -301,20 +288,27 @@ def _run(cfg, comm):
                           n_file=n_file, min_grads=int(extra.get("min_grads", 1)),
                           lockstep=bool(extra.get("lockstep", False)),
                           max_pending=int(extra.get("max_pending", 0)))
-        mom0 = state["momentum"] if state is not None else None
+        mom0 = state["momentum"] if cfg.resume else None
         trainer = ASGD(comm, w0, sources, acfg, on_update=on_progress, delta0=mom0,
-                       start_samples=start_samples, start_version=int(state["step"]) if state else 0)
+                       start_samples=start_samples, start_version=int(state["step"]) if cfg.resume else 0)
     else:
         scfg = SyncConfig(lr=sched, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                           max_samples=max_samples, n_file=n_file,
                           bucket_bytes=int(extra.get("bucket_bytes", 4 << 20)))
-        v0 = be.xp.asarray(state["momentum"]) if state is not None else None
+        v0 = be.xp.asarray(state["momentum"]) if cfg.resume else None
         trainer = SyncSGD(comm, w0, sources, scfg, on_step=on_progress, velocity0=v0,
                           start_samples=start_samples)
-        if state is not None:
+        if cfg.resume:
             trainer.steps = int(state["step"])
     try:
         trainer.run()
+    except KeyboardInterrupt:
+        raise s.interrupted() from None
+    except Exception as e:
+        bad = _nonfinite_cause(e)
+        if bad is None:
+            raise
+        raise s.diverged(bad.loss, bad.epoch, None, float(sched(trainer.samples_total / n_file))) from None
     finally:
         if bar is not None:
             bar.close()
@@ -324,14 +318,10 @@ def _run(cfg, comm):
                            "comm": comm.kind, "device_path": comm.device_path,
                            "backend": getattr(be, "name", "cpu"),
                            "threads_per_worker": None if gpu else per_worker})
-    if root and run_dir is not None:
-        (run_dir / STATS[mode]).write_text(json.dumps(stats))
+    s.write_stats(STATS[mode], stats)
     eval_net.set_flat(trainer.latest)
-    final = history[-1] if history else {}
-    if not history:
-        final = dict(zip(("test_loss", "test_acc"), _evaluate_sharded(comm, eval_net, test_ds, cfg, deform)))
-    return {"run_dir": str(run_dir) if run_dir else None, "epochs": int(trainer.samples_total // n_file),
-            "history": history, "test_acc": final.get("test_acc"), "test_loss": final.get("test_loss"),
-            "train_loss": final.get("train_loss"), "time_s": time.perf_counter() - clock["t0"],
-            "n_params": nets[0].n_params, "net": eval_net, "stats": stats, "rank": comm.rank,
-            "n_node": comm.size}
+    more = {"stats": stats, "rank": comm.rank, "n_node": comm.size}
+    res = s.result(eval_net, int(trainer.samples_total // n_file), **more)
+    if res["test_acc"] is None:
+        res["test_loss"], res["test_acc"] = s.evaluate(eval_net)
+    return res

@@ -84,6 +84,7 @@ class SyncSGD:
         self.buckets = bucket_bounds(n + 1, w0.dtype.itemsize, cfg.bucket_bytes)
         self.samples_total = int(start_samples)
         self.steps = 0
+        self.last_loss = math.nan
         self.epoch = self.samples_total / cfg.n_file if cfg.n_file else 0.0
         self.timers = StepTimers()
         self.worker_timers = [StepTimers() for _ in sources]
@@ -158,6 +159,7 @@ class SyncSGD:
                  sum(s.correct for s in steps)]
         glob = self.comm.allreduce_scalars(local) if self.comm.size > 1 else local
         self.steps += 1
+        self.last_loss = glob[1] / glob[0] if glob[0] else math.nan
         self.samples_total += int(round(total))
         self.epoch = self.samples_total / cfg.n_file if cfg.n_file else 0.0
         for i in range(3):

@@ -1,0 +1,47 @@
+"""The errors a run reports to its user, each saying what went wrong and
+where (a file or an option); the CLI prints each as one
+``sprint: error: <what> (<where>)`` line. Any exception with ``what`` and
+``where`` attributes is printed that way."""
+from __future__ import annotations
+
+
+class RunError(ValueError):
+    """Something about the run's inputs or folder is wrong: ``what`` (``where``)."""
+
+    def __init__(self, what: str, where=None):
+        self.what, self.where = what, (str(where) if where is not None else None)
+        super().__init__(f"{what} ({self.where})" if self.where else what)
+
+
+class Diverged(FloatingPointError):
+    """The training loss became NaN or Inf."""
+
+    def __init__(self, loss, epoch, step, lr, run_dir=None, last_epoch=None):
+        self.loss, self.epoch, self.step, self.lr = loss, epoch, step, lr
+        self.run_dir, self.last_epoch = run_dir, last_epoch
+        kept = (f"; the checkpoint of epoch {last_epoch} stays in {run_dir}"
+                if run_dir and last_epoch else "")
+        at = f"epoch {epoch}, step {step}" if step is not None else f"epoch {epoch}"
+        super().__init__(f"training diverged: the loss became {loss} at {at}{kept}; "
+                         f"try a lower learning rate (--lr, now {lr:g})")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: ``epoch`` epochs are safe in ``run_dir``."""
+
+    def __init__(self, epoch: int, run_dir=None):
+        self.epoch, self.run_dir = int(epoch), (str(run_dir) if run_dir else None)
+        if self.run_dir and self.epoch:
+            msg = f"interrupted after epoch {self.epoch}; resume with: sprint train --resume {self.run_dir}"
+        elif self.run_dir:
+            msg = f"interrupted before the first epoch ended; nothing to resume in {self.run_dir}"
+        else:
+            msg = f"interrupted after epoch {self.epoch}"
+        super().__init__(msg)
+
+    def __str__(self):
+        return self.args[0]
+
+
+class MissingFile(RunError, FileNotFoundError):
+    """A file or folder the run needs does not exist."""

@@ -1,0 +1,91 @@
+"""The run folder: config.json, metrics.jsonl, checkpoint.npz and a
+strategy's stats file, each written atomically (engine.checkpoint.atomic_write).
+
+config.json carries a run id that the checkpoint repeats, so ``--resume``
+refuses a checkpoint copied in from another run. metrics.jsonl is rebuilt
+from the checkpoint's history at every start: the checkpoint is the record.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from engine import checkpoint as _ckpt
+from engine import metrics as _metrics
+from engine.errors import RunError
+
+CHECKPOINT = "checkpoint.npz"
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+# files whose temporaries a killed writer may leave behind
+WRITTEN = (CHECKPOINT, CONFIG, METRICS, "*_stats.json")
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def read_json(path):
+    """A JSON file's value; errors name the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise RunError("not a text file", path) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RunError(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", path) from None
+    except RecursionError:
+        raise RunError("JSON nested too deeply", path) from None
+
+
+class RunDir:
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def __str__(self):
+        return str(self.path)
+
+    def file(self, name) -> Path:
+        return self.path / name
+
+    def prepare(self) -> list:
+        """Create the folder; remove temporaries of writes that a kill cut short."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunError("the run directory is a file", self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        return _ckpt.remove_stale_temps(self.path, WRITTEN)
+
+    def clean(self) -> list:
+        """Remove temporaries a killed writer left (the folder may not exist yet)."""
+        return _ckpt.remove_stale_temps(self.path, WRITTEN)
+
+    def write_json(self, name, obj, indent=None) -> Path:
+        return _ckpt.atomic_write(self.file(name), json.dumps(obj, indent=indent))
+
+    def read_config(self) -> dict:
+        d = read_json(self.file(CONFIG))
+        if not isinstance(d, dict):
+            raise RunError("not a run config (expected a JSON object)", self.file(CONFIG))
+        return d
+
+    def write_config(self, config: dict) -> Path:
+        return self.write_json(CONFIG, config, indent=2)
+
+    def write_metrics(self, history) -> Path:
+        return _metrics.write(self.file(METRICS), history)
+
+    def save_checkpoint(self, state: dict) -> Path:
+        return _ckpt.save(self.file(CHECKPOINT), state)
+
+    def load_checkpoint(self) -> dict:
+        return _ckpt.load(self.file(CHECKPOINT))
+
+    def legacy_history(self, epochs: int) -> list:
+        """Metrics of a run whose checkpoint predates the history it now carries."""
+        try:
+            return [r for r in _metrics.read(self.file(METRICS)) if r.get("epoch", 0) <= epochs]
+        except (FileNotFoundError, ValueError):
+            return []

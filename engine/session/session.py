@@ -1,0 +1,215 @@
+"""One training run's shared life, whatever the strategy: device, data,
+weights to start from, the run folder, evaluation, per-epoch records and
+output. A strategy builds its trainers between ``load_state`` and
+``start``, then calls ``end_epoch`` after each epoch."""
+from __future__ import annotations
+
+import sys
+import time
+
+from engine.errors import Diverged, Interrupted, RunError
+
+from .rundir import CHECKPOINT, RunDir, new_run_id
+from .setup import check_memory, evaluate_sharded, prepare_data, setup_device
+
+
+class Session:
+    def __init__(self, cfg, comm=None):
+        from engine.parallel.comm import LocalComm
+        from engine.spec import get_spec
+        from .watchdog import Watchdog
+        self.cfg = cfg
+        self.comm = comm if comm is not None else LocalComm()
+        self.root = self.comm.rank == 0
+        self.t0 = time.perf_counter()
+        self.watchdog = Watchdog(self.comm, cfg.timeout)
+        self.backend = setup_device(cfg)
+        self.gpu = getattr(self.backend, "name", "cpu") == "gpu"
+        self.spec = get_spec(cfg.model)
+        check_memory(cfg, self.spec, self.backend)
+        self.train_ds, self.test_ds, self.deform = prepare_data(cfg, self.spec)
+        path = cfg.out or cfg.resume
+        self.run = RunDir(path) if path else None
+        if self.run is not None and self.root:
+            self.run.clean()
+        self.history: list = []
+        self.first_new = 0         # history[first_new:] are this invocation's epochs
+        self.saved_epoch = 0       # last epoch whose checkpoint is on disk
+        self.run_id = None
+        self.planned_epochs = None   # epochs the resumed run had planned
+        self.show_progress = (cfg.progress if cfg.progress is not None
+                              else bool(getattr(sys.stderr, "isatty", lambda: False)()))
+
+    def close(self, ok: bool = True):
+        self.watchdog.close(ok)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close(ok=exc_type is None)
+        return False
+
+    # ---- where the weights come from -------------------------------------------
+    def load_state(self) -> dict | None:
+        """The checkpoint to resume from (cfg.resume), or one whose weights start
+        this run (cfg.init_from, state with 'params' only), or None. Read on rank
+        0, shared with every rank; errors are raised on every rank."""
+        cfg = self.cfg
+        if cfg.resume:
+            state = self._on_root(self._read_resume)
+            self.history = list(state.get("history") or [])
+            self.first_new = len(self.history)
+            self.saved_epoch = int(state.get("epoch", 0))
+            self.run_id = state.get("run_id")
+            self.planned_epochs = state.pop("planned_epochs", None)
+        elif cfg.init_from:
+            state = self._on_root(self._read_init)
+        else:
+            state = None
+        if self.run_id is None:
+            self.run_id = self.comm.bcast_obj(new_run_id() if self.root else None)
+        return state
+
+    def _read_resume(self) -> dict:
+        rd = RunDir(self.cfg.resume)
+        config = rd.read_config()
+        state = rd.load_checkpoint()
+        self._check_spec(state, rd.file(CHECKPOINT))
+        want, got = config.get("run_id"), state.get("run_id")
+        if want and got and want != got:
+            raise RunError(f"the checkpoint belongs to run {got}, the folder to run {want}; to start a new "
+                           f"run from those weights use --init-from", rd.file(CHECKPOINT))
+        state["run_id"] = want or got
+        planned = (config.get("train") or {}).get("epochs")
+        state["planned_epochs"] = planned if isinstance(planned, int) else None
+        if not state.get("history"):
+            state["history"] = rd.legacy_history(int(state.get("epoch", 0)))
+        return state
+
+    def _read_init(self) -> dict:
+        from engine import checkpoint as _ckpt
+        state = _ckpt.load(self.cfg.init_from)
+        self._check_spec(state, self.cfg.init_from)
+        return {"params": state["params"]}
+
+    def _check_spec(self, state, where):
+        if state.get("spec_hash") != self.spec.hash():
+            name = (state.get("spec") or {}).get("name") if isinstance(state.get("spec"), dict) else None
+            raise RunError(f"the checkpoint was written for model {name!r}, not {self.spec.name!r}", where)
+        if "params" not in state:
+            raise RunError("the checkpoint holds no parameters", where)
+
+    def _on_root(self, fn):
+        """fn() on rank 0; its result, or its error, on every rank."""
+        if self.comm.size == 1:
+            return fn()
+        if self.root:
+            try:
+                value = fn()
+            except (RunError, OSError, ValueError) as e:
+                self.comm.bcast_obj(("error", str(e)))
+                raise
+            return self.comm.bcast_obj(("ok", value))[1]
+        kind, value = self.comm.bcast_obj(None)
+        if kind == "error":
+            e = RunError(value)
+            e.reported_by_root = True     # the CLI prints it once, on rank 0
+            raise e
+        return value
+
+    # ---- the run folder --------------------------------------------------------
+    def start(self, start_epoch: int = 0):
+        """Write config.json and metrics.jsonl (from the checkpoint's history)."""
+        self.history = [r for r in self.history if r.get("epoch", 0) <= start_epoch]
+        self.first_new = len(self.history)
+        self._say_replanned(start_epoch)
+        if self.run is None or not self.root:
+            return
+        self.run.prepare()
+        self.run.write_config({"run_id": self.run_id, "train": self.cfg.to_dict(),
+                               "spec": self.spec.to_dict(), "deform": self.deform.to_dict()})
+        self.run.write_metrics(self.history)
+
+    def _say_replanned(self, start_epoch):
+        """Resuming with another --epochs re-plans the schedule for the new
+        total, as if the run had started with it (the epochs already trained
+        keep their rates): say so, with the rate the next epoch starts at."""
+        cfg, old = self.cfg, self.planned_epochs
+        if not cfg.resume or old is None or old == cfg.epochs or cfg.schedule == "constant":
+            return
+        from engine.optim import make_schedule
+        sched = make_schedule(cfg.schedule, cfg.lr, cfg.epochs, cfg.warmup)
+        if start_epoch < cfg.epochs:
+            self.log(f"--epochs {cfg.epochs} (was {old}): the {cfg.schedule} schedule is re-planned for "
+                     f"{cfg.epochs} epochs as if the run had started with them; epoch {start_epoch + 1} "
+                     f"starts at lr {sched(start_epoch):.3g}")
+
+    def end_epoch(self, rec: dict, state: dict | None):
+        """Record an epoch: checkpoint (carrying the whole history) first, then
+        metrics.jsonl, then the line on stdout."""
+        self.history.append(rec)
+        if self.run is not None and state is not None:
+            if self.root:
+                self.run.save_checkpoint(dict(state, history=list(self.history), run_id=self.run_id))
+            self.saved_epoch = int(rec["epoch"])
+            if self.root:
+                self.run.write_metrics(self.history)
+        self.report(rec)
+
+    def write_stats(self, name, stats: dict):
+        if self.run is not None and self.root:
+            self.run.write_json(name, stats)
+
+    # ---- evaluation and output -------------------------------------------------
+    def evaluate(self, net):
+        """(loss, accuracy) on the whole test set, each rank a shard."""
+        return evaluate_sharded(self.comm, net, self.test_ds, self.cfg.eval_batch, self.deform)
+
+    def log(self, msg: str):
+        if self.root and self.cfg.verbose:
+            print(msg, flush=True)
+
+    def progress(self, total, desc, unit="batch", initial=0):
+        """A tqdm bar on stderr (rank 0, when shown), else None."""
+        if not (self.root and self.show_progress):
+            return None
+        from tqdm import tqdm
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=False, file=sys.stderr,
+                    dynamic_ncols=True)
+
+    def report(self, rec: dict, bar=None):
+        if not (self.root and self.cfg.verbose):
+            return
+        if bar is not None:
+            bar.clear()
+        print(epoch_line(rec, self.cfg.epochs), flush=True)
+
+    # ---- endings ---------------------------------------------------------------
+    def diverged(self, loss, epoch, step, lr) -> Diverged:
+        return Diverged(loss, epoch, step, lr, run_dir=str(self.run) if self.run else None,
+                        last_epoch=self.saved_epoch)
+
+    def interrupted(self) -> Interrupted:
+        return Interrupted(self.saved_epoch, str(self.run) if self.run else None)
+
+    def result(self, net, epochs: int, **more) -> dict:
+        new = self.history[self.first_new:]
+        final = new[-1] if new else {}
+        out = {"run_dir": str(self.run) if self.run else None, "epochs": int(epochs), "history": new,
+               "test_acc": final.get("test_acc"), "test_loss": final.get("test_loss"),
+               "train_loss": final.get("train_loss"), "time_s": time.perf_counter() - self.t0,
+               "n_params": net.n_params, "net": net}
+        out.update(more)
+        return out
+
+
+def epoch_line(rec: dict, epochs: int | None = None) -> str:
+    ep = f"{rec['epoch']:3d}" + (f"/{epochs}" if epochs else "")
+    line = (f"epoch {ep}  train_loss {rec['train_loss']:.4f}  test_loss {rec['test_loss']:.4f}  "
+            f"test_acc {100 * rec['test_acc']:6.2f} %  {rec['images_per_s']:,.0f} img/s  "
+            f"time {rec['time']:.1f} s")
+    if rec.get("skipped"):
+        n = rec["skipped"]
+        line += f"  ({n} unreadable file{'s' if n != 1 else ''} skipped)"
+    return line

@@ -1,0 +1,140 @@
+"""`sprint` as a user meets its failures: one `sprint: error:` line and a
+non-zero exit for each, the traceback only with --debug, Ctrl-C that says
+how to resume, and the small conveniences of the train/eval/info commands."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), SPRINT_DEVICE="cpu")
+
+
+def sprint(*args, timeout=120, **kw):
+    return subprocess.run([sys.executable, "-m", "engine.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=ENV, cwd=kw.get("cwd", ROOT))
+
+
+def one_error_line(p, *fragments):
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode not in (0, None) and len(lines) == 1 and lines[0].startswith("sprint: error: "), p.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+def test_divergence_ends_in_one_line_within_30_s(tmp_path):
+    t = time.monotonic()
+    p = sprint("train", "--lr", "36", "--out", tmp_path / "run", "--no-progress", timeout=60)
+    assert time.monotonic() - t < 30
+    line = one_error_line(p, "training diverged: the loss became", "at epoch 1, step", "lower learning rate (--lr")
+
+
+def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    from engine.errors import Diverged
+    from engine.net import Net
+    from engine.session import TrainConfig, resume_config
+    from engine.train import train
+    real = Net.loss_and_grad
+    calls = {"n": 0}
+
+    def poisoned(self, x, y):
+        calls["n"] += 1
+        loss, correct = real(self, x, y)
+        return (float("inf") if calls["n"] == 50 else loss), correct   # in epoch 2 of 45 steps
+
+    monkeypatch.setattr(Net, "loss_and_grad", poisoned)
+    run = tmp_path / "run"
+    with pytest.raises(Diverged, match=f"loss became inf at epoch 2, step 5; the checkpoint of epoch 1 stays in {run}"):
+        train(TrainConfig(epochs=3, out=str(run), progress=False, verbose=False))
+    assert checkpoint.load(run)["epoch"] == 1 and len((run / "metrics.jsonl").read_text().splitlines()) == 1
+    assert resume_config(run).resume == str(run)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.7, 1.9])
+def test_ctrl_c_says_how_to_resume_and_exits_130(tmp_path, delay):
+    run = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "engine.cli", "train", "--out", str(run), "--no-progress"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+    p.stdout.readline()                  # the header: training has begun
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    m = re.fullmatch(rf"interrupted after epoch (\d+); resume with: sprint train --resume {re.escape(str(run))}", last)
+    if m:
+        epoch = int(m.group(1))
+        state = checkpoint.load(run)
+        assert state["epoch"] == epoch and len(state["history"]) == epoch
+    else:
+        assert last == f"interrupted before the first epoch ended; nothing to resume in {run}", err
+    assert "Traceback" not in err
+
+
+def test_bad_options_and_files_are_one_line_each(tmp_path):
+    one_error_line(sprint("train", "--lr", "inf"), "lr must be finite and > 0, got inf (--lr)")
+    one_error_line(sprint("train", "--lr", "nan"), "got nan (--lr)")
+    one_error_line(sprint("train", "--momentum", "1.5"), "momentum must be in [0, 1), got 1.5 (--momentum)")
+    one_error_line(sprint("train", "--workers", "2"), "--parallel asgd | sync", "(--workers)")
+    one_error_line(sprint("train", "--max-pending", "2"), "(--max-pending)")
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"x0": 8, "m0": 1, "c": 3, "convs": [[32, 1]], "fcs": [200000000, 10]}))
+    one_error_line(sprint("train", "--model", big), "needs at least", "GiB", "(--model)")
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    one_error_line(sprint("eval", bad), f"corrupt or truncated checkpoint", f"({bad})")
+    one_error_line(sprint("eval", tmp_path / "none"), f"no checkpoint ({tmp_path / 'none'})")
+    one_error_line(sprint("train", "--resume", tmp_path), f"not a run directory (no config.json) ({tmp_path})")
+    p = sprint("--debug", "eval", bad)
+    assert "Traceback" in p.stderr and p.stderr.strip().splitlines()[-1].startswith("sprint: error: ")
+
+
+def test_version_info_and_eval_on_the_runs_own_data(tmp_path):
+    p = sprint("--version")
+    assert p.returncode == 0 and re.fullmatch(r"sprint \S+", p.stdout.strip())
+    p = sprint("info")
+    assert p.returncode == 0
+    for name in ("tiny", "digits", "cifar", "cnn-c"):
+        assert re.search(rf"^  {name} +\d+x\d+x\d+ input", p.stdout, re.M), p.stdout
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 60)
+    x = rng.normal(0, 0.3, (60, 2, 8, 8)).astype(np.float32)
+    x[np.arange(60), y % 2, :4, :4] += 2 * (y[:, None, None] + 1)
+    np.savez(tmp_path / "blobs.npz", x=x, y=y)
+    np.savez(tmp_path / "other.npz", x=x[:30], y=y[:30])
+    run = tmp_path / "run"
+    p = sprint("train", "--model", "tiny", "--data", tmp_path / "blobs.npz", "--epochs", "1", "--out", run,
+               "--no-progress")
+    assert p.returncode == 0 and "done: 1 epoch," in p.stdout and "time " in p.stdout, p.stderr
+    acc = json.loads((run / "metrics.jsonl").read_text())["test_acc"]
+    p = sprint("eval", run)
+    assert p.returncode == 0 and f"accuracy {100 * acc:.2f} %" in p.stdout and "blobs" in p.stdout, p.stderr
+    assert p.stderr == ""
+    p = sprint("eval", run, "--data", tmp_path / "other.npz")
+    assert p.returncode == 0 and "other" in p.stdout
+    assert f"note: evaluating on {tmp_path / 'other.npz'}, not the run's own data" in p.stderr
+    # more epochs for a finished cosine run: said, with the rate the next epoch starts at
+    p = sprint("train", "--resume", run, "--epochs", "3", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "--epochs 3 (was 1): the cosine schedule is re-planned for 3 epochs" in p.stdout
+    assert [r["epoch"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [1, 2, 3]
+
+
+def test_every_train_and_eval_option_has_help():
+    import argparse
+    from engine.cli import build_parser
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name in ("train", "eval", "info", "plot"):
+        for a in sub.choices[name]._actions:
+            if not isinstance(a, argparse._HelpAction):
+                assert a.help and a.help.strip(), f"sprint {name} {a.option_strings or a.dest} has no help"
