@@ -100,13 +100,10 @@ def checks(rng) -> list[tuple[str, Callable[[], list[tuple]]]]:
         for k, stride, pad in ((2, None, 0), (3, 2, 1)):     # tiling and overlapping windows
             x = f32(2, 3, 7, 6)
             y, arg = ops.maxpool_forward(A(x), k, stride, pad)
-            ref, where = _ref_maxpool(x, k, stride or k, pad)
+            ref, am = ref_pool(x, k, k, stride or k, stride or k, pad, pad)
             dy = f32(*ref.shape)
             dx = ops.maxpool_backward(A(dy), arg, x.shape, k, stride, pad)
-            rdx = np.zeros((2 * 3, 7 * 6))             # overlapping windows may share a max
-            for row, (idx, g) in enumerate(zip(where.reshape(6, -1), dy.reshape(6, -1))):
-                np.add.at(rdx[row], idx, g.astype(np.float64))
-            errs += [_err(y, ref), _err(dx, rdx.reshape(x.shape))]
+            errs += [_err(y, ref), _err(dx, ref_pool_backward(dy.astype(np.float64), am, x.shape))]
         return errs
 
     def softmax_xent():
@@ -143,7 +140,7 @@ def checks(rng) -> list[tuple[str, Callable[[], list[tuple]]]]:
         for x in (x8, xf):
             for out_hw in ((6, 7), (4, 5)):
                 got = ops.deform(A(x, dtype=x.dtype), A(params), out_hw, A(mean), A(std))
-                errs.append(_err(got, _ref_deform(x, params, out_hw, mean, std)))
+                errs.append(_err(got, ref_deform(x, params, out_hw, mean, std)))
         return errs
 
     # (label, check, the ops of engine.ops it covers)
@@ -164,26 +161,34 @@ HELPERS = {"conv_out_size": "shape arithmetic", "pool_out_shape": "shape arithme
            "identity_params": "builds deform's parameter rows on the host"}
 
 
-def _ref_maxpool(x, k, s, p):
-    """float64 max-pool and, per output, the flat (h*W + w) input index of its max
-    (first in row-major window order; padding never wins)."""
+def ref_pool(x, kh, kw, sh, sw, ph, pw):
+    """float64 max pooling; argmax = the flat (h*W + w) input index of the
+    first maximum in row-major window order (padding never wins)."""
     N, C, H, W = x.shape
-    OH, OW = (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1
+    OH, OW = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
     y = np.empty((N, C, OH, OW))
-    where = np.empty((N, C, OH, OW), np.int64)
-    for i in range(OH):
-        for j in range(OW):
-            h0, w0 = i * s - p, j * s - p
-            hs, ws = slice(max(h0, 0), min(h0 + k, H)), slice(max(w0, 0), min(w0 + k, W))
-            win = x[:, :, hs, ws].astype(np.float64).reshape(N, C, -1)
-            a = win.argmax(axis=2)
-            y[:, :, i, j] = np.take_along_axis(win, a[..., None], 2)[..., 0]
-            ww = ws.stop - ws.start
-            where[:, :, i, j] = (hs.start + a // ww) * W + ws.start + a % ww
-    return y, where
+    am = np.empty((N, C, OH, OW), np.int64)
+    for oh in range(OH):
+        for ow in range(OW):
+            h0, w0 = oh * sh - ph, ow * sw - pw
+            hs, he, ws, we = max(h0, 0), min(h0 + kh, H), max(w0, 0), min(w0 + kw, W)
+            win = x[:, :, hs:he, ws:we].reshape(N, C, -1).astype(np.float64)
+            k = win.argmax(axis=2)  # first maximum
+            y[:, :, oh, ow] = np.take_along_axis(win, k[..., None], 2)[..., 0]
+            am[:, :, oh, ow] = (hs + k // (we - ws)) * W + ws + k % (we - ws)
+    return y, am
 
 
-def _ref_deform(x, params, out_hw, mean, std):
+def ref_pool_backward(dy, am, x_shape):
+    """float64 dx of max pooling: each dy added at its argmax (windows may overlap)."""
+    N, C, H, W = x_shape
+    dx = np.zeros((N * C, H * W))
+    for p, (d, a) in enumerate(zip(dy.reshape(N * C, -1), am.reshape(N * C, -1))):
+        np.add.at(dx[p], a, d)
+    return dx.reshape(x_shape)
+
+
+def ref_deform(x, params, out_hw, mean, std):
     """float64 DeformImage as engine/ops/deform.py documents it: bilinear, zero outside."""
     N, C, H, W = x.shape
     oh, ow = out_hw

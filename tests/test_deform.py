@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
+from engine.selfcheck import ref_deform  # float64 reference, shared with sprint selfcheck
 from k2_support import (assert_close, check_cuda_binding, compiled_backend_without_device, cpu,
                         cuda_module_without_device, emulated_gpu_backend, gpu_backends, poison, using)
 
@@ -16,30 +17,6 @@ from k2_support import (assert_close, check_cuda_binding, compiled_backend_witho
 @pytest.fixture(autouse=True)
 def _cpu():
     cpu()
-
-
-def ref_deform(x, params, out_hw, mean, std):
-    """float64 version of the documented mapping (engine/ops/deform.py)."""
-    N, C, H, W = x.shape
-    oh, ow = out_hw
-    xf = x.astype(np.float64) / (255.0 if x.dtype == np.uint8 else 1.0)
-    out = np.zeros((N, C, oh, ow))
-    i = np.arange(oh, dtype=np.float64)[:, None]
-    j = np.arange(ow, dtype=np.float64)[None, :]
-    for n in range(N):
-        s, dy, dx, flip = params[n].astype(np.float64)
-        sy = (H - 1) / 2 + (i - (oh - 1) / 2) / s + dy + 0 * j
-        sx = (W - 1) / 2 + (j - (ow - 1) / 2) / s + dx + 0 * i
-        if flip > 0.5:
-            sx = (W - 1) - sx
-        y0, x0 = np.floor(sy).astype(np.int64), np.floor(sx).astype(np.int64)
-        ty, tx = sy - y0, sx - x0
-        for yy, xx, wgt in ((y0, x0, (1 - ty) * (1 - tx)), (y0, x0 + 1, (1 - ty) * tx),
-                            (y0 + 1, x0, ty * (1 - tx)), (y0 + 1, x0 + 1, ty * tx)):
-            inside = (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
-            v = xf[n][:, np.clip(yy, 0, H - 1), np.clip(xx, 0, W - 1)]
-            out[n] += np.where(inside, v, 0.0) * wgt
-    return (out - mean.astype(np.float64)[:, None, None]) / std.astype(np.float64)[:, None, None]
 
 
 def _img(shape, dtype, seed):

@@ -77,3 +77,13 @@ def test_spectrain_predicts_the_weights_better_than_the_stale_version_on_digits(
     ratios = [float(line.split()[-1]) for line in out.splitlines() if line.strip()[:1] in "01"
               and "conv" in line]
     assert len(ratios) == 2 and all(r < 0.9 for r in ratios), out
+
+
+@pytest.mark.parametrize("rank1", [{"extra": {"microbatches": 2}}, {"extra": {"partition": "0:1,1:4"}},
+                                   {"lr": 0.03}])
+def test_ranks_with_different_options_refuse_to_start(rank1):
+    import json
+    job = {"cfg": {"epochs": 1, "extra": {"microbatches": 4}}, "rank1": rank1}
+    rc, out, _ = run_mpi(2, "pipeline_train.py", json.dumps(job), timeout=60)
+    assert rc != 0 and "PIPE RUN" not in out, out[-3000:]
+    assert "ranks disagree on options" in out and "refusing to start" in out, out[-3000:]

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ops
+from engine.selfcheck import ref_pool, ref_pool_backward  # float64 references, shared with sprint selfcheck
 from k2_support import (assert_close, check_cuda_binding, compiled_backend_without_device, cpu,
                         cuda_module_without_device, emulated_gpu_backend, gpu_backends, poison, using)
 
@@ -16,31 +17,6 @@ from k2_support import (assert_close, check_cuda_binding, compiled_backend_witho
 @pytest.fixture(autouse=True)
 def _cpu():
     cpu()
-
-
-def ref_pool(x, kh, kw, sh, sw, ph, pw):
-    """float64 max pooling; argmax = first maximum in row-major window order."""
-    N, C, H, W = x.shape
-    OH, OW = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
-    y = np.empty((N, C, OH, OW))
-    am = np.empty((N, C, OH, OW), np.int64)
-    for oh in range(OH):
-        for ow in range(OW):
-            h0, w0 = oh * sh - ph, ow * sw - pw
-            hs, he, ws, we = max(h0, 0), min(h0 + kh, H), max(w0, 0), min(w0 + kw, W)
-            win = x[:, :, hs:he, ws:we].reshape(N, C, -1).astype(np.float64)
-            k = win.argmax(axis=2)  # first maximum
-            y[:, :, oh, ow] = np.take_along_axis(win, k[..., None], 2)[..., 0]
-            am[:, :, oh, ow] = (hs + k // (we - ws)) * W + ws + k % (we - ws)
-    return y, am
-
-
-def ref_pool_backward(dy, am, x_shape):
-    N, C, H, W = x_shape
-    dx = np.zeros((N * C, H * W))
-    for p, (d, a) in enumerate(zip(dy.reshape(N * C, -1), am.reshape(N * C, -1))):
-        np.add.at(dx[p], a, d)
-    return dx.reshape(x_shape)
 
 
 @st.composite

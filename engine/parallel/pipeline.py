@@ -24,7 +24,6 @@ backward met and the one its update is applied to; when that update comes,
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -141,6 +140,8 @@ class StageExecutor:
         self.version = 0                   # updates applied by this stage
         self.timers = StepTimers()
         self.trace = []                    # per micro-batch dicts
+        self.pair_threads = 1              # CPU threads of a DualPipe pair's forward
+        self._pool = None
         self.keep_grads = False            # tests: keep each update's gradient
         self.grad_log = []
         self.reset_window()
@@ -159,6 +160,16 @@ class StageExecutor:
         if s:
             w += s * self.opt.velocity
         return w
+
+    def _pair_pool(self):
+        """The thread that runs a DualPipe pair's forward beside its backward,
+        limited to its share of the rank's CPU threads."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            from .threads import limit_this_thread
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="sprint-dualpipe-fwd",
+                                            initializer=limit_this_thread, initargs=(self.pair_threads,))
+        return self._pool
 
     # ---- one stream ---------------------------------------------------------
     def run_stream(self, sizes, minis, micro_iter=None, epoch_at=None, on_update=None):
@@ -301,25 +312,18 @@ class StageExecutor:
             elif op.kind == "FB":
                 x = get_input(op.mb)
                 dy = get_dy(op.mb2)
-                box = {}
-
-                def fwd_thread(i=op.mb, x=x):
-                    try:
-                        box["out"] = forward(i, x)
-                    except BaseException as e:   # re-raised below
-                        box["err"] = e
-                th = threading.Thread(target=fwd_thread, name="sprint-dualpipe-fwd")
-                th.start()
+                fut = self._pair_pool().submit(forward, op.mb, x)
                 try:
                     dx = backward(op.mb2, dy)
                 finally:
-                    th.join()
-                if "err" in box:
-                    raise box["err"]
+                    out = fut.result()        # re-raises the forward's error here
                 emit_bwd(op.mb2, dx)
-                emit_fwd(op.mb, box["out"])
+                emit_fwd(op.mb, out)
             else:
                 self._update(op.mb, rec, epoch_at, on_update, group_of)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         t_flush = _now()
         if self.p2p is not None:
             self.p2p.flush()

@@ -4,7 +4,8 @@
 Usage: mpiexec -n K python -m mpi4py tests/mpi/pipeline_train.py '<json>'
 where the JSON holds "cfg" (TrainConfig fields), optionally "save" (an .npy
 path for the final weights) and "ref": true (rank 0 also trains the same
-config in one process and reports the largest weight difference).
+config in one process and reports the largest weight difference) and
+"rank1" (fields rank 1 alone changes: a mismatched job).
 """
 import json
 import sys
@@ -18,6 +19,11 @@ job = json.loads(sys.argv[1])
 kw = dict(job["cfg"])
 kw.setdefault("progress", False)
 kw.setdefault("verbose", False)
+if job.get("rank1"):
+    from engine.parallel.comm import get_comm
+    if get_comm().rank == 1:        # a rank started with other options
+        kw.update(job["rank1"])
+        kw["extra"] = dict(job["cfg"].get("extra", {}), **job["rank1"].get("extra", {}))
 res = run(TrainConfig(**kw))
 if res["rank"] == 0:
     st = res["stats"]
