@@ -22,7 +22,6 @@ the load measured under busy workers. A GPU profile has none of these.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -520,7 +519,7 @@ def core_share(ranks, n_gpu, cores, duty):
 
 def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file=None,
             ranks_per_host: int = 1, impl: Impl = ENGINE_IMPL, staleness_offset: float = 1.0,
-            tol: float = 1e-7, max_iter: int = 400) -> Prediction:
+            tol: float = 1e-7, max_iter: int = 400, threads: int = 1) -> Prediction:
     """Solve the model for one configuration.
 
     ``profile``: a ``Profile``, a profile file, or None for the profile
@@ -531,6 +530,11 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file
     (1 on a real cluster; N_Node when validating on one machine).
     ``impl``: ENGINE_IMPL (engine.parallel.asgd) or SEED_IMPL (the seed's
     copies and free-running updater).
+    ``threads``: BLAS/OpenMP threads per worker (the runner uses 1). When
+    ranks_per_host x N_GPU x threads exceed the profile's cores the
+    prediction says how the time-sharing is priced (``extra
+    ["oversubscribed"]``) or raises ``Oversubscribed`` (see
+    ``oversubscription``).
 
     On a CPU host the contention sweep measured the slowdown of sharing it
     at one N_Subbatch per net; the updaters' share of the cores differs with
@@ -538,16 +542,18 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file
     by ``core_share`` at this configuration's updater duty over the one at
     the sweep's, which depends on the slowdown itself: iterated to agree.
     """
-    if profile is None or isinstance(profile, (str, os.PathLike)):
-        from .profile import Profile
-        profile = Profile.load(profile)
+    from .profile import Profile
+    profile = Profile.resolve(profile)
     sp = spec_mod.get_spec(spec)
+    over = oversubscription(profile, ranks_per_host, n_gpu, sp.name, threads)
     kw = dict(n_file=n_file, ranks_per_host=ranks_per_host, impl=impl, staleness_offset=staleness_offset,
               tol=tol, max_iter=max_iter)
     entry = profile.contention_entry(ranks_per_host, n_gpu, sp.name) \
         if profile.data.get("backend", "cpu") == "cpu" else None
     if entry is None or not entry.get("n_subbatch") or ranks_per_host * n_gpu < 2:
-        return _predict(spec, n_node, n_gpu, n_subbatch, profile, **kw)
+        p = _predict(spec, n_node, n_gpu, n_subbatch, profile, **kw)
+        p.extra.update(threads=threads, oversubscribed=over)
+        return p
     base = profile.slowdown(ranks_per_host, n_gpu, sp.name)
     R, cores = ranks_per_host, profile.cores
     # The sweep's own configuration: R ranks of n_gpu workers on this host.
@@ -563,7 +569,35 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file
             break
         slow = 0.5 * (slow + new)
     p.extra["core_share"] = {"sweep_slowdown": base, "sweep_duty": ref_duty, "duty": duty}
+    p.extra.update(threads=threads, oversubscribed=over)
     return p
+
+
+class Oversubscribed(ValueError):
+    """More busy threads than cores, in a sharing the profile never measured."""
+
+
+def oversubscription(profile, ranks_per_host: int, n_gpu: int, model: str = "", threads: int = 1):
+    """None when the busy threads fit the cores (or each worker has a GPU);
+    else how the time-sharing is priced: the runner contention sweep ran
+    this very sharing of the host. Raises ``Oversubscribed`` when it did
+    not -- a slowdown extrapolated by thread count was off by 45-70 % on
+    N_Minibatch_avg (issue 15), so the model refuses to guess."""
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    busy = ranks_per_host * n_gpu * threads
+    if profile.data.get("backend", "cpu") != "cpu" or busy <= profile.cores:
+        return None
+    measured = sorted({(e["ranks"], e["workers"]) for e in profile._contention()})
+    entry = profile.contention_entry(ranks_per_host, n_gpu, model)
+    if entry is None or threads != 1:
+        raise Oversubscribed(
+            f"{ranks_per_host} rank(s) x {n_gpu} worker(s) x {threads} thread(s) = {busy} busy threads on "
+            f"{profile.cores} cores: oversubscribed, and the profile ({profile.source}) measured no such "
+            f"sharing (measured ranks x workers: {', '.join(f'{r}x{w}' for r, w in measured) or 'none'}, "
+            f"1 thread each); run `sprint profile` with that sharing or use fewer ranks/workers/threads")
+    return (f"time-sharing priced from the runner contention sweep's own {ranks_per_host}x{n_gpu} run "
+            f"(net {entry.get('model')}, N_Subbatch {entry.get('n_subbatch')})")
 
 
 def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None,
@@ -602,47 +636,8 @@ def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=Non
                       t_barrier=barrier, n_minibatch_avg=nmb, staleness=stal,
                       t_epoch=t_epoch, iterations=it, converged=converged, slowdown=c["_slowdown"][0],
                       extra={"impl": impl.__dict__ if hasattr(impl, "__dict__") else str(impl),
-                             "updater_slowdown": c["_updater_slowdown"][0]})
+                             "updater_slowdown": c["_updater_slowdown"][0], "ranks_per_host": ranks_per_host,
+                             "cores": profile.cores})
 
 
-def _fmt_t(s):
-    if s == 0:
-        return "0"
-    for unit, f in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(s) >= f:
-            return f"{s / f:.3f} {unit}"
-    return f"{s / 1e-9:.1f} ns"
-
-
-def format_prediction(p: Prediction, per_layer: bool = True) -> str:
-    lines = [f"{p.model}: N_Node={p.n_node} N_GPU={p.n_gpu} N_Subbatch={p.n_subbatch} "
-             f"N_Param={p.n_param:,} N_File={p.n_file:,}"]
-    lines.append(f"fixed point: {'converged' if p.converged else 'NOT converged'} in {p.iterations} "
-                 f"iterations; host slowdown x{p.slowdown:.2f}")
-    lines.append("")
-    lines.append(f"{'worker step (Alg. 1)':<28}{'time':>14}{'share':>9}")
-    for k, v in p.worker.items():
-        lines.append(f"  {k:<26}{_fmt_t(v):>14}{100 * v / p.t_gpu:>8.1f}%")
-    lines.append(f"  {'T_GPU':<26}{_fmt_t(p.t_gpu):>14}")
-    if per_layer:
-        agg = {}
-        for name, pas, kern, _, t in p.layers:
-            agg[(name, pas)] = agg.get((name, pas), 0.0) + t
-        lines.append("")
-        lines.append(f"{'ComputeGradient by layer':<28}{'fwd':>14}{'bwd':>14}")
-        for name in dict.fromkeys(r[0] for r in p.layers):
-            lines.append(f"  {name:<26}{_fmt_t(agg.get((name, 'fwd'), 0)):>14}"
-                         f"{_fmt_t(agg.get((name, 'bwd'), 0) + agg.get((name, 'fwd+bwd'), 0)):>14}")
-    lines.append("")
-    lines.append(f"{'updater step (Alg. 2)':<28}{'time':>14}{'share':>9}")
-    for k, v in p.updater.items():
-        lines.append(f"  {k:<26}{_fmt_t(v):>14}{100 * v / p.t_update:>8.1f}%")
-    lines.append(f"    {'of which T_Barrier':<24}{_fmt_t(p.t_barrier):>14}")
-    lines.append(f"  {'T_Update':<26}{_fmt_t(p.t_update):>14}")
-    lines.append("")
-    lines.append(f"P(fetch) = min(T_GPU/T_Update,1)     {p.p_fetch:.4f}")
-    lines.append(f"P(GradBuf non-empty)                 {p.p_nonempty:.4f}")
-    lines.append(f"N_Minibatch_avg                      {p.n_minibatch_avg:.2f}")
-    lines.append(f"expected staleness                   {p.staleness:.3f}")
-    lines.append(f"T_Epoch                              {_fmt_t(p.t_epoch)}")
-    return "\n".join(lines)
+from .report import format_prediction  # noqa: E402,F401  (the formatter lives with its glossary)
