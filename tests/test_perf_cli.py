@@ -142,8 +142,14 @@ def test_strategy_table_dispatches_predict(prof_file, capsys):
     assert got.t_epoch == pytest.approx(model.predict("cifar", 2, 2, 4, PROF).t_epoch)
     with pytest.raises(ValueError, match="no cost model for strategy 'nope'"):
         strategies.cost_model("nope")
-    assert cli.main(["predict", "--strategy", "asgd", "--model", "tiny", "--nodes", "1", "--subbatch", "2",
-                     "--profile", prof_file, "--no-calibrate"]) == 0
+    # Every registered cost model keeps the contract the CLI relies on.
+    base = ["--model", "cifar", "--nodes", "2", "--subbatch", "8", "--profile", prof_file, "--no-calibrate"]
+    for name in strategies.names():
+        assert cli.main(["predict", "--strategy", name, *base, "--json"]) == 0, name
+        got = json.loads(capsys.readouterr().out)
+        assert got["t_epoch"] == pytest.approx(strategies.predict(name, "cifar", 2, 1, 8, PROF).t_epoch)
+        assert cli.main(["predict", "--strategy", name, *base, "--explain"]) == 0, name
+        assert "cifar" in capsys.readouterr().out
 
 
 def test_python_predict_defaults_to_the_shipped_profile():

@@ -18,6 +18,7 @@ import importlib
 # name -> "module:function" of its cost model (imported on first use).
 COST_MODELS = {
     "asgd": "engine.perf.model:predict",
+    "pipeline": "engine.perf.pipeline:predict",
 }
 
 
