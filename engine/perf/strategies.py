@@ -19,6 +19,7 @@ import importlib
 COST_MODELS = {
     "asgd": "engine.perf.model:predict",
     "pipeline": "engine.perf.pipeline:predict",
+    "downpour": "engine.perf.downpour:predict",
 }
 
 
