@@ -107,44 +107,23 @@ def predicted(model, n_node, n_gpu, sub, prof, n_file, sim=True, host=None):
 def layer_times(model, sub, prof, repeats=7):
     """Measured vs modelled forward/backward time of each layer (one thread, in-process)."""
     from engine.perf.model import compute_gradient_terms
-    from engine.perf.sweep import set_threads
-    from engine.net import Net
+    from engine.perf.sweep import layer_pass_times, set_threads
     from engine.spec import get_spec
     set_threads(1)
     sp = get_spec(model)
-    net = Net(sp, seed=0)
-    acc = {}
-
-    def wrap(layer, kind):
-        f = getattr(layer, kind)
-
-        def timed(*a, **k):
-            # One thread: its CPU time, the clock of the profile's sweeps.
-            t0 = time.thread_time()
-            r = f(*a, **k)
-            acc.setdefault((layer.name, kind), []).append(time.thread_time() - t0)
-            return r
-        setattr(layer, kind, timed)
-    for layer in net.layers:
-        wrap(layer, "forward")
-        wrap(layer, "backward")
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((sub,) + sp.input_shape).astype(np.float32)
-    y = rng.integers(0, sp.n_classes, sub)
-    net.loss_and_grad(x, y)
-    acc.clear()
-    for _ in range(repeats):
-        net.loss_and_grad(x, y)
+    # One thread: its CPU time, the clock of the profile's sweeps.
+    got = layer_pass_times(sp, sub, repeats=repeats, clock=time.thread_time)
     pred = {}
     for name, pas, _, _, t in compute_gradient_terms(sp, sub, prof):
-        key = (name, "forward" if pas == "fwd" else "backward")
-        if pas == "fwd+bwd":   # the fitted per-layer overhead: half each way
-            for k in ("forward", "backward"):
+        if pas == "loss":          # the softmax runs between the passes, outside every layer
+            continue
+        if pas == "fwd+bwd":       # an older profile's per-layer overhead: half each way
+            for k in ("fwd", "bwd"):
                 pred[(name, k)] = pred.get((name, k), 0.0) + t / 2
             continue
-        pred[key] = pred.get(key, 0.0) + t
-    return [{"model": model, "n_subbatch": sub, "layer": k[0], "pass": k[1],
-             "measured": float(np.median(v)), "predicted": pred.get(k, 0.0)} for k, v in acc.items()]
+        pred[(name, pas)] = pred.get((name, pas), 0.0) + t
+    return [{"model": model, "n_subbatch": sub, "layer": k[0], "pass": "forward" if k[1] == "fwd" else "backward",
+             "measured": v[0], "predicted": pred.get(k, 0.0)} for k, v in got.items()]
 
 
 def median_runs(ms):

@@ -251,6 +251,11 @@ class Profile:
                     "allreduce": {"a_log": 4.0 / allreduce_bw, "b": 4.0 / allreduce_bw,
                                   "c_log": allreduce_lat, "d": 0.0}}, source="synthetic")
 
+    def runner_step(self, step) -> float:
+        """Seconds the runner spends on a worker step beyond its kernels
+        (per call, one thread: ``fit.runner_step_excess``); 0 if not fitted."""
+        return self.time_scale * float(self.data.get("overhead", {}).get("runner_steps", {}).get(step, 0.0))
+
     # Overhead entries that are factors, not seconds (not rescaled).
     _FACTORS = ("kernel_factor",)
 

@@ -33,7 +33,8 @@ GLOSSARY = {
     "UpdateMomentum": "the new momentum from the reduced slice",
     "UpdateWeights": "publishing the new weights to the workers (plus the loop's Python)",
     "T_Update": "seconds per global update (sum of the updater steps)",
-    "fwd / bwd": "ComputeGradient per layer: its kernels, each layer's fitted fixed cost included",
+    "fwd / bwd": "ComputeGradient per layer: its kernels times the fitted factor of its kind and pass, plus "
+                 "that pass's fitted per-call cost (the last layer's fwd includes the softmax)",
     "P(fetch)": "probability a worker finds new weights to copy = min(T_GPU/T_Update, 1)",
     "P(GradBuf non-empty)": "probability a worker's buffer holds a gradient when the updater looks = "
                             "min(T_Update/T_GPU, 1)",
@@ -110,7 +111,7 @@ def format_prediction(p, per_layer: bool = True, explain_terms: bool = False) ->
         lines.append("")
         lines.append(f"{'ComputeGradient by layer':<28}{'fwd':>14}{'bwd':>14}")
         for name in dict.fromkeys(r[0] for r in p.layers):
-            lines.append(f"  {name:<26}{_fmt_t(agg.get((name, 'fwd'), 0)):>14}"
+            lines.append(f"  {name:<26}{_fmt_t(agg.get((name, 'fwd'), 0) + agg.get((name, 'loss'), 0)):>14}"
                          f"{_fmt_t(agg.get((name, 'bwd'), 0) + agg.get((name, 'fwd+bwd'), 0)):>14}")
     lines.append("")
     lines.append(f"{'updater step (Alg. 2)':<28}{'time':>14}{'share':>9}")

@@ -23,7 +23,8 @@ import numpy as np
 
 from .timing import CLOCK, set_threads, time_call, use_clock  # noqa: F401  (public API)
 from .sweep_kernels import (LAYER_NETS, SWEPT_NETS, TRANS, conv_shapes, net_gemm_shapes, sgemm_grid,  # noqa: F401
-                            sweep_data, sweep_fc_softmax, sweep_handover, sweep_layers, sweep_net_steps,
+                            layer_pass_times, sweep_data, sweep_fc_softmax, sweep_handover, sweep_layer_passes,
+                            sweep_layers, sweep_net_steps,
                             sweep_sgemm, sweep_vectors, sweep_vectors_cold)
 from .sweep_mpi import (_allreduce_after_last, _allreduce_child, _contention_child, sweep_allreduce,  # noqa: F401
                         sweep_contention)
@@ -54,14 +55,15 @@ def _steps(cfg, skipped, be):
              "layers": lambda: sweep_layers(cfg, skipped), "fc+softmax": lambda: sweep_fc_softmax(cfg, skipped),
              "vectors": lambda: sweep_vectors(cfg, skipped), "cold vectors": lambda: sweep_vectors_cold(cfg, skipped),
              "handover": lambda: sweep_handover(cfg), "data": lambda: sweep_data(cfg, skipped),
-             "net steps": lambda: sweep_net_steps(cfg, skipped), "allreduce": lambda: sweep_allreduce(cfg),
+             "net steps": lambda: sweep_net_steps(cfg, skipped),
+             "layer passes": lambda: sweep_layer_passes(cfg, skipped), "allreduce": lambda: sweep_allreduce(cfg),
              "loop overhead": lambda: sweep_loop_overhead(cfg), "contention": lambda: sweep_contention(cfg)}
     if be.name == "cpu":
         steps["runner contention"] = lambda: sweep_contention_runner(cfg)
     return steps
 
 
-SWEEPS = ("sgemm", "layers", "fc+softmax", "vectors", "cold vectors", "handover", "data", "net steps",
+SWEEPS = ("sgemm", "layers", "fc+softmax", "vectors", "cold vectors", "handover", "data", "net steps", "layer passes",
           "allreduce", "loop overhead", "contention", "runner contention")
 
 

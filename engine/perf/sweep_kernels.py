@@ -328,3 +328,60 @@ def sweep_net_steps(cfg, skipped=None):
                 break
     return recs
 
+
+
+# -- each layer's forward and backward inside a net step ----------------------------
+
+def layer_pass_times(spec, n, repeats=7, clock=None):
+    """{(layer, "fwd"|"bwd"): (median, std) seconds} of each layer's forward
+    and backward inside ``Net.loss_and_grad`` of ``spec`` on ``n`` samples,
+    one thread. A layer's pass costs more than its kernels: the Python of
+    the layer and the ops between them, the buffers it allocates, and caches
+    the neighbouring layers left cold -- what the kernel sweeps cannot see."""
+    from engine.net import Net
+    clock = clock or CLOCK["fn"]
+    sp = spec_mod.get_spec(spec)
+    net = Net(sp, seed=0)
+    acc = {}
+
+    def wrap(layer, kind, key):
+        f = getattr(layer, kind)
+
+        def timed(*a, **k):
+            t0 = clock()
+            r = f(*a, **k)
+            acc.setdefault((layer.name, key), []).append(clock() - t0)
+            return r
+        setattr(layer, kind, timed)
+    for layer in net.layers:
+        wrap(layer, "forward", "fwd")
+        wrap(layer, "backward", "bwd")
+    x = _rand((n,) + sp.input_shape, 9)
+    y = _xp().asarray(np.random.default_rng(0).integers(0, sp.n_classes, n))
+    net.loss_and_grad(x, y)
+    acc.clear()
+    for _ in range(repeats):
+        net.loss_and_grad(x, y)
+    return {k: (float(np.median(v)), float(np.std(v))) for k, v in acc.items()}
+
+
+def sweep_layer_passes(cfg, skipped=None):
+    """``layer_pass`` records of the swept nets at every net batch size; the
+    middle batch size of each net is held out whole (a shape, not a point)."""
+    recs = []
+    batches = cfg["net_batches"]
+    held = batches[len(batches) // 2]
+    for name in cfg["nets"]:
+        sp = spec_mod.get_spec(name)
+        kinds = {g.name: g.kind for g in spec_mod.layers(sp)}
+        for n in batches:
+            try:
+                got = layer_pass_times(sp, n, repeats=3 * cfg["repeats"])
+            except Exception as e:    # kernels still missing
+                (skipped if skipped is not None else []).append(f"layer passes {name}: {type(e).__name__}: {e}")
+                break
+            for (layer, pas), (t, s) in got.items():
+                recs.append({"kind": "layer_pass", "model": name, "n_subbatch": n, "layer": layer,
+                             "layer_kind": kinds[layer], "pass": pas, "t": t, "std": s, "clock": CLOCK["name"],
+                             "holdout": n == held})
+    return recs
