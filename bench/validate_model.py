@@ -57,16 +57,23 @@ N_TRAIN = {"tiny": 200_000, "digits": 100_000, "cifar": 20_000}
 DEFAULT_SUB = {"tiny": (1, 8, 32), "digits": (1, 8, 32), "cifar": (1, 4, 16)}
 
 
+def safe_name(model) -> str:
+    """The net's spec name: a preset's name, or a spec file's (for paths)."""
+    from engine.spec import get_spec
+    return get_spec(model).name
+
+
 def make_data(name, path):
     from engine.perf.sweep import synthetic_npz
-    n = N_TRAIN.get(name, 20_000)
+    n = N_TRAIN.get(safe_name(name), 20_000)
     synthetic_npz(name, path, n)
     return n
 
 
 def run_config(model, data, n_node, n_gpu, sub, seconds, workdir, timeout):
     from engine.perf.sweep import runner_job
-    return runner_job(model, data, sub, n_node, n_gpu, seconds, Path(workdir) / f"{model}-n{n_node}-g{n_gpu}-s{sub}",
+    return runner_job(model, data, sub, n_node, n_gpu, seconds,
+                      Path(workdir) / f"{safe_name(model)}-n{n_node}-g{n_gpu}-s{sub}",
                       timeout)
 
 
@@ -186,8 +193,10 @@ def main(argv=None):
                     help="probe the machine's load before each run instead of using the sweep-time factor")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "validation.json"))
     ap.add_argument("--plot", default=str(ROOT / "bench" / "results" / "validation.png"))
-    ap.add_argument("--calibrate", action="store_true",
-                    help="calibrate first and rescale the profile as sprint predict does (engine.perf.calibrate)")
+    ap.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                    help="skip the calibration before each pass (engine.perf.calibrate, as sprint predict "
+                         "runs it); its ratio to the profile's is reported beside the errors, never applied "
+                         "to the primary numbers")
     ap.add_argument("--rescore", default=None, help="print the report of a saved validation JSON")
     a = ap.parse_args(argv)
     if a.rescore:
@@ -197,7 +206,7 @@ def main(argv=None):
             if "T_Epoch_wall" not in m:      # written before T_Epoch followed eq. (10)
                 m["T_Epoch_wall"] = m["T_Epoch"]
                 m["T_Epoch"] = N_TRAIN[r["model"]] * m["T_Update"] / m["N_Minibatch_avg"]
-        print(format_report(d["rows"], d["layers"]))
+        print(format_report(d["rows"], d["layers"], d.get("calibration_scale")))
         return 1 if d.get("failed") or not d["rows"] else 0
     from engine.perf.profile import Profile
     from engine.perf.plots import plot_validation
@@ -209,24 +218,31 @@ def main(argv=None):
     nets = a.nets.split(",")
     if a.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
-    scale = None
-    if a.calibrate:
+    cal = []
+
+    def calibrate():
+        """This machine now against the profile's: what sprint predict would rescale by."""
+        if not a.calibrate:
+            return
         from engine.perf.calibrate import check
-        chk = check(prof, seconds=3.0)
-        scale = chk.scale
-        for msg in chk.messages:
-            print(f"validate_model: calibration: {msg}", file=sys.stderr)
+        from engine.perf.profile import Profile as P
+        chk = check(P(prof.data, prof.source), seconds=3.0, apply=False)
+        cal.append({"ratio": chk.ratio, "noise": chk.noise, "scale": chk.scale, "messages": chk.messages})
+        print(f"calibration: x{chk.ratio if chk.ratio is not None else float('nan'):.3f} the profile's "
+              f"(noise +-{100 * chk.noise:.0f} %)" + ("" if chk.ok else f": {'; '.join(chk.messages)}"), flush=True)
     rows, layers, grid, runs, failed = [], [], [], {}, []
     with tempfile.TemporaryDirectory(prefix="sprint-validate-") as tmp:
         datasets = {}
         for net in nets:
-            datasets[net] = (Path(tmp) / f"{net}.npz", make_data(net, Path(tmp) / f"{net}.npz"))
+            npz = Path(tmp) / f"{safe_name(net)}.npz"
+            datasets[net] = (npz, make_data(net, npz))
             subs = [int(s) for s in a.subbatch.split(",")] if a.subbatch else DEFAULT_SUB.get(net, (1, 8, 32))
             for sub in subs:
                 layers += layer_times(net, sub, prof)
             grid += [(net, int(n), int(g), sub) for n in a.nodes.split(",") for g in a.workers.split(",")
                      for sub in subs]
         for rep in range(a.repeats):
+            calibrate()
             for key in grid:
                 net, n_node, n_gpu, sub = key
                 data, n_file = datasets[net]
@@ -261,12 +277,15 @@ def main(argv=None):
             print(_row_line(row), flush=True)
     for l in layers:
         l["group"] = group_of(l["model"], prof)
-    report = format_report(rows, layers)
+    ratios = [c["ratio"] for c in cal if c["ratio"]]
+    scale = float(np.median(ratios)) if ratios else None
+    report = format_report(rows, layers, scale)
     print(report)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     tmp_out = Path(a.out).with_suffix(".tmp")
     tmp_out.write_text(json.dumps({"profile": a.profile, "rows": rows, "layers": layers, "failed": failed,
-                                   "calibration_scale": scale, "argv": sys.argv[1:],
+                                   "calibration_scale": scale, "calibrations": cal,
+                                   "argv": sys.argv[1:],
                                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                                   indent=1, default=str))
     tmp_out.replace(a.out)
@@ -312,7 +331,19 @@ def _row_line(r):
     return f"{r['model']:>6} N_Node={r['n_node']} N_GPU={r['n_gpu']} N_Sub={r['n_subbatch']:>2}: {cells}"
 
 
-def format_report(rows, layers) -> str:
+def _rescaled(rows, scale):
+    """Rows whose predicted times are multiplied by ``scale`` (what the
+    calibration's rescaling does: times scale, ratios of times do not)."""
+    out = []
+    for r in rows:
+        p = dict(r["predicted"])
+        for k in ("T_GPU", "T_Update", "T_Epoch"):
+            p[k] = p[k] * scale
+        out.append(dict(r, predicted=p))
+    return out
+
+
+def format_report(rows, layers, scale=None) -> str:
     out = ["", "measured vs predicted (closed form; simulation in brackets), relative error of the prediction",
            f"{'net':>6} {'N':>2} {'G':>2} {'S':>3} " + " ".join(f"{k:>22}" for k in QTY)]
     for r in rows:
@@ -328,6 +359,14 @@ def format_report(rows, layers) -> str:
         sel = [r for r in rows if r.get("group", "fitted grid") == group]
         if sel:
             out += _summary(sel, f"{group} ({len(sel)} configurations)")
+            if scale:
+                cells = []
+                for k in ("T_GPU", "T_Update", "T_Epoch"):
+                    got = summarize(_rescaled(sel, scale), k)
+                    if got:
+                        cells.append(f"{k} {100 * got[1]:.1f} / {100 * got[0]:.1f} %")
+                out.append(f"  rescaled by the calibration (x{scale:.3f}, median of the passes), mean / median "
+                           f"|err|: " + ", ".join(cells))
     if any(len(r.get("runs", ())) > 1 for r in rows):
         out.append("")
         single = lambda k: [abs(rel(r["predicted"][k], x[k])) for r in rows for x in r["runs"] if x.get(k)]
