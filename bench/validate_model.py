@@ -231,6 +231,7 @@ def main(argv=None):
         print(f"calibration: x{chk.ratio if chk.ratio is not None else float('nan'):.3f} the profile's "
               f"(noise +-{100 * chk.noise:.0f} %)" + ("" if chk.ok else f": {'; '.join(chk.messages)}"), flush=True)
     rows, layers, grid, runs, failed = [], [], [], {}, []
+    Path(str(a.out) + ".runs.jsonl").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="sprint-validate-") as tmp:
         datasets = {}
         for net in nets:
@@ -254,6 +255,10 @@ def main(argv=None):
                     failed.append((key, str(e)[-300:]))
                     continue
                 runs.setdefault(key, []).append((measured(st, n_file), host))
+                # Every run is kept on disk as it comes: a grid stopped early still has its data.
+                with open(str(a.out) + ".runs.jsonl", "a") as f:
+                    f.write(json.dumps({"pass": rep, "key": list(key), "measured": runs[key][-1][0]},
+                                       default=str) + "\n")
                 print(f"pass {rep + 1}/{a.repeats} {net} {n_node}x{n_gpu}x{sub}: T_GPU "
                       f"{runs[key][-1][0]['T_GPU']:.4g} s" + (f", probe {host:.3f}" if host else ""), flush=True)
         for key in grid:
