@@ -127,5 +127,59 @@ def test_profile_reruns_only_the_named_sweeps_and_keeps_the_rest(tmp_path, capsy
     assert hand and all(r["t"] < 1.0 for r in hand)          # re-swept, the old ones replaced
     assert sum(r["kind"] == "sgemm" for r in got["records"]) == 27
     assert "resweep handover" in got["meta"] and got["meta"]["quick"] is True
+    # The machine the new sweep ran on, with its calibration before and after.
+    cal = got["meta"]["fingerprint"]["calibration"]
+    assert cal["wall_s"] > 0 and cal["before"]["wall_s"] > 0 and cal["after"]["wall_s"] > 0
+    assert json.loads((tmp_path / "p.json").read_text())["fingerprint"]["cores"] >= 1
     assert cli.main(["profile", "--from-records", str(src), "--only", "no-such-sweep"]) == 2
     assert "no-such-sweep" in capsys.readouterr().err
+
+
+def test_strategy_table_dispatches_predict(prof_file, capsys):
+    from engine.perf import strategies
+    assert "asgd" in strategies.names()
+    got = strategies.predict("asgd", "cifar", 2, 2, 4, PROF)
+    assert got.t_epoch == pytest.approx(model.predict("cifar", 2, 2, 4, PROF).t_epoch)
+    with pytest.raises(ValueError, match="no cost model for strategy 'nope'"):
+        strategies.cost_model("nope")
+    # Every registered cost model keeps the contract the CLI relies on.
+    base = ["--model", "cifar", "--nodes", "2", "--subbatch", "8", "--profile", prof_file, "--no-calibrate"]
+    for name in strategies.names():
+        assert cli.main(["predict", "--strategy", name, *base, "--json"]) == 0, name
+        got = json.loads(capsys.readouterr().out)
+        assert got["t_epoch"] == pytest.approx(strategies.predict(name, "cifar", 2, 1, 8, PROF).t_epoch)
+        assert cli.main(["predict", "--strategy", name, *base, "--explain"]) == 0, name
+        assert "cifar" in capsys.readouterr().out
+
+
+def test_python_predict_defaults_to_the_shipped_profile():
+    want = model.predict("tiny", 2, 1, 4, Profile.load())
+    assert model.predict("tiny", 2, 1, 4).t_epoch == pytest.approx(want.t_epoch)
+    assert model.predict("tiny", 2, 1, 4, profile=None).t_gpu == pytest.approx(want.t_gpu)
+
+
+def test_every_printed_term_is_explained(prof_file, capsys):
+    from engine.perf.report import GLOSSARY
+    assert cli.main(["predict", "--model", "cifar", "--nodes", "4", "--workers", "2", "--subbatch", "8",
+                     "--profile", prof_file, "--explain", "--no-calibrate"]) == 0
+    out = capsys.readouterr().out
+    assert "host slowdown x" in out and ":" in out.split("host slowdown", 1)[1].splitlines()[0]
+    gloss = out.split("what each term means:")[1]
+    for term in ("N_Node", "T_GPU", "T_Update", "T_Barrier", "N_Minibatch_avg", "T_Epoch", "P(fetch)",
+                 "P(GradBuf non-empty)", "staleness", "host slowdown", "fixed point", "share", "fwd / bwd"):
+        assert f"  {term} " in gloss
+    # every step row of the two tables has its line
+    for k in list(model.WORKER_STEPS) + list(model.UPDATER_STEPS):
+        assert k in GLOSSARY and f"  {k} " in gloss
+
+
+def test_tune_count_agrees_with_rows(prof_file, capsys):
+    target = model.predict("cifar", 4, 1, 8, PROF, impl=model.SEED_IMPL).n_minibatch_avg
+    rc = cli.main(["tune", "--model", "cifar", "--target-minibatch", f"{target}", "--tolerance", "0.3",
+                   "--max-nodes", "16", "--profile", prof_file, "--top", "2", "--impl", "seed", "--no-calibrate"])
+    out = capsys.readouterr().out
+    head = out.splitlines()[0]
+    n_ok = int(head.split(": ", 1)[1].split(" of ")[0])
+    rows = [l for l in out.splitlines() if l[:3].strip() in ("*", "") and l[3:].strip()[:1].isdigit()]
+    assert rc == 0 and n_ok > 2 and len(rows) == 2 and rows[0].startswith("*")
+    assert "the 2 fastest shown (--top)" in head

@@ -7,12 +7,20 @@ from pathlib import Path
 
 
 def _profile(args):
+    """The profile the command uses, checked against this machine first
+    (``--no-calibrate`` skips the few-second calibration)."""
     from .profile import Profile
     prof = Profile.load(getattr(args, "profile", None))
     if getattr(args, "host_load", None) is not None:
         if not args.host_load > 0:
             raise ValueError(f"--host-load must be > 0, got {args.host_load}")
         prof.host_factor = {"*": float(args.host_load)}
+    if getattr(args, "calibrate", True):
+        from .calibrate import check
+        if not args.calibrate_seconds > 0:
+            raise ValueError(f"--calibrate-seconds must be > 0, got {args.calibrate_seconds}")
+        for msg in check(prof, seconds=args.calibrate_seconds).messages:
+            print(f"sprint {args.command}: warning: {msg}", file=sys.stderr)
     return prof
 
 
@@ -37,6 +45,14 @@ def _config_args(p, need_config=True):
     p.add_argument("--host-load", type=float, default=None,
                    help="CPU profiles: how much slower the host steps a net now than when the profile "
                         "was swept (1 = as then; older profiles: wall/CPU time of an undisturbed step)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="BLAS/OpenMP threads per worker (the runner uses 1); ranks-per-host x workers x "
+                        "threads beyond the cores is priced only where the profile measured that sharing")
+    p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                   help="skip the few-second calibration that checks the profile describes this machine "
+                        "(and rescales its times when it does not)")
+    p.add_argument("--calibrate-seconds", type=float, default=2.0, help="length of that calibration")
+    p.add_argument("--explain", action="store_true", help="add one line on what each printed term means")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -55,7 +71,9 @@ def cmd_profile(args) -> int:
             Path(args.records).write_text(json.dumps(data))
     from engine import backend
     prof = fit.fit_profile(data["records"], machine=args.machine, backend=backend.get_backend().name)
-    prof["sweep"] = {k: v for k, v in data.get("meta", {}).items()}
+    prof["sweep"] = {k: v for k, v in data.get("meta", {}).items() if k != "fingerprint"}
+    if data.get("meta", {}).get("fingerprint"):
+        prof["fingerprint"] = data["meta"]["fingerprint"]
     prof["skipped"] = data.get("skipped", [])
     out = args.out or "profile.json"
     Profile(prof).save(out)
@@ -69,45 +87,55 @@ def cmd_profile(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from .model import format_prediction, predict
-    p = predict(args.model, args.nodes, args.workers, args.subbatch, _profile(args), n_file=args.n_file,
-                ranks_per_host=args.ranks_per_host, impl=_impl(args))
+    from . import strategies
+    p = strategies.predict(args.strategy, args.model, args.nodes, args.workers, args.subbatch, _profile(args),
+                           n_file=args.n_file, ranks_per_host=args.ranks_per_host, impl=_impl(args),
+                           threads=args.threads)
     if args.json:
         print(json.dumps(p.as_dict(), default=str))
     else:
-        print(format_prediction(p, per_layer=not args.no_layers))
+        print(strategies.formatter(args.strategy)(p, per_layer=not args.no_layers, explain_terms=args.explain))
     return 0
 
 
 def cmd_tune(args) -> int:
+    from .report import TUNE_TERMS, explain
     from .tune import format_candidates, search
     workers = range(1, args.max_workers + 1) if args.max_workers else (args.workers,)
+    refused = []
     cands = search(args.model, _profile(args), args.target_minibatch, args.tolerance, args.max_nodes,
                    workers=tuple(workers), max_subbatch=args.max_subbatch, impl=_impl(args),
-                   n_file=args.n_file)
+                   n_file=args.n_file, ranks_per_host=args.ranks_per_host, threads=args.threads, refused=refused)
     if args.json:
         print(json.dumps([c.__dict__ for c in cands[:args.top]]))
     else:
-        print(format_candidates(cands, args.target_minibatch, args.tolerance, args.top))
+        print(format_candidates(cands, args.target_minibatch, args.tolerance, args.top, refused=refused))
+        if args.explain:
+            print(explain(TUNE_TERMS))
     return 0 if any(c.feasible for c in cands) else 1
 
 
 def cmd_simulate(args) -> int:
     from .model import predict
+    from .report import SIMULATE_TERMS, explain, host_line
     from .simulate import compare, format_compare, simulate
     prof = _profile(args)
     pred = predict(args.model, args.nodes, args.workers, args.subbatch, prof, n_file=args.n_file,
-                   ranks_per_host=args.ranks_per_host, impl=_impl(args))
+                   ranks_per_host=args.ranks_per_host, impl=_impl(args), threads=args.threads)
     sim = simulate(args.model, args.nodes, args.workers, args.subbatch, prof, n_updates=args.updates,
                    seed=args.seed, cv=args.cv, n_file=args.n_file, ranks_per_host=args.ranks_per_host,
                    impl=_impl(args), slowdown=pred.slowdown)
     if args.json:
         print(json.dumps({"simulation": sim.as_dict(), "closed_form": pred.as_dict()}, default=str))
         return 0
+    unit = "GPUs" if prof.data.get("backend") == "gpu" else "workers"
     print(f"{args.model}: {args.nodes} nodes x {args.workers} workers = {args.nodes * args.workers} simulated "
-          f"GPUs, N_Subbatch {args.subbatch}: {sim.updates} updates, {sim.worker_steps} worker steps, "
+          f"{unit}, N_Subbatch {args.subbatch}: {sim.updates} updates, {sim.worker_steps} worker steps, "
           f"{sim.sim_time:.4g} s simulated in {sim.wall_s:.2f} s")
+    print(host_line(pred))
     print(format_compare(compare(pred, sim)))
+    if args.explain:
+        print(explain(SIMULATE_TERMS))
     return 0
 
 
@@ -128,20 +156,25 @@ def register(sub):
     p.add_argument("--plots", default=None, help="directory for PNGs of each fit against its sweep")
     p.set_defaults(func=cmd_profile)
 
+    from .strategies import names
     p = sub.add_parser("predict", help="predict T_GPU, T_Update, N_Minibatch_avg, staleness, T_Epoch")
     _config_args(p)
+    p.add_argument("--strategy", choices=names(), default="asgd",
+                   help="parallel strategy whose cost model predicts (engine.perf.strategies)")
     p.add_argument("--no-layers", action="store_true", help="omit the per-layer table")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("tune", help="fastest (N_Node, N_Subbatch[, N_GPU]) at a target minibatch")
     _config_args(p, need_config=False)
-    p.add_argument("--target-minibatch", type=float, required=True)
-    p.add_argument("--tolerance", type=float, default=0.05)
-    p.add_argument("--max-nodes", type=int, default=64)
+    p.add_argument("--target-minibatch", type=float, required=True,
+                   help="N_Minibatch_avg to reach (samples per global update)")
+    p.add_argument("--tolerance", type=float, default=0.05,
+                   help="relative band around the target a configuration must fall in (default 0.05)")
+    p.add_argument("--max-nodes", type=int, default=64, help="largest N_Node searched")
     p.add_argument("--workers", type=int, default=1, help="N_GPU, fixed")
     p.add_argument("--max-workers", type=int, default=None, help="search N_GPU in 1..this instead")
-    p.add_argument("--max-subbatch", type=int, default=256)
-    p.add_argument("--top", type=int, default=5, help="runners-up to show")
+    p.add_argument("--max-subbatch", type=int, default=256, help="largest N_Subbatch searched")
+    p.add_argument("--top", type=int, default=5, help="rows to show (the fastest qualifying first)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("simulate", help="discrete-event simulation of Algorithms 1 and 2")

@@ -276,6 +276,13 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
     if loops:
         overhead["worker_loop"] = float(np.median([r["worker_loop"] for r in loops]))
         overhead["updater_loop"] = float(np.median([r["updater_loop"] for r in loops]))
+    if "sgemm" in prof and any(r.get("kind") == "layer_pass" for r in records):
+        try:
+            lt = fit_layer_terms(prof, records)
+        except ValueError as e:      # a kernel term the nets need was not swept
+            lt, prof["layer_terms_error"] = {}, str(e)
+        if lt:
+            prof["layer_terms"] = lt
     steps = [r for r in records if r.get("kind") == "net_step" and not r.get("holdout")]
     held_steps = [r for r in records if r.get("kind") == "net_step" and r.get("holdout")]
     if steps and "sgemm" in prof:
@@ -288,113 +295,6 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
     if "contention" in prof and "sgemm" in prof:
         anchor_contention(prof)
     return prof
-
-
-def anchor_contention(prof: dict) -> None:
-    """Express the runner contention entries against the model's own
-    ComputeGradient instead of the sweep's one-thread probe.
-
-    ``host`` of a runner entry is its (1, 1) run's ComputeGradient over an
-    undisturbed step; dividing by the step the kernel fits predict instead
-    makes the model reproduce the runner at the swept N_Subbatch exactly,
-    and leaves the other sizes to the kernel fits. (The probe's own ratio
-    stays as ``host_solo``.)"""
-    from .model import compute_gradient_terms
-    from engine import spec as spec_mod
-    p = Profile(prof)
-    for e in prof["contention"]["entries"]:
-        if e.get("source") != "runner" or not e.get("t") or not e.get("rel"):
-            continue
-        try:
-            sp = spec_mod.get_spec(e["model"])
-            cg = sum(r[4] for r in compute_gradient_terms(sp, int(e["n_subbatch"]), p)) \
-                + p.overhead("per_step")
-        except ValueError:          # a kernel this net needs was not swept
-            continue
-        if cg > 0:
-            e.setdefault("host_solo", e["host"])
-            e["host"] = e["t"] / e["rel"] / cg
-    # Every pair was measured after a (1, 1) run of its own: rel cancels the
-    # minute-to-minute drift, and the (1, 1) runs are repeated measurements
-    # of one factor -- priced by their median, not by the one before the pair.
-    by_net = {}
-    for e in prof["contention"]["entries"]:
-        if e.get("source") == "runner" and "host_solo" in e:
-            by_net.setdefault(e["model"], []).append(e)
-    for net, es in by_net.items():
-        h = float(np.median([e["host"] for e in es]))
-        # Repeated sweeps of one sharing (records merged from several runs):
-        # one entry each, at the median of their rel and updater steps.
-        pooled = {}
-        for e in es:
-            pooled.setdefault((e["ranks"], e["workers"], e["n_subbatch"]), []).append(e)
-        by_net[net] = []
-        for group in pooled.values():
-            e = group[0]
-            e["host_base"], e["host"] = float(np.median([g["host"] for g in group])), h
-            e["rel"] = float(np.median([g["rel"] for g in group]))
-            e["t"] = float(np.median([g["t"] for g in group]))
-            for key in ("updater", "worker"):
-                got = [g[key] for g in group if g.get(key)]
-                if got:
-                    e[key] = {k: float(np.median([u[k] for u in got if k in u])) for k in got[0]}
-            e["ratio"] = e["rel"] * h
-            e["n_runs"] = len(group)
-            by_net[net].append(e)
-            for g in group[1:]:
-                prof["contention"]["entries"].remove(g)
-    # What the updater's own steps cost in the runner beyond their kernels:
-    # its Python between them waits for the GIL the node's workers hold.
-    from .model import RUNNER_SWEEP_IMPL, predict
-    for es in by_net.values():
-        for e in es:
-            if not e.get("updater"):
-                continue
-            try:
-                q = predict(e["model"], e["ranks"], e["workers"], int(e["n_subbatch"]), p,
-                            ranks_per_host=e["ranks"], impl=RUNNER_SWEEP_IMPL)
-            except ValueError:
-                continue
-            e["updater_excess"] = sum(e["updater"].values()) - sum(q.updater.get(k, 0.0) for k in e["updater"])
-            # The worker's small steps as the runner timed them, beside the
-            # model's: kept for diagnosis, not priced yet (a per-step factor
-            # at one N_Subbatch over- or under-shoots the others).
-            if e.get("worker"):
-                e["worker_model"] = {k: q.worker.get(k, 0.0) for k in e["worker"]}
-
-
-def fit_overhead(prof: dict, steps, held=()) -> dict:
-    """Framework cost the kernels do not explain: per layer and per step.
-
-    Each ``net_step`` record is one measured forward+backward of a preset at
-    some batch; the kernel terms predict the rest; NNLS on the remainder.
-    """
-    from engine import spec as spec_mod
-    from .model import compute_gradient_terms
-    p = Profile({k: v for k, v in prof.items() if k != "overhead"})
-
-    def kernels(rs):
-        out = []
-        for r in rs:
-            sp = spec_mod.get_spec(r["model"])
-            out.append((sum(x[4] for x in compute_gradient_terms(sp, r["n_subbatch"], p)),
-                        len(spec_mod.layers(sp))))
-        return np.array([k for k, _ in out]), np.array([[n, 1.0] for _, n in out])
-    t = np.array([r["t"] for r in steps])
-    kern, rows = kernels(steps)
-    # t = f * kernels + per_layer * L + per_step: the sweeps run each kernel
-    # on warm caches, a step streams every layer's data through them (f),
-    # and the Python of the layers costs per layer and per step.
-    A = np.column_stack([kern, rows])
-    f, per_layer, per_step = map(float, nnls_relative(A, t))
-    coef = np.array([f, per_layer, per_step])
-    err = {"fit": error_summary(A @ coef, t), "kernels_only": error_summary(kern, t)}
-    if held:
-        th = np.array([r["t"] for r in held])
-        kh, rh = kernels(held)
-        err["holdout"] = error_summary(np.column_stack([kh, rh]) @ coef, th)
-        err["holdout_kernels_only"] = error_summary(kh, th)
-    return {"kernel_factor": f, "per_layer": per_layer, "per_step": per_step, "error": err}
 
 
 def _cores():
@@ -424,9 +324,23 @@ def format_errors(prof: dict) -> str:
     if "allreduce" in prof:
         a = prof["allreduce"]
         lines.append(f"{'allreduce':<22}{cell(a['error']['fit'])}  {cell(a['error']['holdout'])}")
+    for key, t in sorted(prof.get("layer_terms", {}).items()):
+        lines.append(f"{'layer ' + key.replace('_', ' '):<22}{cell(t['error']['fit'])}  {cell(t['error']['holdout'])}"
+                     f"  f {t['f']:.2f}, b {1e6 * t['b']:.1f} us")
     ov = prof.get("overhead", {})
     if "error" in ov and isinstance(ov["error"], dict):
         e = ov["error"]
-        lines.append(f"{'net step (kernels)':<22}{cell(e.get('kernels_only'))}  {cell(e.get('holdout_kernels_only'))}")
+        if e.get("kernels_only"):
+            lines.append(f"{'net step (kernels)':<22}{cell(e.get('kernels_only'))}  "
+                         f"{cell(e.get('holdout_kernels_only'))}")
         lines.append(f"{'net step (+overhead)':<22}{cell(e.get('fit'))}  {cell(e.get('holdout'))}")
+    if ov.get("runner_steps"):
+        lines.append("runner per-call excess: " + ", ".join(f"{k} {1e6 * v:.1f} us"
+                                                           for k, v in ov["runner_steps"].items()))
+    lines.append("held out of each fit (never fitted): " + "; ".join(f"{k}: {v}" for k, v in HOLDOUT.items()))
     return "\n".join(lines)
+
+
+# Whole-step fits live beside the kernel fits they start from.
+from .fit_steps import (HOLDOUT, RUNNER_STEPS, _kernel_sums, anchor_contention, fit_layer_terms,  # noqa: E402,F401
+                        fit_overhead, runner_step_excess)

@@ -22,12 +22,16 @@ the load measured under busy workers. A GPU profile has none of these.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from engine import spec as spec_mod
+
+from .host import (Oversubscribed, _allreduce_cost, _cold, _updater_excess, core_share,  # noqa: F401
+                   oversubscription, step_footprint, updater_duty)
+from .queueing import (_first_deposit_wait, barrier_factor, barrier_wait, binom_cdf,  # noqa: F401
+                       expected_staleness, lock_wait, t_barrier)
 
 # Training-set sizes used for T_Epoch when the caller does not give N_File.
 N_FILE = {"cnn-a": 1281167, "cnn-b": 1281167, "cnn-c": 1281167, "cifar": 50000,
@@ -74,19 +78,28 @@ def layer_kernels(g, n: int, first: bool, last: bool):
         if g.relu:
             ks += [("fwd", "relu_fwd", out), ("bwd", "relu_bwd", out)]
         if last:
-            ks.append(("fwd", "softmax", out))
+            # Net.loss_and_grad runs it between the passes, outside the layer.
+            ks.append(("loss", "softmax", out))
         ks += [("bwd", "sgemm_tn", g.gemm_dw), ("bwd", "bias_grad", out)]
         if not first:
             ks.append(("bwd", "sgemm_nn", g.gemm_dx))
     return ks
 
 
-def compute_gradient_terms(spec, n_subbatch, profile):
-    """Per layer, pass and kernel: [(layer, pass, kernel, size, seconds)]."""
+def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False):
+    """Per layer, pass and kernel: [(layer, pass, kernel, size, seconds)].
+
+    Pass is ``fwd``, ``bwd`` or ``loss`` (the softmax between them). With
+    the profile's per-layer terms (``fit.fit_layer_terms``) each layer pass
+    is ``f * kernels`` plus a ``per-call`` row ``b`` for its kind and pass;
+    older profiles scale every kernel by one ``kernel_factor`` and add a
+    ``per_layer`` overhead. ``kernels_only``: the swept kernels alone.
+    """
     geoms = spec_mod.layers(spec, n_subbatch)
+    lt = {} if kernels_only else profile.data.get("layer_terms", {})
     # Sweeps time kernels on warm caches; a whole step runs slower by the
     # fitted factor (1 when the profile has no net-step fit).
-    factor = profile.overhead("kernel_factor") or 1.0
+    factor = 1.0 if (kernels_only or lt) else (profile.overhead("kernel_factor") or 1.0)
     rows = []
     for i, g in enumerate(geoms):
         for pas, kern, size in layer_kernels(g, n_subbatch, i == 0, i == len(geoms) - 1):
@@ -94,69 +107,18 @@ def compute_gradient_terms(spec, n_subbatch, profile):
                 t = profile.sgemm(*size, trans=kern.split("_")[1])
             else:
                 t = profile.term(kern, size)
-            rows.append((g.name, pas, kern, size, factor * t))
-        per_layer = profile.overhead("per_layer")
-        if per_layer:
-            rows.append((g.name, "fwd+bwd", "overhead", 1, per_layer))
+            term = lt.get(f"{g.kind}_{pas}")
+            rows.append((g.name, pas, kern, size, (term["f"] if term else factor) * t))
+        if kernels_only:
+            continue
+        if lt:
+            for pas in ("fwd", "bwd"):
+                term = lt.get(f"{g.kind}_{pas}")
+                if term and term["b"] > 0:
+                    rows.append((g.name, pas, "per-call", 1, profile.time_scale * term["b"]))
+        elif profile.overhead("per_layer"):
+            rows.append((g.name, "fwd+bwd", "overhead", 1, profile.overhead("per_layer")))
     return rows
-
-
-def lock_wait(t_cs, t_iter):
-    """Expected wait behind one holder with critical section t_cs per t_iter."""
-    if t_iter <= 0 or t_cs <= 0:
-        return 0.0
-    frac = min(t_cs / t_iter, 1.0)
-    return frac * t_cs / 2.0
-
-
-def binom_cdf(i, n, p):
-    """P(X <= i) for X ~ Binomial(n, p)."""
-    if p <= 0:
-        return 1.0
-    if p >= 1:
-        return 1.0 if i >= n else 0.0
-    return sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(0, i + 1))
-
-
-def barrier_factor(n_gpu, n_node, p):
-    """E[max_i X_i - X_1], X_i ~ Binomial(n_gpu, p) i.i.d. over n_node nodes."""
-    if n_node <= 1 or p >= 1 or n_gpu < 1:
-        return 0.0
-    p = max(p, 0.0)
-    return n_gpu * (1 - p) - sum(binom_cdf(i, n_gpu, p) ** n_node for i in range(n_gpu))
-
-
-def t_barrier(a, n_gpu, n_node, p):
-    """SPEC section 4: a * (N_GPU (1-p) - sum_{i<N_GPU} F(i)^N_Node)."""
-    return a * barrier_factor(n_gpu, n_node, p)
-
-
-def barrier_wait(cost, n_gpu, n_node, p, sigma=0.0):
-    """E[max_i Y_i] - E[Y_1], Y_i = cost(X_i) + eps_i, over ``n_node`` i.i.d. nodes.
-
-    X_i ~ Binomial(n_gpu, p) non-empty buffers; ``cost(x)``: time to sum x of
-    them; eps_i ~ N(0, sigma^2): the spread of the node's other updater steps
-    before the allreduce. With sigma = 0 and cost(x) = a x this is exactly the
-    SPEC formula; the updater's real cost is not linear (an empty node
-    zero-fills SendBuf, the first buffer is a copy, the rest additions) and
-    measured steps are not deterministic, so the general form is used.
-    """
-    if n_node <= 1 or n_gpu < 1:
-        return 0.0
-    p = min(max(p, 0.0), 1.0)
-    F = np.array([binom_cdf(i, n_gpu, p) for i in range(n_gpu + 1)])
-    pmf = np.diff(np.concatenate([[0.0], F]))
-    c = np.array([cost(x) for x in range(n_gpu + 1)], float)
-    mean = float(pmf @ c)
-    if sigma <= 0:
-        pmax = np.diff(np.concatenate([[0.0], F ** n_node]))
-        return max(float(pmax @ c) - mean, 0.0)
-    from scipy.special import ndtr
-    lo, hi = c.min() - 9 * sigma, c.max() + 9 * sigma
-    y = np.linspace(lo, hi, 4001)
-    G = (pmf[None, :] * ndtr((y[:, None] - c[None, :]) / sigma)).sum(axis=1)
-    emax = lo + np.trapezoid(1.0 - np.minimum(G, 1.0) ** n_node, y)
-    return max(float(emax) - mean, 0.0)
 
 
 @dataclass
@@ -225,49 +187,6 @@ ENGINE_IMPL = Impl()
 RUNNER_SWEEP_IMPL = Impl(weight_decay=True)
 
 
-def _allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, model, n_param):
-    """Allreduce of N_Param + a few counters, from the allreduce fit.
-
-    Its sweep runs on an otherwise idle host. When the ranks share a CPU
-    host with busy workers, each poll of the collective waits for a core:
-    the fit is scaled by the load the contention sweep measured for this
-    sharing (``Profile.allreduce_load``).
-    """
-    if n_node <= 1:
-        return 0.0
-    load = pr.allreduce_load(ranks_per_host, n_gpu, model) if (cpu and ranks_per_host > 1) else 1.0
-    return load * pr.allreduce_bw(n_node, n_param)
-
-
-def _cold(profile, name, footprint=None):
-    """``name`` priced with cold caches when the profile swept it so and a
-    step's data (``footprint`` bytes) do not fit in the last-level cache."""
-    llc = profile.data.get("cache", {}).get("llc_bytes")
-    if footprint is not None and llc and footprint <= llc:
-        return name
-    return name + "_cold" if profile.has(name + "_cold") else name
-
-
-def _updater_excess(pr, cpu, ranks_per_host, n_gpu, model):
-    """Seconds per cycle the runner's updater spent beyond its modelled
-    steps in the contention sweep of this host sharing (GIL waits behind
-    the node's workers); 0 off CPU hosts or when not measured."""
-    if not cpu:
-        return 0.0
-    e = pr.contention_entry(ranks_per_host, n_gpu, model)
-    return float(e.get("updater_excess", 0.0)) if e else 0.0
-
-
-def step_footprint(sp, n_subbatch) -> int:
-    """Bytes a worker iteration streams through the caches: the flat
-    parameter, gradient and published-weights vectors, and per layer its
-    activations and column matrix."""
-    acts = 0
-    for g in spec_mod.layers(sp, n_subbatch):
-        acts += g.im2col_elems + n_subbatch * spec_mod._prod(g.extra.get("conv_out", g.out_shape))
-    return 4 * (3 * spec_mod.n_params(sp) + acts)
-
-
 def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl: Impl = ENGINE_IMPL,
                slowdown=None):
     """Mean and spread of every indivisible step, lock waits and barrier excluded.
@@ -311,7 +230,13 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     scale, sub, add = (_cold(pr, k, foot) for k in ("scale", "sub", "add"))
     update_val = (slow * (pr.term(scale, n_param) + (pr.term(scale, n_param) + pr.term(sub, n_param)
                                                        if impl.weight_decay else 0.0)), pr.cv(scale))
+    # The runner's own per-call cost of these steps beyond their kernels
+    # (fit.runner_step_excess; CPU profiles only).
+    rx = (lambda step: slow * pr.runner_step(step)) if cpu else (lambda step: 0.0)
+    update_val = (update_val[0] + rx("ComputeUpdateVal"), update_val[1])
     parts = [vs("load", pixels), vs("deform", pixels), grad, update_val]
+    parts[0] = (parts[0][0] + rx("LoadImage"), parts[0][1])
+    parts[1] = (parts[1][0] + rx("DeformImage"), parts[1][1])
     sl = n_param / n_node
     swap = impl.handover == "swap"
     hand = v("handover", 1) if pr.has("handover") else (0.0, 0.0)
@@ -382,47 +307,6 @@ def _worker_steps(c, n_gpu, t_gpu, t_update):
     return s, p_fetch
 
 
-def _first_deposit_wait(w, t_gpu, n_gpu, n_node, state=None, points=401, tol=1e-8):
-    """(own wait, extra barrier) of updaters that wait for one local gradient.
-
-    Mean-field model of one cycle, which starts when the allreduce releases
-    every node. A node whose previous sum waited for a deposit took it right
-    as it came: that worker deposits again T_GPU after the sum, the other
-    N_GPU-1 at uniform phases; L_w (sum -> cycle start) = T_Update - its
-    wait. A node that did not wait summed at the cycle start, L = T_Update,
-    all N_GPU workers at uniform phases. So the time D to the first deposit
-    survives x with
-
-        S(x) = pi 1{L_w+x < T} (1-(L_w+x)/T)^(N_GPU-1) + (1-pi) (1-(T_Update+x)/T)^N_GPU
-
-    pi = S(0) (the share of nodes that wait), own wait = int S, and the
-    allreduce ends after the slowest node: T_Update = W + int 1-(1-S)^N_Node.
-    The three unknowns are iterated to their fixed point; ``state`` carries
-    the last solution between calls (the outer fixed point calls this often).
-    """
-    T = t_gpu
-    if T <= 0:
-        return 0.0, 0.0
-    st = state if state is not None else {}
-    U, pi, dw = st.get("U", w + T / 2), st.get("pi", 1.0), st.get("dw", T / 2)
-    x = np.linspace(0.0, T, points)
-    own = emax = 0.0
-    for _ in range(200):
-        lw = max(U - dw, 0.0)
-        sw = np.where(lw + x < T, np.clip(1 - (lw + x) / T, 0, 1) ** (n_gpu - 1), 0.0)
-        sn = np.clip(1 - (U + x) / T, 0, 1) ** n_gpu
-        S = pi * sw + (1 - pi) * sn
-        own = float(np.trapezoid(S, x))
-        emax = float(np.trapezoid(1 - (1 - S) ** n_node, x)) if n_node > 1 else own
-        new = (w + emax, float(S[0]), own / S[0] if S[0] > 0 else 0.0)
-        diff = max(abs(new[0] - U) / max(U, 1e-300), abs(new[1] - pi), abs(new[2] - dw) / T)
-        U, pi, dw = 0.5 * (U + new[0]), 0.5 * (pi + new[1]), 0.5 * (dw + new[2])
-        if diff < tol:
-            break
-    st.update(U=U, pi=pi, dw=dw)
-    return own, max(emax - own, 0.0)
-
-
 def _updater_steps(c, n_gpu, n_node, t_gpu, t_update):
     m = _means(c)
     impl = c["_impl"][0]
@@ -472,55 +356,9 @@ def _idle_at_deposit(c, n_gpu, t_gpu, t_update):
     return min(1.0, st["pi"] * t_gpu / (n_gpu * t_update))
 
 
-def expected_staleness(w, u, n_gpu, t_gpu, t_update, offset=1.0, idle=None):
-    """Updates published between a worker reading LatestWeights and the
-    update that applies its gradient.
-
-    The version is read when the worker takes the LatestWeights lock; the
-    gradient is as good as delivered once the worker holds its GradBuf lock
-    (a pickup arriving during the deposit waits for it): G later. A periodic
-    updater of random phase publishes G/T_Update times in that span on
-    average, plus ``offset`` (one) more unless the updater reaches the
-    buffer before its next publish: it is idle waiting for a gradient
-    (WaitGradient of T_Update), or the buffer is reached delta into the
-    cycle (lock waits and the buffers before it). A worker that arrives
-    while the publish holds the lock (probability q) reads right after a
-    publish instead of at a random phase, which saves half an update.
-    """
-    g = t_gpu - w["LockWeights"] - w["LockGradient"] - w["UpdateGradient"]
-    delta = u["LockGradient"] / 2 + u["SumGradient"] * (n_gpu - 1) / (2 * n_gpu)
-    q = min(u["UpdateWeights"] / t_update, 1.0)
-    if idle is None:
-        idle = u.get("WaitGradient", 0.0) / t_update
-    return (g - delta) / t_update + offset * (1 - idle) - q / 2
-
-
-def updater_duty(p: "Prediction", profile) -> float:
-    """Share of one core a node's updater keeps busy: its vector steps
-    (without the host slowdown they were given) and the allreduce's own
-    summing and copying, 2 (N-1)/N N_Param elements, per T_Update. The
-    polls and the waits sleep."""
-    if p.t_update <= 0:
-        return 0.0
-    work = sum(p.updater.get(k, 0.0) for k in ("SumGradient", "AddMomentum", "UpdateMomentum")) \
-        / p.extra.get("updater_slowdown", p.slowdown)
-    if p.n_node > 1:
-        work += profile.term(_cold(profile, "add"), 2 * (p.n_node - 1) * p.n_param // p.n_node)
-    return min(work / p.t_update, 1.0)
-
-
-def core_share(ranks, n_gpu, cores, duty):
-    """Slowdown of each worker thread when ``ranks`` nodes of ``n_gpu``
-    workers share ``cores`` with their updaters. The workers run niced
-    (engine.parallel.runner.CPU_WORKER_NICE), so the updaters take their
-    ``duty`` first and the workers split the rest."""
-    free = max(cores - ranks * duty, 0.1 * cores)
-    return max(1.0, ranks * n_gpu / free)
-
-
 def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file=None,
             ranks_per_host: int = 1, impl: Impl = ENGINE_IMPL, staleness_offset: float = 1.0,
-            tol: float = 1e-7, max_iter: int = 400) -> Prediction:
+            tol: float = 1e-7, max_iter: int = 400, threads: int = 1) -> Prediction:
     """Solve the model for one configuration.
 
     ``profile``: a ``Profile``, a profile file, or None for the profile
@@ -531,6 +369,11 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file
     (1 on a real cluster; N_Node when validating on one machine).
     ``impl``: ENGINE_IMPL (engine.parallel.asgd) or SEED_IMPL (the seed's
     copies and free-running updater).
+    ``threads``: BLAS/OpenMP threads per worker (the runner uses 1). When
+    ranks_per_host x N_GPU x threads exceed the profile's cores the
+    prediction says how the time-sharing is priced (``extra
+    ["oversubscribed"]``) or raises ``Oversubscribed`` (see
+    ``oversubscription``).
 
     On a CPU host the contention sweep measured the slowdown of sharing it
     at one N_Subbatch per net; the updaters' share of the cores differs with
@@ -538,16 +381,18 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file
     by ``core_share`` at this configuration's updater duty over the one at
     the sweep's, which depends on the slowdown itself: iterated to agree.
     """
-    if profile is None or isinstance(profile, (str, os.PathLike)):
-        from .profile import Profile
-        profile = Profile.load(profile)
+    from .profile import Profile
+    profile = Profile.resolve(profile)
     sp = spec_mod.get_spec(spec)
+    over = oversubscription(profile, ranks_per_host, n_gpu, sp.name, threads)
     kw = dict(n_file=n_file, ranks_per_host=ranks_per_host, impl=impl, staleness_offset=staleness_offset,
               tol=tol, max_iter=max_iter)
     entry = profile.contention_entry(ranks_per_host, n_gpu, sp.name) \
         if profile.data.get("backend", "cpu") == "cpu" else None
     if entry is None or not entry.get("n_subbatch") or ranks_per_host * n_gpu < 2:
-        return _predict(spec, n_node, n_gpu, n_subbatch, profile, **kw)
+        p = _predict(spec, n_node, n_gpu, n_subbatch, profile, **kw)
+        p.extra.update(threads=threads, oversubscribed=over)
+        return p
     base = profile.slowdown(ranks_per_host, n_gpu, sp.name)
     R, cores = ranks_per_host, profile.cores
     # The sweep's own configuration: R ranks of n_gpu workers on this host.
@@ -563,6 +408,7 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file
             break
         slow = 0.5 * (slow + new)
     p.extra["core_share"] = {"sweep_slowdown": base, "sweep_duty": ref_duty, "duty": duty}
+    p.extra.update(threads=threads, oversubscribed=over)
     return p
 
 
@@ -602,47 +448,8 @@ def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=Non
                       t_barrier=barrier, n_minibatch_avg=nmb, staleness=stal,
                       t_epoch=t_epoch, iterations=it, converged=converged, slowdown=c["_slowdown"][0],
                       extra={"impl": impl.__dict__ if hasattr(impl, "__dict__") else str(impl),
-                             "updater_slowdown": c["_updater_slowdown"][0]})
+                             "updater_slowdown": c["_updater_slowdown"][0], "ranks_per_host": ranks_per_host,
+                             "cores": profile.cores})
 
 
-def _fmt_t(s):
-    if s == 0:
-        return "0"
-    for unit, f in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(s) >= f:
-            return f"{s / f:.3f} {unit}"
-    return f"{s / 1e-9:.1f} ns"
-
-
-def format_prediction(p: Prediction, per_layer: bool = True) -> str:
-    lines = [f"{p.model}: N_Node={p.n_node} N_GPU={p.n_gpu} N_Subbatch={p.n_subbatch} "
-             f"N_Param={p.n_param:,} N_File={p.n_file:,}"]
-    lines.append(f"fixed point: {'converged' if p.converged else 'NOT converged'} in {p.iterations} "
-                 f"iterations; host slowdown x{p.slowdown:.2f}")
-    lines.append("")
-    lines.append(f"{'worker step (Alg. 1)':<28}{'time':>14}{'share':>9}")
-    for k, v in p.worker.items():
-        lines.append(f"  {k:<26}{_fmt_t(v):>14}{100 * v / p.t_gpu:>8.1f}%")
-    lines.append(f"  {'T_GPU':<26}{_fmt_t(p.t_gpu):>14}")
-    if per_layer:
-        agg = {}
-        for name, pas, kern, _, t in p.layers:
-            agg[(name, pas)] = agg.get((name, pas), 0.0) + t
-        lines.append("")
-        lines.append(f"{'ComputeGradient by layer':<28}{'fwd':>14}{'bwd':>14}")
-        for name in dict.fromkeys(r[0] for r in p.layers):
-            lines.append(f"  {name:<26}{_fmt_t(agg.get((name, 'fwd'), 0)):>14}"
-                         f"{_fmt_t(agg.get((name, 'bwd'), 0) + agg.get((name, 'fwd+bwd'), 0)):>14}")
-    lines.append("")
-    lines.append(f"{'updater step (Alg. 2)':<28}{'time':>14}{'share':>9}")
-    for k, v in p.updater.items():
-        lines.append(f"  {k:<26}{_fmt_t(v):>14}{100 * v / p.t_update:>8.1f}%")
-    lines.append(f"    {'of which T_Barrier':<24}{_fmt_t(p.t_barrier):>14}")
-    lines.append(f"  {'T_Update':<26}{_fmt_t(p.t_update):>14}")
-    lines.append("")
-    lines.append(f"P(fetch) = min(T_GPU/T_Update,1)     {p.p_fetch:.4f}")
-    lines.append(f"P(GradBuf non-empty)                 {p.p_nonempty:.4f}")
-    lines.append(f"N_Minibatch_avg                      {p.n_minibatch_avg:.2f}")
-    lines.append(f"expected staleness                   {p.staleness:.3f}")
-    lines.append(f"T_Epoch                              {_fmt_t(p.t_epoch)}")
-    return "\n".join(lines)
+from .report import format_prediction  # noqa: E402,F401  (the formatter lives with its glossary)

@@ -57,6 +57,9 @@ class Profile:
         self.cores = int(data.get("cores", 1))
         # {model or "*": wall/CPU factor of one undisturbed step measured now}
         self.host_factor = {}
+        # How much slower this machine runs than the one profiled, from a
+        # calibration (engine.perf.calibrate.check); multiplies every time.
+        self.time_scale = 1.0
 
     # -- file I/O ---------------------------------------------------------
     @classmethod
@@ -69,6 +72,14 @@ class Profile:
         if not p.exists():
             raise FileNotFoundError(f"profile {p} does not exist")
         return cls(json.loads(p.read_text()), source=str(p))
+
+    @classmethod
+    def resolve(cls, profile) -> "Profile":
+        """``profile`` itself, a profile file's, or the shipped profile when None."""
+        import os
+        if profile is None or isinstance(profile, (str, os.PathLike)):
+            return cls.load(profile)
+        return profile
 
     def save(self, path):
         Path(path).write_text(json.dumps(self.data, indent=1, sort_keys=True))
@@ -92,12 +103,13 @@ class Profile:
         if x <= 0:
             return 0.0
         t = self._term(name)
+        k = self.time_scale
         if "c" in t:
-            return t["a"] * x + t["c"] * x2 + t["b"]
+            return k * (t["a"] * x + t["c"] * x2 + t["b"])
         for piece in t.get("pieces", ()):
             if piece["upper"] is None or x <= piece["upper"]:
-                return piece["a"] * x + piece["b"]
-        return t["a"] * x + t["b"]
+                return k * (piece["a"] * x + piece["b"])
+        return k * (t["a"] * x + t["b"])
 
     def cv(self, name) -> float:
         """Relative spread (std/mean) measured for a term, 0 if unknown."""
@@ -131,7 +143,7 @@ class Profile:
         if min(m, n, k) <= 0:
             return 0.0
         coef = self.sgemm_regime(m, n, k, trans)["coef"]
-        return sum(coef[f] * v for f, v in zip(SGEMM_FEATURES, sgemm_features(m, n, k)))
+        return self.time_scale * sum(coef[f] * v for f, v in zip(SGEMM_FEATURES, sgemm_features(m, n, k)))
 
     def allreduce_bw(self, n_node, n_param) -> float:
         """Allreduce time without the barrier: (a log2 N + b) N_Param + c log2 N + d."""
@@ -139,7 +151,7 @@ class Profile:
         if a is None:
             raise ValueError(f"profile {self.source} has no allreduce fit")
         lg = math.log2(max(n_node, 1))
-        return (a["a_log"] * lg + a["b"]) * n_param + a.get("c_log", 0.0) * lg + a.get("d", 0.0)
+        return self.time_scale * ((a["a_log"] * lg + a["b"]) * n_param + a.get("c_log", 0.0) * lg + a.get("d", 0.0))
 
     def _contention(self):
         """Contention entries that price the workers' slowdown: the runner's
@@ -171,7 +183,9 @@ class Profile:
                            ranks_per_host, n_gpu, model)
         if not es or "allreduce" not in self.data:
             return 1.0
-        return float(np.mean([e["allreduce"] / self.allreduce_bw(e["ranks"], e["n_param"]) for e in es]))
+        # Against the unscaled fit: both were measured on the profiled machine.
+        return float(np.mean([e["allreduce"] * self.time_scale / self.allreduce_bw(e["ranks"], e["n_param"])
+                              for e in es]))
 
     def updater_slowdown(self, model: str = "") -> float:
         """Factor for the updater's own steps on a shared CPU host: the one
@@ -237,5 +251,14 @@ class Profile:
                     "allreduce": {"a_log": 4.0 / allreduce_bw, "b": 4.0 / allreduce_bw,
                                   "c_log": allreduce_lat, "d": 0.0}}, source="synthetic")
 
+    def runner_step(self, step) -> float:
+        """Seconds the runner spends on a worker step beyond its kernels
+        (per call, one thread: ``fit.runner_step_excess``); 0 if not fitted."""
+        return self.time_scale * float(self.data.get("overhead", {}).get("runner_steps", {}).get(step, 0.0))
+
+    # Overhead entries that are factors, not seconds (not rescaled).
+    _FACTORS = ("kernel_factor",)
+
     def overhead(self, key) -> float:
-        return float(self.data.get("overhead", {}).get(key, 0.0))
+        v = float(self.data.get("overhead", {}).get(key, 0.0))
+        return v if key in self._FACTORS else self.time_scale * v

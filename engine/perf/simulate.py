@@ -153,7 +153,7 @@ class _Signal:
             sim.at(sim.now, proc, sim.now - t0)
 
 
-def simulate(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_updates: int = 400,
+def simulate(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_updates: int = 400,
              warmup: int = 40, seed: int = 0, cv=None, n_file=None, ranks_per_host: int = 1,
              impl=model_mod.ENGINE_IMPL, min_worker_steps: int = 0,
              max_events: int = 50_000_000, slowdown=None) -> SimResult:
@@ -167,7 +167,9 @@ def simulate(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_updates:
     configuration (``Prediction.slowdown``), when the caller has it.
     """
     import time as _time
+    from .profile import Profile
     wall0 = _time.perf_counter()
+    profile = Profile.resolve(profile)
     # The host slowdown depends on the updaters' share of the cores, which
     # the closed form solves for; the simulation runs at that slowdown.
     slow = slowdown if slowdown is not None else model_mod.predict(

@@ -23,12 +23,17 @@ class Candidate:
     feasible: bool
 
 
-def search(spec, profile, target: float, tolerance: float = 0.05, max_nodes: int = 64,
+def search(spec, profile=None, target: float = None, tolerance: float = 0.05, max_nodes: int = 64,
            workers=(1,), max_subbatch: int = 256, impl=model_mod.ENGINE_IMPL, n_file=None,
-           nodes=None, subbatches=None):
+           nodes=None, subbatches=None, ranks_per_host=1, threads=1, refused=None):
     """All candidates of the grid, feasible ones first by T_Epoch, then the
-    infeasible by their distance to the target."""
-    if not target > 0:
+    infeasible by their distance to the target. Configurations the model
+    refuses (oversubscribed host sharings the profile never measured) are
+    left out and, when ``refused`` is a list, appended to it as
+    (N_Node, N_GPU, N_Subbatch, reason)."""
+    from .profile import Profile
+    profile = Profile.resolve(profile)
+    if target is None or not target > 0:
         raise ValueError(f"target must be > 0, got {target}")
     if not 0 <= tolerance < 1:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
@@ -42,7 +47,13 @@ def search(spec, profile, target: float, tolerance: float = 0.05, max_nodes: int
     for g in workers:
         for s in subs:
             for n in nodes:
-                p = model_mod.predict(spec, n, g, s, profile, n_file=n_file, impl=impl)
+                try:
+                    p = model_mod.predict(spec, n, g, s, profile, n_file=n_file, impl=impl,
+                                          ranks_per_host=min(ranks_per_host, n), threads=threads)
+                except model_mod.Oversubscribed as e:
+                    if refused is not None:
+                        refused.append((n, g, s, str(e)))
+                    continue
                 ok = abs(p.n_minibatch_avg - target) <= tolerance * target
                 out.append(Candidate(n, g, s, p.t_epoch, p.n_minibatch_avg, p.t_gpu, p.t_update,
                                      p.staleness, ok))
@@ -51,15 +62,21 @@ def search(spec, profile, target: float, tolerance: float = 0.05, max_nodes: int
     return feas + rest
 
 
-def format_candidates(cands, target, tolerance, top=5) -> str:
+def format_candidates(cands, target, tolerance, top=5, refused=()) -> str:
     feas = [c for c in cands if c.feasible]
+    show = feas[:top] if feas else cands[:top]
     lines = [f"target N_Minibatch_avg = {target:g} +- {100 * tolerance:g} %: "
-             f"{len(feas)} of {len(cands)} configurations qualify"]
+             f"{len(feas)} of {len(cands)} configurations searched qualify"]
+    if feas:
+        lines[0] += f"; {'all' if len(show) == len(feas) else f'the {len(show)} fastest'} shown" + \
+            (" (--top)" if len(show) < len(feas) else "") + ", * = the choice"
+    if refused:
+        lines.append(f"{len(refused)} more not priced: oversubscribed host sharing the profile never measured "
+                     f"(first: N_Node {refused[0][0]} N_GPU {refused[0][1]})")
     head = f"{'':3}{'N_Node':>7}{'N_GPU':>6}{'N_Sub':>6}{'T_Epoch (s)':>14}{'N_Minibatch':>13}" \
            f"{'T_GPU (s)':>12}{'T_Update (s)':>14}{'staleness':>11}"
-    show = feas[:top] if feas else cands[:top]
     if not feas:
-        lines.append("none qualifies; closest to the target:")
+        lines.append(f"none qualifies; the {len(show)} closest to the target:")
     lines.append(head)
     for i, c in enumerate(show):
         mark = "*" if (i == 0 and feas) else " "

@@ -1,0 +1,218 @@
+"""Fits over whole steps, from the kernel fits: each layer pass as a factor
+on its kernels plus a per-call cost (``fit_layer_terms``), the net step's
+own Python (``fit_overhead``), the runner's small worker steps beyond their
+kernels (``runner_step_excess``), and the runner contention sweep expressed
+against the model's own step (``anchor_contention``)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .fit import error_summary, nnls_relative
+from .profile import Profile
+
+
+# -- per-layer terms ----------------------------------------------------------
+
+def _kernel_sums(p, model, n):
+    """{(layer, pass): (seconds of its kernels, kind)} from the kernel fits alone."""
+    from engine import spec as spec_mod
+    from .model import compute_gradient_terms
+    sp = spec_mod.get_spec(model)
+    kinds = {g.name: g.kind for g in spec_mod.layers(sp)}
+    out = {}
+    for name, pas, _, _, t in compute_gradient_terms(sp, n, p, kernels_only=True):
+        if pas in ("fwd", "bwd"):
+            k = (name, pas)
+            out[k] = (out.get(k, (0.0, kinds[name]))[0] + t, kinds[name])
+    return out
+
+
+# What each fit holds out: whole shapes, never random points. Whole nets
+# (bench/RESULTS.md section 4: digits, bench/specs/mnist_heldout.json) are
+# held out of every sweep and scored by bench/validate_model.py.
+HOLDOUT = {"sgemm": "non-power-of-2 shapes and the swept nets' own shapes",
+           "im2col..relu": "every 4th conv layer shape", "bias/softmax": "every 4th (batch, width)",
+           "vectors": "every 4th size", "load/deform": "every 4th batch", "allreduce": "every 4th (size, ranks)",
+           "layer passes": "the middle batch size of each net", "net step": "every 3rd batch size"}
+
+
+def fit_layer_terms(prof: dict, records) -> dict:
+    """Each layer pass as ``f * (its kernels) + b``, one (f, b) per layer kind
+    and pass (conv/fc x fwd/bwd), by NNLS on relative residuals.
+
+    ``b`` carries what small layers are made of: the per-call Python of the
+    layer and its ops, allocation, the per-call cost of each kernel beyond
+    its swept one; ``f`` the caches a whole step leaves cold for the next
+    kernel. Fitted on the ``layer_pass`` records of the swept nets; the held
+    out ones are whole batch sizes (and, in bench/validate_model.py, whole
+    nets no sweep saw)."""
+    p = Profile({k: v for k, v in prof.items() if k not in ("overhead", "layer_terms")})
+    recs = [r for r in records if r.get("kind") == "layer_pass" and r.get("t", 0) > 0]
+    cache, rows = {}, {}
+    for r in recs:
+        key = (r["model"], r["n_subbatch"])
+        if key not in cache:
+            try:
+                cache[key] = _kernel_sums(p, r["model"], r["n_subbatch"])
+            except ValueError:        # a kernel this net needs was not swept
+                cache[key] = {}
+        got = cache[key].get((r["layer"], r["pass"]))
+        if got is None:
+            continue
+        rows.setdefault(f"{got[1]}_{r['pass']}", []).append((got[0], r["t"], bool(r.get("holdout"))))
+    out = {}
+    for key, rs in sorted(rows.items()):
+        fit_r = [(k, t) for k, t, h in rs if not h]
+        hold = [(k, t) for k, t, h in rs if h]
+        if len(fit_r) < 3:
+            continue
+        X = lambda rr: np.array([[k, 1.0] for k, _ in rr])
+        f, b = map(float, nnls_relative(X(fit_r), [t for _, t in fit_r]))
+        ev = lambda rr: error_summary(X(rr) @ np.array([f, b]), [t for _, t in rr]) if rr else {"n": 0}
+        out[key] = {"f": f, "b": b, "error": {"fit": ev(fit_r), "holdout": ev(hold),
+                                              "kernels_only_holdout": error_summary([k for k, _ in hold],
+                                                                                    [t for _, t in hold])
+                                              if hold else {"n": 0}}}
+    return out
+
+
+# The runner's worker steps whose per-call cost beyond their kernels is
+# priced (FetchWeights and UpdateGradient are memory traffic, not calls).
+RUNNER_STEPS = ("LoadImage", "DeformImage", "ComputeUpdateVal")
+
+
+def runner_step_excess(entries) -> dict:
+    """{step: seconds per call, one thread} the runner spends on its small
+    worker steps beyond the kernels that price them: (measured - modelled)
+    / slowdown of the runner contention sweep's 1 x 1 runs, median over
+    nets (the runner's Python around the loader and the timers; LoadImage
+    and DeformImage ran 1.3-3x their in-process sweep inside the runner)."""
+    out = {}
+    for k in RUNNER_STEPS:
+        vals = [(e["worker"][k] - e["worker_model"][k]) / max(e.get("worker_slowdown", 1.0), 1e-9)
+                for e in entries if e.get("source") == "runner" and (e["ranks"], e["workers"]) == (1, 1)
+                and e.get("worker") and e.get("worker_model") and k in e["worker"]]
+        if vals:
+            out[k] = max(float(np.median(vals)), 0.0)
+    return out
+
+
+def anchor_contention(prof: dict) -> None:
+    """Express the runner contention entries against the model's own
+    ComputeGradient instead of the sweep's one-thread probe.
+
+    ``host`` of a runner entry is its (1, 1) run's ComputeGradient over an
+    undisturbed step; dividing by the step the kernel fits predict instead
+    makes the model reproduce the runner at the swept N_Subbatch exactly,
+    and leaves the other sizes to the kernel fits. (The probe's own ratio
+    stays as ``host_solo``.)"""
+    from .model import compute_gradient_terms
+    from engine import spec as spec_mod
+    p = Profile(prof)
+    for e in prof["contention"]["entries"]:
+        if e.get("source") != "runner" or not e.get("t") or not e.get("rel"):
+            continue
+        try:
+            sp = spec_mod.get_spec(e["model"])
+            cg = sum(r[4] for r in compute_gradient_terms(sp, int(e["n_subbatch"]), p)) \
+                + p.overhead("per_step")
+        except ValueError:          # a kernel this net needs was not swept
+            continue
+        if cg > 0:
+            e.setdefault("host_solo", e["host"])
+            e["host"] = e["t"] / e["rel"] / cg
+    # Every pair was measured after a (1, 1) run of its own: rel cancels the
+    # minute-to-minute drift, and the (1, 1) runs are repeated measurements
+    # of one factor -- priced by their median, not by the one before the pair.
+    by_net = {}
+    for e in prof["contention"]["entries"]:
+        if e.get("source") == "runner" and "host_solo" in e:
+            by_net.setdefault(e["model"], []).append(e)
+    for net, es in by_net.items():
+        h = float(np.median([e["host"] for e in es]))
+        # Repeated sweeps of one sharing (records merged from several runs):
+        # one entry each, at the median of their rel and updater steps.
+        pooled = {}
+        for e in es:
+            pooled.setdefault((e["ranks"], e["workers"], e["n_subbatch"]), []).append(e)
+        by_net[net] = []
+        for group in pooled.values():
+            e = group[0]
+            e["host_base"], e["host"] = float(np.median([g["host"] for g in group])), h
+            e["rel"] = float(np.median([g["rel"] for g in group]))
+            e["t"] = float(np.median([g["t"] for g in group]))
+            for key in ("updater", "worker"):
+                got = [g[key] for g in group if g.get(key)]
+                if got:
+                    e[key] = {k: float(np.median([u[k] for u in got if k in u])) for k in got[0]}
+            e["ratio"] = e["rel"] * h
+            e["n_runs"] = len(group)
+            by_net[net].append(e)
+            for g in group[1:]:
+                prof["contention"]["entries"].remove(g)
+    # What the updater's own steps cost in the runner beyond their kernels:
+    # its Python between them waits for the GIL the node's workers hold.
+    from .model import RUNNER_SWEEP_IMPL, predict
+    for es in by_net.values():
+        for e in es:
+            if not e.get("updater"):
+                continue
+            try:
+                q = predict(e["model"], e["ranks"], e["workers"], int(e["n_subbatch"]), p,
+                            ranks_per_host=e["ranks"], impl=RUNNER_SWEEP_IMPL)
+            except ValueError:
+                continue
+            e["updater_excess"] = sum(e["updater"].values()) - sum(q.updater.get(k, 0.0) for k in e["updater"])
+            # The worker's small steps as the runner timed them, beside the
+            # model's: kept for diagnosis, not priced yet (a per-step factor
+            # at one N_Subbatch over- or under-shoots the others).
+            if e.get("worker"):
+                e["worker_model"] = {k: q.worker.get(k, 0.0) for k in e["worker"]}
+                e["worker_slowdown"] = q.slowdown
+    exc = runner_step_excess(prof["contention"]["entries"])
+    if exc:
+        prof.setdefault("overhead", {})["runner_steps"] = exc
+
+
+def fit_overhead(prof: dict, steps, held=()) -> dict:
+    """Framework cost the kernels do not explain: per layer and per step.
+
+    Each ``net_step`` record is one measured forward+backward of a preset at
+    some batch; the kernel terms predict the rest; NNLS on the remainder.
+    """
+    from engine import spec as spec_mod
+    from .model import compute_gradient_terms
+    p = Profile({k: v for k, v in prof.items() if k != "overhead"})
+
+    def kernels(rs):
+        out = []
+        for r in rs:
+            sp = spec_mod.get_spec(r["model"])
+            out.append((sum(x[4] for x in compute_gradient_terms(sp, r["n_subbatch"], p)),
+                        len(spec_mod.layers(sp))))
+        return np.array([k for k, _ in out]), np.array([[n, 1.0] for _, n in out])
+    t = np.array([r["t"] for r in steps])
+    kern, rows = kernels(steps)
+    if "layer_terms" in prof:
+        # The layers are priced by their own terms: what is left of a step
+        # is the net's per-step Python (loss, flatten, gradient zeroing).
+        per_step = max(float(np.median(t - kern)), 0.0)
+        err = {"fit": error_summary(kern + per_step, t)}
+        if held:
+            th = np.array([r["t"] for r in held])
+            kh, _ = kernels(held)
+            err["holdout"] = error_summary(kh + per_step, th)
+        return {"kernel_factor": 1.0, "per_layer": 0.0, "per_step": per_step, "error": err}
+    # t = f * kernels + per_layer * L + per_step: the sweeps run each kernel
+    # on warm caches, a step streams every layer's data through them (f),
+    # and the Python of the layers costs per layer and per step.
+    A = np.column_stack([kern, rows])
+    f, per_layer, per_step = map(float, nnls_relative(A, t))
+    coef = np.array([f, per_layer, per_step])
+    err = {"fit": error_summary(A @ coef, t), "kernels_only": error_summary(kern, t)}
+    if held:
+        th = np.array([r["t"] for r in held])
+        kh, rh = kernels(held)
+        err["holdout"] = error_summary(np.column_stack([kh, rh]) @ coef, th)
+        err["holdout_kernels_only"] = error_summary(kh, th)
+    return {"kernel_factor": f, "per_layer": per_layer, "per_step": per_step, "error": err}

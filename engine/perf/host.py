@@ -1,0 +1,99 @@
+"""A CPU host shared by ranks, workers and updaters: cache regimes of the
+flat-vector steps, the updaters' share of the cores, the allreduce under
+load, and oversubscription (more busy threads than cores)."""
+from __future__ import annotations
+
+from engine import spec as spec_mod
+
+
+def _allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, model, n_param):
+    """Allreduce of N_Param + a few counters, from the allreduce fit.
+
+    Its sweep runs on an otherwise idle host. When the ranks share a CPU
+    host with busy workers, each poll of the collective waits for a core:
+    the fit is scaled by the load the contention sweep measured for this
+    sharing (``Profile.allreduce_load``).
+    """
+    if n_node <= 1:
+        return 0.0
+    load = pr.allreduce_load(ranks_per_host, n_gpu, model) if (cpu and ranks_per_host > 1) else 1.0
+    return load * pr.allreduce_bw(n_node, n_param)
+
+
+def _cold(profile, name, footprint=None):
+    """``name`` priced with cold caches when the profile swept it so and a
+    step's data (``footprint`` bytes) do not fit in the last-level cache."""
+    llc = profile.data.get("cache", {}).get("llc_bytes")
+    if footprint is not None and llc and footprint <= llc:
+        return name
+    return name + "_cold" if profile.has(name + "_cold") else name
+
+
+def _updater_excess(pr, cpu, ranks_per_host, n_gpu, model):
+    """Seconds per cycle the runner's updater spent beyond its modelled
+    steps in the contention sweep of this host sharing (GIL waits behind
+    the node's workers); 0 off CPU hosts or when not measured."""
+    if not cpu:
+        return 0.0
+    e = pr.contention_entry(ranks_per_host, n_gpu, model)
+    return float(e.get("updater_excess", 0.0)) if e else 0.0
+
+
+def step_footprint(sp, n_subbatch) -> int:
+    """Bytes a worker iteration streams through the caches: the flat
+    parameter, gradient and published-weights vectors, and per layer its
+    activations and column matrix."""
+    acts = 0
+    for g in spec_mod.layers(sp, n_subbatch):
+        acts += g.im2col_elems + n_subbatch * spec_mod._prod(g.extra.get("conv_out", g.out_shape))
+    return 4 * (3 * spec_mod.n_params(sp) + acts)
+
+
+def updater_duty(p: "Prediction", profile) -> float:
+    """Share of one core a node's updater keeps busy: its vector steps
+    (without the host slowdown they were given) and the allreduce's own
+    summing and copying, 2 (N-1)/N N_Param elements, per T_Update. The
+    polls and the waits sleep."""
+    if p.t_update <= 0:
+        return 0.0
+    work = sum(p.updater.get(k, 0.0) for k in ("SumGradient", "AddMomentum", "UpdateMomentum")) \
+        / p.extra.get("updater_slowdown", p.slowdown)
+    if p.n_node > 1:
+        work += profile.term(_cold(profile, "add"), 2 * (p.n_node - 1) * p.n_param // p.n_node)
+    return min(work / p.t_update, 1.0)
+
+
+def core_share(ranks, n_gpu, cores, duty):
+    """Slowdown of each worker thread when ``ranks`` nodes of ``n_gpu``
+    workers share ``cores`` with their updaters. The workers run niced
+    (engine.parallel.runner.CPU_WORKER_NICE), so the updaters take their
+    ``duty`` first and the workers split the rest."""
+    free = max(cores - ranks * duty, 0.1 * cores)
+    return max(1.0, ranks * n_gpu / free)
+
+
+class Oversubscribed(ValueError):
+    """More busy threads than cores, in a sharing the profile never measured."""
+
+
+def oversubscription(profile, ranks_per_host: int, n_gpu: int, model: str = "", threads: int = 1):
+    """None when the busy threads fit the cores (or each worker has a GPU);
+    else how the time-sharing is priced: the runner contention sweep ran
+    this very sharing of the host. Raises ``Oversubscribed`` when it did
+    not -- a slowdown extrapolated by thread count was off by 45-70 % on
+    N_Minibatch_avg (issue 15), so the model refuses to guess."""
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    busy = ranks_per_host * n_gpu * threads
+    if profile.data.get("backend", "cpu") != "cpu" or busy <= profile.cores:
+        return None
+    measured = sorted({(e["ranks"], e["workers"]) for e in profile._contention()})
+    entry = profile.contention_entry(ranks_per_host, n_gpu, model)
+    if entry is None or threads != 1:
+        raise Oversubscribed(
+            f"{ranks_per_host} rank(s) x {n_gpu} worker(s) x {threads} thread(s) = {busy} busy threads on "
+            f"{profile.cores} cores: oversubscribed, and the profile ({profile.source}) measured no such "
+            f"sharing (measured ranks x workers: {', '.join(f'{r}x{w}' for r, w in measured) or 'none'}, "
+            f"1 thread each); run `sprint profile` with that sharing or use fewer ranks/workers/threads")
+    return (f"time-sharing priced from the runner contention sweep's own {ranks_per_host}x{n_gpu} run "
+            f"(net {entry.get('model')}, N_Subbatch {entry.get('n_subbatch')})")

@@ -1,0 +1,130 @@
+"""The queueing pieces of the SPRINT model: lock waits, the allreduce
+barrier over nodes of binomially many buffers, the updater's wait for its
+first deposit, and the expected staleness (SPEC section 4)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def lock_wait(t_cs, t_iter):
+    """Expected wait behind one holder with critical section t_cs per t_iter."""
+    if t_iter <= 0 or t_cs <= 0:
+        return 0.0
+    frac = min(t_cs / t_iter, 1.0)
+    return frac * t_cs / 2.0
+
+
+def binom_cdf(i, n, p):
+    """P(X <= i) for X ~ Binomial(n, p)."""
+    if p <= 0:
+        return 1.0
+    if p >= 1:
+        return 1.0 if i >= n else 0.0
+    return sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(0, i + 1))
+
+
+def barrier_factor(n_gpu, n_node, p):
+    """E[max_i X_i - X_1], X_i ~ Binomial(n_gpu, p) i.i.d. over n_node nodes."""
+    if n_node <= 1 or p >= 1 or n_gpu < 1:
+        return 0.0
+    p = max(p, 0.0)
+    return n_gpu * (1 - p) - sum(binom_cdf(i, n_gpu, p) ** n_node for i in range(n_gpu))
+
+
+def t_barrier(a, n_gpu, n_node, p):
+    """SPEC section 4: a * (N_GPU (1-p) - sum_{i<N_GPU} F(i)^N_Node)."""
+    return a * barrier_factor(n_gpu, n_node, p)
+
+
+def barrier_wait(cost, n_gpu, n_node, p, sigma=0.0):
+    """E[max_i Y_i] - E[Y_1], Y_i = cost(X_i) + eps_i, over ``n_node`` i.i.d. nodes.
+
+    X_i ~ Binomial(n_gpu, p) non-empty buffers; ``cost(x)``: time to sum x of
+    them; eps_i ~ N(0, sigma^2): the spread of the node's other updater steps
+    before the allreduce. With sigma = 0 and cost(x) = a x this is exactly the
+    SPEC formula; the updater's real cost is not linear (an empty node
+    zero-fills SendBuf, the first buffer is a copy, the rest additions) and
+    measured steps are not deterministic, so the general form is used.
+    """
+    if n_node <= 1 or n_gpu < 1:
+        return 0.0
+    p = min(max(p, 0.0), 1.0)
+    F = np.array([binom_cdf(i, n_gpu, p) for i in range(n_gpu + 1)])
+    pmf = np.diff(np.concatenate([[0.0], F]))
+    c = np.array([cost(x) for x in range(n_gpu + 1)], float)
+    mean = float(pmf @ c)
+    if sigma <= 0:
+        pmax = np.diff(np.concatenate([[0.0], F ** n_node]))
+        return max(float(pmax @ c) - mean, 0.0)
+    from scipy.special import ndtr
+    lo, hi = c.min() - 9 * sigma, c.max() + 9 * sigma
+    y = np.linspace(lo, hi, 4001)
+    G = (pmf[None, :] * ndtr((y[:, None] - c[None, :]) / sigma)).sum(axis=1)
+    emax = lo + np.trapezoid(1.0 - np.minimum(G, 1.0) ** n_node, y)
+    return max(float(emax) - mean, 0.0)
+
+
+def _first_deposit_wait(w, t_gpu, n_gpu, n_node, state=None, points=401, tol=1e-8):
+    """(own wait, extra barrier) of updaters that wait for one local gradient.
+
+    Mean-field model of one cycle, which starts when the allreduce releases
+    every node. A node whose previous sum waited for a deposit took it right
+    as it came: that worker deposits again T_GPU after the sum, the other
+    N_GPU-1 at uniform phases; L_w (sum -> cycle start) = T_Update - its
+    wait. A node that did not wait summed at the cycle start, L = T_Update,
+    all N_GPU workers at uniform phases. So the time D to the first deposit
+    survives x with
+
+        S(x) = pi 1{L_w+x < T} (1-(L_w+x)/T)^(N_GPU-1) + (1-pi) (1-(T_Update+x)/T)^N_GPU
+
+    pi = S(0) (the share of nodes that wait), own wait = int S, and the
+    allreduce ends after the slowest node: T_Update = W + int 1-(1-S)^N_Node.
+    The three unknowns are iterated to their fixed point; ``state`` carries
+    the last solution between calls (the outer fixed point calls this often).
+    """
+    T = t_gpu
+    if T <= 0:
+        return 0.0, 0.0
+    st = state if state is not None else {}
+    U, pi, dw = st.get("U", w + T / 2), st.get("pi", 1.0), st.get("dw", T / 2)
+    x = np.linspace(0.0, T, points)
+    own = emax = 0.0
+    for _ in range(200):
+        lw = max(U - dw, 0.0)
+        sw = np.where(lw + x < T, np.clip(1 - (lw + x) / T, 0, 1) ** (n_gpu - 1), 0.0)
+        sn = np.clip(1 - (U + x) / T, 0, 1) ** n_gpu
+        S = pi * sw + (1 - pi) * sn
+        own = float(np.trapezoid(S, x))
+        emax = float(np.trapezoid(1 - (1 - S) ** n_node, x)) if n_node > 1 else own
+        new = (w + emax, float(S[0]), own / S[0] if S[0] > 0 else 0.0)
+        diff = max(abs(new[0] - U) / max(U, 1e-300), abs(new[1] - pi), abs(new[2] - dw) / T)
+        U, pi, dw = 0.5 * (U + new[0]), 0.5 * (pi + new[1]), 0.5 * (dw + new[2])
+        if diff < tol:
+            break
+    st.update(U=U, pi=pi, dw=dw)
+    return own, max(emax - own, 0.0)
+
+
+def expected_staleness(w, u, n_gpu, t_gpu, t_update, offset=1.0, idle=None):
+    """Updates published between a worker reading LatestWeights and the
+    update that applies its gradient.
+
+    The version is read when the worker takes the LatestWeights lock; the
+    gradient is as good as delivered once the worker holds its GradBuf lock
+    (a pickup arriving during the deposit waits for it): G later. A periodic
+    updater of random phase publishes G/T_Update times in that span on
+    average, plus ``offset`` (one) more unless the updater reaches the
+    buffer before its next publish: it is idle waiting for a gradient
+    (WaitGradient of T_Update), or the buffer is reached delta into the
+    cycle (lock waits and the buffers before it). A worker that arrives
+    while the publish holds the lock (probability q) reads right after a
+    publish instead of at a random phase, which saves half an update.
+    """
+    g = t_gpu - w["LockWeights"] - w["LockGradient"] - w["UpdateGradient"]
+    delta = u["LockGradient"] / 2 + u["SumGradient"] * (n_gpu - 1) / (2 * n_gpu)
+    q = min(u["UpdateWeights"] / t_update, 1.0)
+    if idle is None:
+        idle = u.get("WaitGradient", 0.0) / t_update
+    return (g - delta) / t_update + offset * (1 - idle) - q / 2

@@ -1,0 +1,145 @@
+"""A profile knows its machine: fingerprint, calibration, rescaling, and the
+oversubscribed host sharings the model prices or refuses."""
+import copy
+import json
+
+import pytest
+
+from engine import cli
+from engine.perf import calibrate, model, tune
+from engine.perf.profile import Profile
+
+FP = {"cpu_model": "Xeon A", "cores": 2, "mem_gib": 23.5, "python": "3.11.7", "numpy": "2.4.6",
+      "blas": "libopenblas.so", "backend": "cpu", "host": "vm",
+      "calibration": {"wall_s": 0.010, "cpu_s": 0.009, "u": 0.01, "n": 100, "date": "then"}}
+
+
+def _now(wall=0.010, cpu=0.009, **fp):
+    here = {k: v for k, v in FP.items() if k != "calibration"}
+    here.update(fp)
+    return here, {"wall_s": wall, "cpu_s": cpu, "u": 0.01, "n": 100}
+
+
+def test_same_machine_within_noise_is_silent():
+    here, cal = _now(wall=0.0104)
+    chk = calibrate.compare(FP, here, cal)
+    assert chk.ok and chk.scale == 1.0 and chk.ratio == pytest.approx(1.04)
+
+
+def test_edited_fingerprint_warns_and_names_the_difference():
+    here, cal = _now(cpu_model="Epyc B", cores=4)
+    chk = calibrate.compare(FP, here, cal)
+    assert not chk.ok and set(chk.differs) == {"cpu_model", "cores"}
+    assert "Epyc B" in chk.messages[0] and "sprint profile" in chk.messages[0]
+    assert chk.scale == 1.0            # its speed agrees: nothing to rescale
+
+
+def test_scaled_calibration_warns_and_rescales():
+    here, cal = _now(wall=0.025, cpu=0.0093)
+    chk = calibrate.compare(FP, here, cal)
+    assert chk.scale == pytest.approx(2.5)
+    assert "2.50x" in chk.messages[0] and "other jobs load the host" in chk.messages[0]
+    here, cal = _now(wall=0.005, cpu=0.0045)
+    chk = calibrate.compare(FP, here, cal)
+    assert chk.scale == pytest.approx(0.5) and "cores themselves" in chk.messages[0]
+
+
+def test_noise_band_follows_the_measured_spread():
+    # Blocks that spread widely: a 25 % difference is still noise.
+    stored = dict(FP, calibration=dict(FP["calibration"], u=0.08))
+    here, cal = _now(wall=0.0125)
+    cal.update(u=0.08)
+    chk = calibrate.compare(stored, here, cal)
+    assert chk.ok and chk.noise > 0.25
+    # The profile's own drift between its two calibrations counts too.
+    stored = dict(FP, calibration=dict(FP["calibration"], drift=0.3))
+    assert calibrate.compare(stored, *_now(wall=0.0125)).ok
+
+
+def test_profile_without_fingerprint_cannot_be_checked():
+    chk = calibrate.compare(None, *_now())
+    assert not chk.ok and "no machine fingerprint" in chk.messages[0]
+
+
+def test_time_scale_multiplies_every_time():
+    a = Profile.synthetic()
+    b = Profile.synthetic()
+    b.time_scale = 2.0
+    pa, pb = model.predict("cifar", 4, 2, 8, a), model.predict("cifar", 4, 2, 8, b)
+    for k in ("t_gpu", "t_update", "t_epoch", "t_barrier"):
+        assert getattr(pb, k) == pytest.approx(2 * getattr(pa, k), rel=1e-6)
+    assert pb.n_minibatch_avg == pytest.approx(pa.n_minibatch_avg, rel=1e-6)
+
+
+def test_real_calibration_of_an_edited_profile_warns(tmp_path, capsys):
+    """End to end: this machine's own fingerprint with its calibration time
+    divided by 10 and another CPU model -> predict warns twice and rescales
+    (10x: far beyond what other jobs' load moves the calibration by)."""
+    fp = calibrate.record(seconds=0.3)
+    fp["cpu_model"] = "some other CPU"
+    fp["calibration"] = dict(fp["calibration"], wall_s=fp["calibration"]["wall_s"] / 10,
+                             cpu_s=fp["calibration"]["cpu_s"] / 10, u=0.0)
+    prof = Profile.synthetic(backend="cpu")
+    prof.data["fingerprint"] = fp
+    chk = calibrate.check(prof, seconds=0.3)
+    assert "cpu_model" in chk.differs and chk.scale > 3 and prof.time_scale == chk.scale
+    path = tmp_path / "p.json"
+    Profile(copy.deepcopy(prof.data)).save(path)
+    args = ["predict", "--model", "tiny", "--nodes", "1", "--workers", "1", "--subbatch", "4",
+            "--profile", str(path), "--json", "--calibrate-seconds", "0.3"]
+    assert cli.main(args) == 0
+    cap = capsys.readouterr()
+    assert cap.err.count("warning:") == 2 and "some other CPU" in cap.err and "rescaled" in cap.err
+    scaled = json.loads(cap.out)["t_gpu"]
+    assert cli.main(args + ["--no-calibrate"]) == 0
+    cap = capsys.readouterr()
+    assert cap.err == "" and json.loads(cap.out)["t_gpu"] < scaled / 3
+
+
+# -- oversubscription ---------------------------------------------------------
+
+def _cpu_profile(pairs):
+    prof = Profile.synthetic(backend="cpu", cores=2)
+    prof.data["contention"] = {"entries": [
+        {"source": "runner", "model": "tiny", "n_subbatch": 8, "ranks": r, "workers": w, "rel": 1.0 + 0.4 * (r * w - 1),
+         "host": 1.0, "ratio": 1.0 + 0.4 * (r * w - 1), "t": 1e-3} for r, w in pairs]}
+    return prof
+
+
+def test_measured_oversubscription_is_priced_and_said():
+    prof = _cpu_profile([(1, 1), (2, 1), (2, 2)])
+    p = model.predict("tiny", 2, 2, 8, prof, ranks_per_host=2)
+    assert "2x2 run" in p.extra["oversubscribed"]
+    assert p.slowdown > 1.5
+    # Within the cores: nothing to say.
+    assert model.predict("tiny", 2, 1, 8, prof, ranks_per_host=2).extra["oversubscribed"] is None
+
+
+def test_unmeasured_oversubscription_is_refused():
+    prof = _cpu_profile([(1, 1), (2, 1), (2, 2)])
+    with pytest.raises(model.Oversubscribed, match=r"3 rank\(s\) x 2 worker\(s\).*6 busy threads on 2 cores"
+                                                   r".*measured ranks x workers: 1x1, 2x1, 2x2"):
+        model.predict("tiny", 3, 2, 8, prof, ranks_per_host=3)
+    with pytest.raises(model.Oversubscribed, match="2 thread"):
+        model.predict("tiny", 2, 2, 8, prof, ranks_per_host=2, threads=2)
+    # On GPUs each worker owns its device: no core sharing to price.
+    gpu = Profile.synthetic(backend="gpu", cores=2)
+    assert model.predict("tiny", 3, 2, 8, gpu, ranks_per_host=3).extra["oversubscribed"] is None
+
+
+def test_cli_refuses_and_tune_skips_unmeasured_sharing(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    _cpu_profile([(1, 1), (1, 2), (2, 1)]).save(path)
+    base = ["--model", "tiny", "--profile", str(path), "--no-calibrate"]
+    assert cli.main(["predict", *base, "--nodes", "3", "--workers", "1", "--subbatch", "8",
+                     "--ranks-per-host", "3"]) == 2
+    assert "oversubscribed" in capsys.readouterr().err
+    refused = []
+    cands = tune.search("tiny", Profile.load(path), 4, 0.5, max_nodes=3, workers=(1, 2), ranks_per_host=4,
+                        subbatches=(2,), refused=refused)
+    assert refused and all(r[0] * r[1] > 2 and (min(r[0], 4), r[1]) not in {(1, 1), (1, 2), (2, 1)}
+                           for r in refused)
+    assert cands and all(c.n_node * c.n_gpu <= 2 for c in cands)
+    assert cli.main(["tune", *base, "--target-minibatch", "4", "--tolerance", "0.5", "--max-nodes", "3",
+                     "--max-subbatch", "1", "--max-workers", "2", "--ranks-per-host", "4"]) in (0, 1)
+    assert "not priced: oversubscribed" in capsys.readouterr().out

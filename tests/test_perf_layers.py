@@ -1,0 +1,106 @@
+"""Per-layer and per-call terms recover known coefficients from synthetic
+records, and a whole net held out of the fit is priced by them."""
+import numpy as np
+import pytest
+
+from engine import spec as spec_mod
+from engine.perf import fit, model
+from engine.perf.profile import Profile
+
+F = {"conv_fwd": 1.3, "conv_bwd": 1.1, "fc_fwd": 2.0, "fc_bwd": 1.5}
+B = {"conv_fwd": 20e-6, "conv_bwd": 35e-6, "fc_fwd": 8e-6, "fc_bwd": 12e-6}
+
+
+def _truth(prof, net, n):
+    """{(layer, pass): seconds} of the generating model."""
+    sums = fit._kernel_sums(Profile(prof), net, n)
+    return {k: F[f"{kind}_{k[1]}"] * ks + B[f"{kind}_{k[1]}"] for k, (ks, kind) in sums.items()}
+
+
+def _records(prof, nets=("tiny", "cifar"), batches=(1, 4, 16), held=4, noise=0.0, rng=None):
+    recs = []
+    for net in nets:
+        kinds = {g.name: g.kind for g in spec_mod.layers(spec_mod.get_spec(net))}
+        for n in batches:
+            for (layer, pas), t in _truth(prof, net, n).items():
+                t *= 1 + noise * (rng.standard_normal() if rng is not None else 0)
+                recs.append({"kind": "layer_pass", "model": net, "n_subbatch": n, "layer": layer, "pass": pas,
+                             "layer_kind": kinds[layer], "t": t, "holdout": n == held})
+    return recs
+
+
+def test_softmax_is_the_loss_not_a_layer_pass():
+    rows = model.compute_gradient_terms(spec_mod.get_spec("digits"), 4, Profile.synthetic())
+    assert [r[:3] for r in rows if r[2] == "softmax"] == [("fc2", "loss", "softmax")]
+
+
+def test_layer_terms_recovered_exactly_and_price_a_held_out_net():
+    prof = Profile.synthetic(backend="cpu").data
+    lt = fit.fit_layer_terms(prof, _records(prof))
+    assert set(lt) == set(F)
+    for key in F:
+        assert lt[key]["f"] == pytest.approx(F[key], rel=1e-6)
+        assert lt[key]["b"] == pytest.approx(B[key], rel=1e-5)
+        assert lt[key]["error"]["holdout"]["n"] > 0 and lt[key]["error"]["holdout"]["max"] < 1e-6
+    # A whole net no record came from (digits, and a 5x5 MNIST-sized spec),
+    # at a batch size never fitted: the fitted terms reproduce each pass.
+    priced = Profile(dict(prof, layer_terms=lt))
+    for net in ("digits", spec_mod.NetSpec("m", 28, 1, 5, ((16, 2), (32, 2)), (128, 10))):
+        want = _truth(prof, net, 8)
+        got = {}
+        for layer, pas, _, _, t in model.compute_gradient_terms(spec_mod.get_spec(net), 8, priced):
+            if pas != "loss":
+                got[(layer, pas)] = got.get((layer, pas), 0.0) + t
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k] == pytest.approx(want[k], rel=1e-6)
+
+
+def test_layer_terms_with_noise_and_the_per_call_cost_matters():
+    rng = np.random.default_rng(0)
+    prof = Profile.synthetic(backend="cpu").data
+    lt = fit.fit_layer_terms(prof, _records(prof, batches=(1, 2, 4, 8, 16, 32), noise=0.02, rng=rng))
+    for key in F:
+        assert lt[key]["f"] == pytest.approx(F[key], rel=0.1)
+        held = lt[key]["error"]["holdout"]["median"]
+        assert held < 0.05
+        # The swept kernels alone miss the factor and the per-call cost.
+        assert lt[key]["error"]["kernels_only_holdout"]["median"] > max(0.1, 3 * held)
+
+
+def test_per_step_cost_fitted_beside_layer_terms():
+    prof = Profile.synthetic(backend="cpu").data
+    prof["layer_terms"] = fit.fit_layer_terms(prof, _records(prof))
+    p = Profile(prof)
+    steps = []
+    for net in ("tiny", "cifar"):
+        for i, n in enumerate((1, 4, 16)):
+            cg = sum(r[4] for r in model.compute_gradient_terms(spec_mod.get_spec(net), n, p))
+            steps.append({"kind": "net_step", "model": net, "n_subbatch": n, "t": cg + 50e-6, "holdout": i == 1})
+    ov = fit.fit_overhead(prof, [s for s in steps if not s["holdout"]], [s for s in steps if s["holdout"]])
+    assert ov["per_step"] == pytest.approx(50e-6, rel=1e-6) and ov["per_layer"] == 0.0
+    assert ov["error"]["holdout"]["max"] < 1e-6
+
+
+def test_runner_step_excess_per_call_from_the_one_by_one_runs():
+    def entry(net, r, w, load, slow):
+        return {"source": "runner", "model": net, "ranks": r, "workers": w, "worker_slowdown": slow,
+                "worker": {"LoadImage": load, "DeformImage": 2e-4, "ComputeUpdateVal": 1e-5},
+                "worker_model": {"LoadImage": 1e-5, "DeformImage": 2.5e-4, "ComputeUpdateVal": 4e-6}}
+    es = [entry("tiny", 1, 1, 1e-5 + 1.2 * 30e-6, 1.2), entry("cifar", 1, 1, 1e-5 + 1.0 * 50e-6, 1.0),
+          entry("tiny", 2, 2, 1.0, 3.0)]          # only the 1 x 1 runs count
+    exc = fit.runner_step_excess(es)
+    assert exc["LoadImage"] == pytest.approx(40e-6)
+    assert exc["DeformImage"] == 0.0                                  # faster than modelled: no negative cost
+    assert exc["ComputeUpdateVal"] == pytest.approx(np.median([6e-6 / 1.2, 6e-6]))
+    # The model adds them per call, times the host slowdown, on CPU profiles only.
+    prof = Profile.synthetic(backend="cpu")
+    base = model.step_costs("tiny", 1, 1, 4, prof)
+    prof.data["overhead"] = {"runner_steps": exc}
+    got = model.step_costs("tiny", 1, 1, 4, prof)
+    slow = got["_slowdown"][0]
+    assert got["load"][0] - base["load"][0] == pytest.approx(slow * 40e-6)
+    gpu = Profile.synthetic(backend="gpu")
+    gpu.data["overhead"] = {"runner_steps": exc}
+    assert model.step_costs("tiny", 1, 1, 4, gpu)["load"][0] == pytest.approx(
+        model.step_costs("tiny", 1, 1, 4, Profile.synthetic(backend="gpu"))["load"][0])

@@ -1,0 +1,72 @@
+"""bench/validate_model.py fails loudly and reports mean and median |error|
+per group (fitted grid vs held-out nets)."""
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def vm():
+    spec = importlib.util.spec_from_file_location("validate_model", ROOT / "bench" / "validate_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_missing_mpiexec_is_an_error_before_any_run(vm, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert vm.main(["--nets", "tiny", "--nodes", "1", "--workers", "1", "--subbatch", "1",
+                    "--out", str(tmp_path / "v.json")]) == 2
+    assert "mpiexec is not on PATH" in capsys.readouterr().err
+    assert not (tmp_path / "v.json").exists()
+
+
+def test_failed_runs_exit_nonzero_after_the_report(vm, monkeypatch, capsys, tmp_path):
+    if not vm.shutil.which("mpiexec"):
+        monkeypatch.setattr(vm.shutil, "which", lambda name: "/usr/bin/" + name)
+
+    def boom(*a, **k):
+        raise RuntimeError("rank 1 died")
+    monkeypatch.setattr(vm, "run_config", boom)
+    monkeypatch.setitem(vm.N_TRAIN, "tiny", 256)
+    rc = vm.main(["--nets", "tiny", "--nodes", "1,2", "--workers", "1", "--subbatch", "2", "--no-sim",
+                  "--out", str(tmp_path / "v.json"), "--plot", str(tmp_path / "v.png")])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.count("FAILED tiny") == 2 and "2 of 2 runs failed" in err and "rank 1 died" in err
+    assert (tmp_path / "v.json").exists() and vm.main(["--rescore", str(tmp_path / "v.json")]) == 1
+
+
+def _row(model, group, errs):
+    meas = {k: 1.0 for k in ("T_GPU", "T_Update", "T_Epoch", "N_Minibatch_avg", "staleness")}
+    pred = {k: 1.0 + e for k, e in zip(meas, errs)}
+    return {"model": model, "n_node": 1, "n_gpu": 1, "n_subbatch": 1, "group": group,
+            "measured": dict(meas, steps={}), "predicted": dict(pred, steps={}), "runs": [meas]}
+
+
+def test_report_gives_mean_and_median_per_group(vm):
+    rows = [_row("tiny", "fitted grid", [0.1] * 5), _row("digits", "held-out nets", [0.1] * 5),
+            _row("digits", "held-out nets", [0.2] * 5), _row("digits", "held-out nets", [-0.6] * 5)]
+    med, mean, mx, n = vm.summarize(rows[1:], "T_GPU")
+    assert (med, mean, mx, n) == pytest.approx((0.2, 0.3, 0.6, 3))
+    text = vm.format_report(rows, [])
+    fitted, held = text.split("fitted grid (1 configurations)")[1].split("held-out nets (3 configurations)")
+    t_gpu = [l for l in held.splitlines() if l.startswith("T_GPU")][0].split()
+    assert t_gpu[1:4] == ["30.0%", "20.0%", "60.0%"]
+    assert [l for l in fitted.splitlines() if l.startswith("T_GPU")][0].split()[1] == "10.0%"
+
+
+def test_nets_the_sweeps_never_saw_are_held_out(vm):
+    from engine.perf.profile import Profile
+    prof = Profile.synthetic(backend="cpu")
+    prof.data["sweep"] = {"nets": ["tiny", "cifar"], "layer_nets": ["tiny", "cifar", "cnn-a"]}
+    prof.data["contention"] = {"entries": [{"model": "tiny", "ranks": 1, "workers": 1}]}
+    assert vm.group_of("tiny", prof) == "fitted grid"
+    assert vm.group_of("digits", prof) == "held-out nets"
+    spec = ROOT / "bench" / "specs" / "mnist_heldout.json"
+    assert vm.group_of(str(spec), prof) == "held-out nets"
+    assert os.path.exists(spec)
