@@ -196,6 +196,16 @@ def _check_conv(x, w, stride, pad, workspace_bytes):
     return g, ws
 
 
+def _per_image_gemm(be, a, b3, out3, trans_a=False):
+    """out3[n] = op(a) @ b3[n]: the CPU's own SGEMM per image, a batched
+    cuBLAS call through CuPy on the GPU."""
+    if be.kernels == "cpp":
+        for n in range(b3.shape[0]):
+            gemm(a, b3[n], trans_a=trans_a, out=out3[n])
+    else:
+        be.xp.matmul(a.T if trans_a else a, b3, out=out3)
+
+
 def _chunk(g: Geom, per_image_floats: int, ws_bytes: int) -> int:
     """Images per chunk: as many as fit in ws_bytes (at least one)."""
     return max(1, min(g.B, ws_bytes // max(1, 4 * per_image_floats)))
@@ -212,7 +222,7 @@ def conv2d_forward(x, w, b=None, stride=1, pad=0, workspace_bytes=None, out=None
     check_no_alias("out", y, "x", x)
     w2 = w.reshape(M, g.K)
     if g.is_pointwise:
-        be.xp.matmul(w2, x.reshape(g.B, g.C, g.P), out=y.reshape(g.B, M, g.P))
+        _per_image_gemm(be, w2, x.reshape(g.B, g.C, g.P), y.reshape(g.B, M, g.P))
         if b is not None:
             _k_add_channel_bias(be, y.reshape(g.B, M, g.P), b)
         return y
@@ -233,7 +243,6 @@ def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx
     """Gradients of conv2d_forward given dy (N,M,OH,OW): (dx or None, dw, db).
     dw_out/db_out/dx_out, when given, are overwritten (not accumulated)."""
     be = get_backend()
-    xp = be.xp
     g, ws = _check_conv(x, w, stride, pad, workspace_bytes)
     need_dx = check_bool("need_dx", need_dx)
     M = w.shape[0]
@@ -251,7 +260,7 @@ def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx
     dw2 = dw.reshape(M, g.K)
     if g.is_pointwise and need_dx:
         # dx = W^T @ dy per image, written straight into NCHW
-        xp.matmul(w2.T, dy.reshape(g.B, M, g.P), out=dx.reshape(g.B, g.C, g.P))
+        _per_image_gemm(be, w2, dy.reshape(g.B, M, g.P), dx.reshape(g.B, g.C, g.P), trans_a=True)
         need_dx = False
     step = _chunk(g, (g.K + M) * g.P, ws)
     for n0 in range(0, g.B, step):

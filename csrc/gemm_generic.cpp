@@ -1,0 +1,37 @@
+// Portable micro-kernel (4 x 16, plain C++: the compiler vectorises it for
+// the baseline x86-64 SSE2 or any other target) and the driver for it.
+#include "gemm_plan.h"
+
+namespace {
+
+struct UK {
+    static constexpr int MR = 4, NR = 16;
+    static void run(std::int64_t k, const float* __restrict a, const float* __restrict b, float* __restrict t) {
+        float c[MR][NR] = {};
+        for (std::int64_t p = 0; p < k; ++p) {
+            for (int r = 0; r < MR; ++r) {
+                const float av = a[r];
+                for (int j = 0; j < NR; ++j) c[r][j] += av * b[j];
+            }
+            a += MR;
+            b += NR;
+        }
+        for (int r = 0; r < MR; ++r)
+            for (int j = 0; j < NR; ++j) t[r * NR + j] = c[r][j];
+    }
+};
+
+}  // namespace
+
+#include "gemm_driver.h"
+
+namespace sprint {
+namespace gemm {
+namespace detail {
+const Kernels& kernels_generic() {
+    static const Kernels k{UK::MR, UK::NR, 4, sgemm_isa, conv_fwd_isa, conv_dw_isa};
+    return k;
+}
+}  // namespace detail
+}  // namespace gemm
+}  // namespace sprint
