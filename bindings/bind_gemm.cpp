@@ -155,6 +155,6 @@ void bind_gemm(py::module_& m) {
     m.def("conv2d_implicit_backward", &conv_backward, py::arg("x"), py::arg("w"), py::arg("dy"), py::arg("dw"),
           py::arg("dx"), py::arg("sh"), py::arg("sw"), py::arg("ph"), py::arg("pw"), py::arg("isa") = "",
           "dw (and dx if given, stride 1) of conv(x, w): implicit GEMMs, no column matrix.");
-    m.def("gemm_info", &gemm_info, py::arg("isa") = "",
-          "The ISA, micro-tile and cache blocking the SGEMM uses, and the ISAs this CPU supports.");
+    m.def("gemm_info", &gemm_info, py::arg("isa"),
+          "The ISA (\"\" = $SPRINT_CPU_ISA or the best), micro-tile and cache blocking the SGEMM uses, and the ISAs this CPU supports.");
 }

@@ -111,7 +111,7 @@ EDGE = [(1, 1, 1), (1, 1, 0), (5, 3, 0), (2, 3, 5), (7, 13, 17), (8, 32, 1), (9,
 @pytest.mark.parametrize("mnk", EDGE, ids=lambda s: "x".join(map(str, s)))
 def test_engine_sgemm_edges(isa, mnk):
     ext = _ext()
-    if isa not in ext.gemm_info()["supported"]:
+    if isa not in ext.gemm_info("")["supported"]:
         pytest.skip(f"this CPU cannot run {isa}")
     m, n, k = mnk
     rng = np.random.default_rng(m * 1000003 + n * 1009 + k)
@@ -136,9 +136,9 @@ def test_engine_sgemm_env_selects_isa(isa, monkeypatch):
     monkeypatch.setenv("SPRINT_CPU_ISA", isa)
     if isa not in ext.gemm_info("generic")["supported"]:
         with pytest.raises(ValueError, match="SPRINT_CPU_ISA"):
-            ext.gemm_info()
+            ext.gemm_info("")
         return
-    info = ext.gemm_info()
+    info = ext.gemm_info("")
     assert info["isa"] == isa
     assert info["kc"] % 8 == 0 and info["mc"] % info["mr"] == 0 and info["nc"] % info["nr"] == 0
     rng = np.random.default_rng(1)
@@ -166,7 +166,7 @@ def test_engine_sgemm_isa_in_fresh_process():
     code = ("import numpy as np; from engine import backend, ops; be = backend.set_backend('cpu'); "
             "a = np.arange(12, dtype=np.float32).reshape(3, 4); "
             "assert np.array_equal(ops.gemm(a, a, trans_b=True), (a.astype(np.float64) @ a.T).astype(np.float32)); "
-            "print(be.ext.gemm_info()['isa'])")
+            "print(be.ext.gemm_info('')['isa'])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "generic"
