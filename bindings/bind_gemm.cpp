@@ -155,6 +155,25 @@ void bind_gemm(py::module_& m) {
     m.def("conv2d_implicit_backward", &conv_backward, py::arg("x"), py::arg("w"), py::arg("dy"), py::arg("dw"),
           py::arg("dx"), py::arg("sh"), py::arg("sw"), py::arg("ph"), py::arg("pw"), py::arg("isa") = "",
           "dw (and dx if given, stride 1) of conv(x, w): implicit GEMMs, no column matrix.");
+    m.def("fma_peak", [](i64 iters, int threads, const std::string& isa) {
+        check_int(iters, "iters", 1, i64(1) << 40);
+        check_int(threads, "threads", 1, 4096);
+        const G::Isa i = pick_isa(isa);
+        py::gil_scoped_release nogil;
+        return G::fma_peak(i, iters, threads);
+    }, py::arg("iters"), py::arg("threads"), py::arg("isa"),
+          "Runs 12 independent FMA chains per thread (`iters` iterations each); returns the flops executed.");
+    m.def("gemm_profile", [](bool on) {
+        double pack = 0, kernel = 0;
+        G::profile_take(pack, kernel);
+        G::set_profiling(on);
+        py::dict d;
+        d["pack_s"] = pack;
+        d["kernel_s"] = kernel;
+        return d;
+    }, py::arg("on"),
+          "Returns (and clears) the thread-seconds spent packing and in the micro-kernel loops since the last "
+          "call, then turns the profile on or off.");
     m.def("gemm_info", &gemm_info, py::arg("isa"),
           "The ISA (\"\" = $SPRINT_CPU_ISA or the best), micro-tile and cache blocking the SGEMM uses, and the ISAs this CPU supports.");
 }

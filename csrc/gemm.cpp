@@ -17,6 +17,10 @@
 
 namespace sprint {
 namespace gemm {
+namespace detail {
+bool g_profiling = false;
+ProfSlot g_prof[kProfSlots];
+}  // namespace detail
 
 using detail::Kernels;
 using detail::Plan;
@@ -175,6 +179,19 @@ bool allocate(Plan& p, i64 m, i64 n, Scratch& arena, Scratch& partial) {
 const char* kAlloc = "gemm: scratch allocation failed (sizes too large)";
 
 }  // namespace
+
+double fma_peak(Isa isa, i64 iters, int threads) { return kernels(isa).fma_peak(iters, threads); }
+
+void set_profiling(bool on) { detail::g_profiling = on; }
+
+void profile_take(double& pack_s, double& kernel_s) {
+    pack_s = kernel_s = 0;
+    for (auto& s : detail::g_prof) {
+        pack_s += s.pack;
+        kernel_s += s.kernel;
+        s.pack = s.kernel = 0;
+    }
+}
 
 Blocking blocking(Isa isa) {
     const Kernels& kr = kernels(isa);

@@ -53,6 +53,16 @@ Blocking blocking(Isa isa);
 const char* sgemm(Isa isa, bool trans_a, bool trans_b, i64 m, i64 n, i64 k, float alpha, const float* A,
                   i64 lda, const float* B, i64 ldb, float beta, float* C, i64 ldc);
 
+// Measured peak: 12 independent FMA chains per thread for `iters` iterations
+// on `threads` threads; returns the flops executed (the caller times it).
+double fma_peak(Isa isa, i64 iters, int threads);
+
+// Time profile of every GEMM (and implicit convolution) while on: seconds
+// summed over threads spent packing panels and in the micro-kernel loops
+// (micro-kernel + tile write-back). profile_take returns and clears them.
+void set_profiling(bool on);
+void profile_take(double& pack_s, double& kernel_s);
+
 // Geometry of an implicit-GEMM convolution. Pads may be negative (the
 // transposed convolution used for dX pads by kh-1-ph).
 struct Conv {

@@ -30,6 +30,15 @@ void run_part(const Plan& p, float* abuf, float* bbuf, i64 m0, i64 m1, i64 n0, i
               PA& pack_a, PB& pack_b, WB& wb) {
     constexpr int MR = UK::MR, NR = UK::NR;
     alignas(64) float tile[MR * NR];
+    const bool prof = sprint::gemm::detail::g_profiling;
+    double t_pack = 0, t_kern = 0, t0 = 0;
+    auto tick = [&](double& acc) {
+        if (!prof) return;
+        const double t = omp_get_wtime();
+        acc += t - t0;
+        t0 = t;
+    };
+    if (prof) t0 = omp_get_wtime();
     for (i64 jc = n0; jc < n1; jc += p.nc) {
         const i64 nc = lo_(p.nc, n1 - jc);
         for (i64 pc = k0; pc < k1; pc += p.kc) {
@@ -39,6 +48,7 @@ void run_part(const Plan& p, float* abuf, float* bbuf, i64 m0, i64 m1, i64 n0, i
             for (i64 ic = m0; ic < m1; ic += p.mc) {
                 const i64 mc = lo_(p.mc, m1 - ic);
                 for (i64 i = 0; i < mc; i += MR) pack_a(abuf + i * kc, ic + i, lo_(MR, mc - i), pc, kc);
+                tick(t_pack);
                 for (i64 j = 0; j < nc; j += NR) {
                     const int nr = int(lo_(NR, nc - j));
                     for (i64 i = 0; i < mc; i += MR) {
@@ -46,8 +56,14 @@ void run_part(const Plan& p, float* abuf, float* bbuf, i64 m0, i64 m1, i64 n0, i
                         wb(ic + i, jc + j, int(lo_(MR, mc - i)), nr, tile, first, last);
                     }
                 }
+                tick(t_kern);
             }
         }
+    }
+    if (prof) {
+        auto& slot = sprint::gemm::detail::g_prof[omp_get_thread_num() % sprint::gemm::detail::kProfSlots];
+        slot.pack += t_pack;
+        slot.kernel += t_kern;
     }
 }
 

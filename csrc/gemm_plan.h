@@ -23,9 +23,22 @@ struct Plan {
     float* partial;       // tk > 1: (tk-1) partial products m x n (k slices 1..tk-1)
 };
 
+// Time profile of the GEMMs (off unless set_profiling(true)): seconds per
+// OpenMP thread spent packing and in the micro-kernel loops (micro-kernel +
+// tile write-back), summed over calls. Each thread writes its own slot.
+constexpr int kProfSlots = 256;
+struct alignas(64) ProfSlot {
+    double pack, kernel;
+};
+extern bool g_profiling;
+extern ProfSlot g_prof[kProfSlots];
+
 struct Kernels {
     int mr, nr;
     int lanes;  // FMA lanes per cycle per core (planning weight)
+    // Runs `iters` iterations of 12 independent FMA chains on each of
+    // `threads` threads; returns the floating-point operations executed.
+    double (*fma_peak)(i64 iters, int threads);
     void (*sgemm)(const Plan&, bool ta, bool tb, i64 m, i64 n, i64 k, float alpha, const float* A, i64 lda,
                   const float* B, i64 ldb, float beta, float* C, i64 ldc);
     void (*conv_fwd)(const Plan&, const Conv&, const float* x, const float* w, const float* bias, bool relu,
