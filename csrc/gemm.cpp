@@ -151,12 +151,14 @@ Plan plan(const Kernels& kr, const Blocking& bl, i64 m, i64 n, i64 k, bool allow
                 const double cost = fma + pack + sum;
                 if (cost < best_cost) {
                     best_cost = cost;
-                    best = Plan{nth, tm, tn, tk, mq, nq, kq, bl.mc, bl.kc, bl.nc, nullptr, 0, 0, nullptr};
+                    best = Plan{nth, tm, tn, tk, mq, nq, kq, bl.mc, bl.kc, bl.nc, nullptr, 0, 0, 0, nullptr};
                 }
             }
         }
     best.a_floats = cdiv(clamp(best.mq, 1, bl.mc) * bl.kc, 16) * 16 + 16;
-    best.b_floats = cdiv(clamp(best.nq, 1, bl.nc) * bl.kc, 16) * 16 + 16;
+    const i64 bcols = clamp(best.nq, 1, bl.nc);  // a multiple of NR
+    best.b_packed = cdiv(bcols * bl.kc, 16) * 16;
+    best.b_floats = best.b_packed + 2 * cdiv(bcols, kr.nr) * bl.kc + 16;  // + 8-byte row pointers
     return best;
 }
 

@@ -10,10 +10,12 @@ namespace {
 
 struct UK {
     static constexpr int MR = 4, NR = 24;
-    static void run(std::int64_t k, const float* __restrict a, const float* __restrict b, float* __restrict t) {
+    static void run(std::int64_t k, const float* __restrict a, const float* const* __restrict brow,
+                    float* __restrict t) {
         __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00, c20 = c00,
                c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
         for (std::int64_t p = 0; p < k; ++p) {
+            const float* b = brow[p];
             const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), b2 = _mm256_loadu_ps(b + 16);
             __m256 av;
 #define SPRINT_ROW(r)                          \
@@ -24,7 +26,6 @@ struct UK {
             SPRINT_ROW(0) SPRINT_ROW(1) SPRINT_ROW(2) SPRINT_ROW(3)
 #undef SPRINT_ROW
             a += MR;
-            b += NR;
         }
 #define SPRINT_STORE(r)                           \
     _mm256_storeu_ps(t + r * NR, c##r##0);        \

@@ -10,10 +10,12 @@ namespace {
 
 struct UK {
     static constexpr int MR = 8, NR = 32;
-    static void run(std::int64_t k, const float* __restrict a, const float* __restrict b, float* __restrict t) {
+    static void run(std::int64_t k, const float* __restrict a, const float* const* __restrict brow,
+                    float* __restrict t) {
         __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
                c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
         for (std::int64_t p = 0; p < k; ++p) {
+            const float* b = brow[p];
             const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
             __m512 av;
 #define SPRINT_ROW(r)                          \
@@ -24,7 +26,6 @@ struct UK {
             SPRINT_ROW(4) SPRINT_ROW(5) SPRINT_ROW(6) SPRINT_ROW(7)
 #undef SPRINT_ROW
             a += MR;
-            b += NR;
         }
 #define SPRINT_STORE(r)                          \
     _mm512_store_ps(t + r * NR, c##r##0);        \

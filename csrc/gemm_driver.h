@@ -5,6 +5,9 @@
 //
 // Packed layouts: an A panel is kc x MR (a[kk*MR + r]), a B panel kc x NR
 // (b[kk*NR + j]), rows/columns past the matrix edge zero. The micro-kernel
+// reads B through one row pointer per k: into the packed panel, or -- for an
+// implicit-GEMM panel whose NR columns are one unpadded run of an image row
+// -- straight into the image, which then needs no copy at all. The micro-kernel
 // leaves its MR x NR tile in a stack buffer; the write-back functor moves it
 // into C (plain, or scattered to NCHW with bias and ReLU on the last k block).
 #pragma once
@@ -30,6 +33,7 @@ void run_part(const Plan& p, float* abuf, float* bbuf, i64 m0, i64 m1, i64 n0, i
               PA& pack_a, PB& pack_b, WB& wb) {
     constexpr int MR = UK::MR, NR = UK::NR;
     alignas(64) float tile[MR * NR];
+    const float** bptr = reinterpret_cast<const float**>(bbuf + p.b_packed);
     const bool prof = sprint::gemm::detail::g_profiling;
     double t_pack = 0, t_kern = 0, t0 = 0;
     auto tick = [&](double& acc) {
@@ -44,7 +48,8 @@ void run_part(const Plan& p, float* abuf, float* bbuf, i64 m0, i64 m1, i64 n0, i
         for (i64 pc = k0; pc < k1; pc += p.kc) {
             const i64 kc = lo_(p.kc, k1 - pc);
             const bool first = pc == k0, last = pc + kc >= k1;
-            for (i64 j = 0; j < nc; j += NR) pack_b(bbuf + j * kc, jc + j, lo_(NR, nc - j), pc, kc);
+            for (i64 j = 0; j < nc; j += NR)
+                pack_b(bbuf + j * kc, bptr + (j / NR) * kc, jc + j, lo_(NR, nc - j), pc, kc);
             for (i64 ic = m0; ic < m1; ic += p.mc) {
                 const i64 mc = lo_(p.mc, m1 - ic);
                 for (i64 i = 0; i < mc; i += MR) pack_a(abuf + i * kc, ic + i, lo_(MR, mc - i), pc, kc);
@@ -52,7 +57,7 @@ void run_part(const Plan& p, float* abuf, float* bbuf, i64 m0, i64 m1, i64 n0, i
                 for (i64 j = 0; j < nc; j += NR) {
                     const int nr = int(lo_(NR, nc - j));
                     for (i64 i = 0; i < mc; i += MR) {
-                        UK::run(kc, abuf + i * kc, bbuf + j * kc, tile);
+                        UK::run(kc, abuf + i * kc, bptr + (j / NR) * kc, tile);
                         wb(ic + i, jc + j, int(lo_(MR, mc - i)), nr, tile, first, last);
                     }
                 }
@@ -124,8 +129,9 @@ struct PackB {  // op(B) k x n; B is k x n (ldb) or, transposed, n x k
     const float* B;
     i64 ldb;
     bool trans;
-    void operator()(float* dst, i64 j0, i64 nr, i64 p0, i64 kc) const {
+    void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
         constexpr int NR = UK::NR;
+        for (i64 kk = 0; kk < kc; ++kk) rows[kk] = dst + kk * NR;
         if (!trans) {
             for (i64 kk = 0; kk < kc; ++kk) {
                 const float* s = B + (p0 + kk) * ldb + j0;
@@ -195,7 +201,7 @@ struct Run {
 struct PackIm2col {
     const Conv* g;
     const float* x;
-    void operator()(float* dst, i64 j0, i64 nr, i64 p0, i64 kc) const {
+    void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
         constexpr int NR = UK::NR;
         const Conv& G = *g;
         const i64 P = G.P(), HW = G.H * G.W;
@@ -213,9 +219,23 @@ struct PackIm2col {
             }
         }
         const i64 khw = G.kh * G.kw;
+        const bool one_run = nrun == 1 && nr == NR && G.sw == 1;
         i64 c = p0 / khw, i = (p0 % khw) / G.kw, j = p0 % G.kw;
         for (i64 kk = 0; kk < kc; ++kk) {
             float* d = dst + kk * NR;
+            rows[kk] = d;
+            if (one_run) {  // the whole panel row inside the image: read it in place
+                const Run& R = runs[0];
+                const i64 ih = R.ih0 + i, iw0 = R.iw0 + j;
+                if (ih >= 0 && ih < G.H && iw0 >= 0 && iw0 + NR <= G.W) {
+                    rows[kk] = x + R.img + c * HW + ih * G.W + iw0;
+                    if (++j == G.kw) {
+                        j = 0;
+                        if (++i == G.kh) i = 0, ++c;
+                    }
+                    continue;
+                }
+            }
             for (int r = 0; r < nrun; ++r) {
                 const Run& R = runs[r];
                 float* dr = d + R.col;
@@ -317,8 +337,9 @@ struct PackDy {
 struct PackIm2colT {
     const Conv* g;
     const float* x;
-    void operator()(float* dst, i64 j0, i64 nr, i64 p0, i64 kc) const {
+    void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
         constexpr int NR = UK::NR;
+        for (i64 kk = 0; kk < kc; ++kk) rows[kk] = dst + kk * NR;
         const Conv& G = *g;
         const i64 P = G.P(), HW = G.H * G.W, khw = G.kh * G.kw;
         for (i64 col = 0; col < nr; ++col) {

@@ -6,15 +6,16 @@ namespace {
 
 struct UK {
     static constexpr int MR = 4, NR = 16;
-    static void run(std::int64_t k, const float* __restrict a, const float* __restrict b, float* __restrict t) {
+    static void run(std::int64_t k, const float* __restrict a, const float* const* __restrict brow,
+                    float* __restrict t) {
         float c[MR][NR] = {};
         for (std::int64_t p = 0; p < k; ++p) {
+            const float* b = brow[p];
             for (int r = 0; r < MR; ++r) {
                 const float av = a[r];
                 for (int j = 0; j < NR; ++j) c[r][j] += av * b[j];
             }
             a += MR;
-            b += NR;
         }
         for (int r = 0; r < MR; ++r)
             for (int j = 0; j < NR; ++j) t[r * NR + j] = c[r][j];
