@@ -21,4 +21,5 @@ PYBIND11_MODULE(_sprint_cpu, m) {
     bind_vector(m);
     bind_deform(m);
     // ---- end K2 ----
+    bind_gemm(m);
 }

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 
 class Conv:
-    """c x c conv (stride 1, side-keeping pad) -> max-pool p x p -> ReLU.
+    """c x c conv (stride 1, side-keeping pad) -> ReLU -> max-pool p x p.
 
-    SPEC orders ReLU before pooling; max-pool and ReLU commute (both are
-    monotone) and so do their gradients, so pooling first gives the same
-    numbers while ReLU touches p^2 times fewer elements.
+    The ReLU is fused into the convolution's write-back (the implicit GEMM
+    applies it to each output tile while it is in cache). Its backward uses the
+    pooled output: max-pool and ReLU commute (both monotone), so the mask
+    y > 0 after pooling is the mask of the pooled elements.
     """
 
     kind = "conv"
@@ -30,14 +31,13 @@ class Conv:
 
     def forward(self, x, w, b, train=False):
         ops = self.ops
-        y = ops.conv2d_forward(x, w, b, stride=1, pad=self.pad)
+        y = ops.conv2d_forward(x, w, b, stride=1, pad=self.pad, relu=True)
         argmax = None
         if self.pool > 1:
             conv_shape = y.shape
             y, argmax = ops.maxpool_forward(y, self.pool)
         else:
             conv_shape = None
-        y = ops.relu_forward(y, out=y)   # y is ours: in place saves a buffer
         self._cache = (x, w, y, argmax, conv_shape) if train else None
         return y
 

@@ -66,6 +66,9 @@ def register(sub):
                         f"naming it (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for the kernels (default: 1 for nets under 20 MFLOP per image, else all)")
+    p.add_argument("--conv-algo", choices=["implicit", "im2col"], default=None,
+                   help="CPU convolution: implicit GEMM or explicit im2col + SGEMM (default $SPRINT_CONV_ALGO, "
+                        "else implicit)")
     p.add_argument("--crop-pad", type=int, default=None, help=f"random crop padding in pixels (default {d.crop_pad})")
     p.add_argument("--flip", action="store_true", default=None, help="random horizontal flips")
     p.add_argument("--scale-jitter", type=float, default=None, help="random zoom in [1-j, 1+j] (default 0)")
@@ -149,6 +152,8 @@ def cmd_train(args) -> int:
     from .session.config import RESUME_MAY_CHANGE, TrainConfig, resume_config
     from .data.dataset import name_all_skipped
     name_all_skipped(args.verbose)
+    if args.conv_algo:  # through the environment, so loader and MPI children agree
+        os.environ["SPRINT_CONV_ALGO"] = args.conv_algo
     given = {k: getattr(args, k) for k in _TRAIN_KEYS if getattr(args, k) is not None}
     for strat, mod in registry.cli_modules():
         own = mod.extra_from_args(args)

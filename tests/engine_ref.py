@@ -12,7 +12,7 @@ def _pad(x, p):
     return np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
 
 
-def conv2d_forward(x, w, b, stride=1, pad=0, workspace_bytes=None):
+def conv2d_forward(x, w, b, stride=1, pad=0, workspace_bytes=None, relu=False):
     assert stride == 1
     n, c, h, wd = x.shape
     m, _, kh, kw = w.shape
@@ -24,7 +24,7 @@ def conv2d_forward(x, w, b, stride=1, pad=0, workspace_bytes=None):
             y += np.einsum("nchw,mc->nmhw", xp[:, :, i:i + oh, j:j + ow], w[:, :, i, j])
     if b is not None:
         y += b[None, :, None, None]
-    return y
+    return np.maximum(y, 0) if relu else y
 
 
 def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx=True,

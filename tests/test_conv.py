@@ -316,8 +316,10 @@ def test_gpu_conv_matches_cpu(kernels, monkeypatch):
 
 
 def test_workspace_is_bounded(monkeypatch):
-    """Scratch buffers stay within workspace_bytes whenever one image fits."""
+    """Explicit path: scratch buffers stay within workspace_bytes whenever one
+    image fits. Implicit path: no column matrix or layout buffer at all."""
     from engine import backend
+    from engine.ops import conv
     be = backend.get_backend()
     real = be.workspace.__func__
     sizes = {}
@@ -331,6 +333,7 @@ def test_workspace_is_bounded(monkeypatch):
     x, w, b = _data((9, 4, 10, 10), (6, 4, 3, 3), True, 13)
     dy = np.ones((9, 6, 10, 10), np.float32)
     per_image = 4 * (4 * 9 + 6) * 100
+    monkeypatch.setattr(conv, "_algo", "im2col")
     for images in (1, 2, 4, 9):
         sizes.clear()
         ws = images * per_image
@@ -338,3 +341,9 @@ def test_workspace_is_bounded(monkeypatch):
         ops.conv2d_backward(x, w, dy, pad=1, workspace_bytes=ws)
         assert 4 * sum(sizes.values()) <= ws, (images, sizes)
         assert sizes["conv_cols"] == 4 * 9 * 100 * images  # the chunk is as large as allowed
+    if be.kernels == "cpp":
+        monkeypatch.setattr(conv, "_algo", "implicit")
+        sizes.clear()
+        ops.conv2d_forward(x, w, b, pad=1)
+        ops.conv2d_backward(x, w, dy, pad=1)
+        assert sizes == {}

@@ -80,3 +80,93 @@ def test_gpu_gemm_matches_cpu():
         np.testing.assert_allclose(out2.get(), a.astype(np.float64) @ b.T, rtol=1e-4, atol=1e-4)
     finally:
         backend.set_backend("cpu")
+
+
+# ---- the engine's own SGEMM (csrc/gemm.h): every micro-kernel this CPU runs ----
+
+def _ext():
+    from engine import backend
+    return backend.set_backend("cpu").ext
+
+
+ISAS = ["avx512", "avx2", "generic"]
+
+
+def _bound(A, B, alpha, beta, c0, k):
+    """Rigorous float32 error bound of any summation order: gamma_(k+2) times
+    the absolute products (Higham), as float64."""
+    absdot = np.abs(A.astype(np.float64)) @ np.abs(B.astype(np.float64))
+    return (k + 2) * 1.2e-7 * (abs(alpha) * absdot + abs(beta) * np.abs(c0)) + 1e-30
+
+
+# m, n, k: 1, primes, around the micro-tiles (8x32, 4x24, 4x16), past the
+# cache blocks (KC 64..512, MC, NC 4096), k = 0, and sizes that take the
+# threaded and the k-split plans.
+EDGE = [(1, 1, 1), (1, 1, 0), (5, 3, 0), (2, 3, 5), (7, 13, 17), (8, 32, 1), (9, 33, 2), (4, 24, 3), (3, 23, 31),
+        (31, 97, 64), (33, 95, 513), (3, 4100, 3), (1031, 5, 3), (64, 100, 600), (5, 7, 20011), (1, 257, 1000),
+        (97, 1, 1001)]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("mnk", EDGE, ids=lambda s: "x".join(map(str, s)))
+def test_engine_sgemm_edges(isa, mnk):
+    ext = _ext()
+    if isa not in ext.gemm_info("")["supported"]:
+        pytest.skip(f"this CPU cannot run {isa}")
+    m, n, k = mnk
+    rng = np.random.default_rng(m * 1000003 + n * 1009 + k)
+    for ta, tb, alpha, beta in ((False, False, 1.0, 0.0), (True, False, -0.5, 1.0), (False, True, 2.0, 0.25),
+                                (True, True, 0.75, -1.5)):
+        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+        c0 = rng.standard_normal((m, n)).astype(np.float32)
+        out = np.full((m, n), np.nan, np.float32) if beta == 0.0 else c0.copy()
+        ext.sgemm(a, b, out, ta, tb, alpha, beta, isa)
+        A, B = (a.T if ta else a), (b.T if tb else b)
+        ref = alpha * (A.astype(np.float64) @ B.astype(np.float64)) + beta * c0.astype(np.float64)
+        assert not np.isnan(out).any(), (ta, tb)
+        assert np.all(np.abs(out - ref) <= _bound(A, B, alpha, beta, c0, k)), (ta, tb, np.abs(out - ref).max())
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_engine_sgemm_env_selects_isa(isa, monkeypatch):
+    """$SPRINT_CPU_ISA picks the kernel per call (gemm_info reports it); an
+    ISA the CPU lacks or an unknown name is a ValueError, never a crash."""
+    ext = _ext()
+    monkeypatch.setenv("SPRINT_CPU_ISA", isa)
+    if isa not in ext.gemm_info("generic")["supported"]:
+        with pytest.raises(ValueError, match="SPRINT_CPU_ISA"):
+            ext.gemm_info("")
+        return
+    info = ext.gemm_info("")
+    assert info["isa"] == isa
+    assert info["kc"] % 8 == 0 and info["mc"] % info["mr"] == 0 and info["nc"] % info["nr"] == 0
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((45, 70)).astype(np.float32), rng.standard_normal((70, 37)).astype(np.float32)
+    got = ops.gemm(a, b)
+    assert np.all(np.abs(got - a.astype(np.float64) @ b) <= _bound(a, b, 1.0, 0.0, 0.0, 70))
+
+
+def test_engine_sgemm_bad_isa(monkeypatch):
+    ext = _ext()
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(ValueError, match="expected avx512, avx2, generic"):
+        ext.sgemm(a, a, np.empty((2, 2), np.float32), isa="sse9")
+    monkeypatch.setenv("SPRINT_CPU_ISA", "nope")
+    with pytest.raises(ValueError, match="SPRINT_CPU_ISA=nope"):
+        ops.gemm(a, a)
+
+
+def test_engine_sgemm_isa_in_fresh_process():
+    """The variable read by a process that never set it itself (what a user does)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, SPRINT_CPU_ISA="generic")
+    code = ("import numpy as np; from engine import backend, ops; be = backend.set_backend('cpu'); "
+            "a = np.arange(12, dtype=np.float32).reshape(3, 4); "
+            "assert np.array_equal(ops.gemm(a, a, trans_b=True), (a.astype(np.float64) @ a.T).astype(np.float32)); "
+            "print(be.ext.gemm_info('')['isa'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "generic"

@@ -1,6 +1,17 @@
 """Convolution as im2col + SGEMM, and fully connected layers, forward and
 backward (SPEC §2).
 
+Two algorithms (`conv_algo()`: set_conv_algo / `--conv-algo`, else
+$SPRINT_CONV_ALGO, else implicit on the CPU):
+
+  implicit  (CPU) the engine's SGEMM packs its B panels straight from the
+            image (csrc/gemm_driver.h): no column matrix; the write-back adds
+            the bias, applies a fused ReLU and writes NCHW. dW packs from the
+            image the same way; dX (stride 1) is the forward convolution of dy
+            with the flipped, transposed filters. dX of strided convolutions
+            takes the explicit path below.
+  im2col    the explicit path below: the GPU path (cuBLAS) and the reference.
+
 Layouts (csrc/im2col.h): x (N,C,H,W); cols (K, N*P) with K = C*kh*kw rows
 (c,i,j) and P = OH*OW, columns (n,oh,ow). Per chunk of B images:
 
@@ -26,6 +37,30 @@ from engine.ops._check import (check_array, check_bool, check_no_alias, check_no
 from engine.ops.gemm import gemm
 
 _MAX_DIM = 1 << 31
+CONV_ALGOS = ("implicit", "im2col")
+_algo: str | None = None
+
+
+def set_conv_algo(algo: str | None) -> None:
+    """Force the CPU convolution algorithm (None: back to $SPRINT_CONV_ALGO)."""
+    global _algo
+    if algo is not None and algo not in CONV_ALGOS:
+        raise ValueError(f"conv algo must be one of {', '.join(CONV_ALGOS)}, got {algo!r}")
+    _algo = algo
+
+
+def conv_algo() -> str:
+    """The CPU convolution algorithm in force: set_conv_algo, $SPRINT_CONV_ALGO, implicit."""
+    if _algo is not None:
+        return _algo
+    env = os.environ.get("SPRINT_CONV_ALGO", "") or "implicit"
+    if env not in CONV_ALGOS:
+        raise ValueError(f"conv algo must be one of {', '.join(CONV_ALGOS)}, got {env!r} (SPRINT_CONV_ALGO)")
+    return env
+
+
+def _implicit(be) -> bool:
+    return be.kernels == "cpp" and conv_algo() == "implicit"
 
 
 def default_workspace_bytes() -> int:
@@ -196,26 +231,50 @@ def _check_conv(x, w, stride, pad, workspace_bytes):
     return g, ws
 
 
+def _per_image_gemm(be, a, b3, out3, trans_a=False):
+    """out3[n] = op(a) @ b3[n]: the CPU's own SGEMM per image, a batched
+    cuBLAS call through CuPy on the GPU."""
+    if be.kernels == "cpp":
+        for n in range(b3.shape[0]):
+            gemm(a, b3[n], trans_a=trans_a, out=out3[n])
+    else:
+        be.xp.matmul(a.T if trans_a else a, b3, out=out3)
+
+
 def _chunk(g: Geom, per_image_floats: int, ws_bytes: int) -> int:
     """Images per chunk: as many as fit in ws_bytes (at least one)."""
     return max(1, min(g.B, ws_bytes // max(1, 4 * per_image_floats)))
 
 
-def conv2d_forward(x, w, b=None, stride=1, pad=0, workspace_bytes=None, out=None):
-    """y (N,M,OH,OW) = conv(x (N,C,H,W), w (M,C,kh,kw)) + b (M,)."""
+def conv2d_forward(x, w, b=None, stride=1, pad=0, workspace_bytes=None, out=None, relu=False):
+    """y (N,M,OH,OW) = conv(x (N,C,H,W), w (M,C,kh,kw)) + b (M,), then
+    max(y, 0) if relu (fused into the GEMM's write-back by the implicit path)."""
     be = get_backend()
     g, ws = _check_conv(x, w, stride, pad, workspace_bytes)
+    relu = check_bool("relu", relu)
     M = w.shape[0]
     if b is not None:
         check_array("b", b, shape=(M,))
     y = out_array("out", out, (g.B, M, g.OH, g.OW))
     check_no_alias("out", y, "x", x)
+    if _implicit(be):
+        be.ext.conv2d_implicit_forward(x, w, b, y, g.sh, g.sw, g.ph, g.pw, relu)
+        return y
+    _explicit_forward(be, x, w, b, y, g, ws)
+    if relu:
+        from engine.ops.elementwise import relu_forward
+        relu_forward(y, out=y)
+    return y
+
+
+def _explicit_forward(be, x, w, b, y, g: Geom, ws: int):
+    M = w.shape[0]
     w2 = w.reshape(M, g.K)
     if g.is_pointwise:
-        be.xp.matmul(w2, x.reshape(g.B, g.C, g.P), out=y.reshape(g.B, M, g.P))
+        _per_image_gemm(be, w2, x.reshape(g.B, g.C, g.P), y.reshape(g.B, M, g.P))
         if b is not None:
             _k_add_channel_bias(be, y.reshape(g.B, M, g.P), b)
-        return y
+        return
     step = _chunk(g, (g.K + M) * g.P, ws)
     for n0 in range(0, g.B, step):
         n1 = min(g.B, n0 + step)
@@ -225,7 +284,6 @@ def conv2d_forward(x, w, b=None, stride=1, pad=0, workspace_bytes=None, out=None
         yt = be.workspace("conv_yt", M * gc.B * gc.P).reshape(M, gc.B * gc.P)
         gemm(w2, cols, out=yt)
         _k_cnhw_to_nchw(be, yt, b, y[n0:n1].reshape(gc.B, M, gc.P))
-    return y
 
 
 def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx=True,
@@ -233,7 +291,6 @@ def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx
     """Gradients of conv2d_forward given dy (N,M,OH,OW): (dx or None, dw, db).
     dw_out/db_out/dx_out, when given, are overwritten (not accumulated)."""
     be = get_backend()
-    xp = be.xp
     g, ws = _check_conv(x, w, stride, pad, workspace_bytes)
     need_dx = check_bool("need_dx", need_dx)
     M = w.shape[0]
@@ -247,11 +304,25 @@ def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx
     check_no_alias("dw_out", dw, "db_out", db)
     check_no_alias("dx_out", dx, "dw_out", dw)
     check_no_alias("dx_out", dx, "db_out", db)
+    if _implicit(be):
+        implicit_dx = need_dx and g.sh == g.sw == 1
+        be.ext.conv2d_implicit_backward(x, w, dy, dw, dx if implicit_dx else None, g.sh, g.sw, g.ph, g.pw)
+        _k_channel_sum(be, dy.reshape(g.B, M, g.P), db, False)
+        if need_dx and not implicit_dx:  # strided: explicit W^T @ dy + col2im
+            _explicit_backward(be, x, w, dy, None, None, dx, g, ws)
+        return dx, dw, db
+    _explicit_backward(be, x, w, dy, dw, db, dx, g, ws)
+    return dx, dw, db
+
+
+def _explicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int):
+    """dw, db (when not None) and dx (when not None) by im2col + SGEMM + col2im."""
+    M = w.shape[0]
+    need_dx = dx is not None
     w2 = w.reshape(M, g.K)
-    dw2 = dw.reshape(M, g.K)
     if g.is_pointwise and need_dx:
         # dx = W^T @ dy per image, written straight into NCHW
-        xp.matmul(w2.T, dy.reshape(g.B, M, g.P), out=dx.reshape(g.B, g.C, g.P))
+        _per_image_gemm(be, w2, dy.reshape(g.B, M, g.P), dx.reshape(g.B, g.C, g.P), trans_a=True)
         need_dx = False
     step = _chunk(g, (g.K + M) * g.P, ws)
     for n0 in range(0, g.B, step):
@@ -259,17 +330,19 @@ def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx
         gc = g.with_batch(n1 - n0)
         first = n0 == 0
         cols = be.workspace("conv_cols", gc.K * gc.B * gc.P).reshape(gc.K, gc.B * gc.P)
-        if g.is_pointwise:  # the cols of a 1x1 window are x transposed to (C, B*P)
+        if dw is None:  # dx only: cols is just the dcols buffer
+            pass
+        elif g.is_pointwise:  # the cols of a 1x1 window are x transposed to (C, B*P)
             _k_nchw_to_cnhw(be, x[n0:n1].reshape(gc.B, gc.C, gc.P), cols, None, False)
         else:
             _k_im2col(be, x[n0:n1], cols, gc)
         dyt = be.workspace("conv_yt", M * gc.B * gc.P).reshape(M, gc.B * gc.P)
         _k_nchw_to_cnhw(be, dy[n0:n1].reshape(gc.B, M, gc.P), dyt, db, not first)
-        gemm(dyt, cols, trans_b=True, beta=0.0 if first else 1.0, out=dw2)
+        if dw is not None:
+            gemm(dyt, cols, trans_b=True, beta=0.0 if first else 1.0, out=dw.reshape(M, g.K))
         if need_dx:
             gemm(w2, dyt, trans_a=True, out=cols)  # dcols reuses the cols buffer
             _k_col2im(be, cols, dx[n0:n1], gc)
-    return dx, dw, db
 
 
 # ---- fully connected ---------------------------------------------------------

@@ -1,6 +1,7 @@
 """SGEMM with row-major semantics: the one place that handles transposes and
-alpha/beta. CPU: NumPy's matmul (OpenBLAS sgemm; transposed operands are
-passed to BLAS as transposed views, not copied). GPU: cuBLAS through CuPy."""
+alpha/beta. CPU: the engine's own BLIS-style SGEMM (csrc/gemm.h; micro-kernel
+chosen by the CPU's features, $SPRINT_CPU_ISA forces one). GPU: cuBLAS
+through CuPy."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,6 +39,9 @@ def gemm(a, b, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
             out.fill(0)
         else:
             out *= np.float32(beta)
+        return out
+    if be.kernels == "cpp":
+        be.ext.sgemm(a, b, out, trans_a, trans_b, alpha, beta)
         return out
     if beta != 0.0 and xp.__name__ == "cupy":
         from cupy import cublas

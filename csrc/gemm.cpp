@@ -1,0 +1,289 @@
+// Portable half of the SGEMM (csrc/gemm.h): ISA choice, cache sizes, the
+// thread plan, scratch allocation (outside every parallel region), size
+// checks, and the dX-as-convolution rewrite. The loops themselves live in
+// gemm_driver.h, instantiated by the per-ISA units.
+#include "gemm.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <new>
+#include <vector>
+
+#include "gemm_plan.h"
+
+namespace sprint {
+namespace gemm {
+namespace detail {
+bool g_profiling = false;
+ProfSlot g_prof[kProfSlots];
+}  // namespace detail
+
+using detail::Kernels;
+using detail::Plan;
+
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::avx512: return "avx512";
+        case Isa::avx2: return "avx2";
+        default: return "generic";
+    }
+}
+
+bool isa_supported(Isa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    // libgcc's checks include the OS's XSAVE state for the AVX/AVX-512 registers.
+    switch (isa) {
+        case Isa::avx512: return __builtin_cpu_supports("avx512f");
+        case Isa::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        default: return true;
+    }
+#else
+    return isa == Isa::generic;
+#endif
+}
+
+bool isa_select(const std::string& request, Isa& out, std::string& err) {
+    std::string name = request;
+    if (name.empty()) {
+        const char* env = std::getenv("SPRINT_CPU_ISA");
+        name = env ? env : "";
+    }
+    if (name.empty() || name == "auto") {
+        out = isa_supported(Isa::avx512) ? Isa::avx512 : isa_supported(Isa::avx2) ? Isa::avx2 : Isa::generic;
+        return true;
+    }
+    for (Isa i : {Isa::avx512, Isa::avx2, Isa::generic}) {
+        if (name == isa_name(i)) {
+            if (!isa_supported(i)) {
+                err = "SPRINT_CPU_ISA=" + name + ": this CPU does not support " + name;
+                return false;
+            }
+            out = i;
+            return true;
+        }
+    }
+    err = "SPRINT_CPU_ISA=" + name + ": expected avx512, avx2, generic or auto";
+    return false;
+}
+
+namespace {
+
+const Kernels& kernels(Isa isa) {
+    switch (isa) {
+        case Isa::avx512: return detail::kernels_avx512();
+        case Isa::avx2: return detail::kernels_avx2();
+        default: return detail::kernels_generic();
+    }
+}
+
+i64 sys_cache_bytes(int level, const char* type) {
+    // /sys/devices/system/cpu/cpu0/cache/index*/{level,type,size}: "48K"
+    for (int idx = 0; idx < 8; ++idx) {
+        const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(idx) + "/";
+        std::ifstream fl(dir + "level"), ft(dir + "type"), fs(dir + "size");
+        int lv = 0;
+        std::string ty, sz;
+        if (!(fl >> lv) || !(ft >> ty) || !(fs >> sz)) continue;
+        if (lv != level || (ty != type && ty != "Unified")) continue;
+        char* end = nullptr;
+        const long long v = std::strtoll(sz.c_str(), &end, 10);
+        const i64 mult = (end && (*end == 'K' || *end == 'k')) ? 1024 : (end && *end == 'M') ? 1 << 20 : 1;
+        if (v > 0) return i64(v) * mult;
+    }
+    return 0;
+}
+
+i64 cache_bytes(int level) {
+    long v = 0;
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+    v = sysconf(level == 1 ? _SC_LEVEL1_DCACHE_SIZE : _SC_LEVEL2_CACHE_SIZE);
+#endif
+    if (v > 0) return v;
+    const i64 s = sys_cache_bytes(level, level == 1 ? "Data" : "Unified");
+    return s > 0 ? s : (level == 1 ? 32 * 1024 : 1 << 20);
+}
+
+i64 clamp(i64 v, i64 lo, i64 hi) { return v < lo ? lo : v > hi ? hi : v; }
+i64 cdiv(i64 a, i64 b) { return (a + b - 1) / b; }
+
+constexpr i64 kMaxElems = i64(1) << 40;  // any matrix beyond this is refused before any arithmetic
+
+bool mul_ok(i64 a, i64 b, i64& out) {
+    if (a < 0 || b < 0) return false;
+    if (b != 0 && a > kMaxElems / b) return false;
+    out = a * b;
+    return true;
+}
+
+// Scratch for one call: packing buffers (and partial products) per thread.
+struct Scratch {
+    std::vector<float> mem;
+    float* aligned(i64 n) {
+        mem.resize(size_t(n) + 16);
+        const auto addr = reinterpret_cast<std::uintptr_t>(mem.data());
+        return mem.data() + ((64 - addr % 64) % 64) / sizeof(float);
+    }
+};
+
+// Picks the thread grid: the fewest per-thread FMA cycles plus packing
+// (B once per k block, A once per column block) plus the k-split sum.
+Plan plan(const Kernels& kr, const Blocking& bl, i64 m, i64 n, i64 k, bool allow_ksplit) {
+    Plan best{};
+    const int maxth = omp_get_max_threads();
+    const double work = double(m) * double(n) * double(k) / kr.lanes;
+    const int nth_cap = work < 1.0e5 ? 1 : maxth;  // waking a sleeping team costs ~10-40 us
+    double best_cost = std::numeric_limits<double>::infinity();
+    const int nth = nth_cap;
+    for (int tk = 1; tk <= (allow_ksplit ? nth : 1); ++tk) {
+            if (nth % tk) continue;
+            for (int tm = 1; tm <= nth / tk; ++tm) {
+                if ((nth / tk) % tm) continue;
+                const int tn = nth / tk / tm;
+                const i64 mq = cdiv(cdiv(m, kr.mr), tm) * kr.mr, nq = cdiv(cdiv(n, kr.nr), tn) * kr.nr;
+                const i64 kq = cdiv(k, tk);
+                const double fma = double(mq) * double(nq) * double(kq) / kr.lanes;
+                const double pack = double(kq) * (double(nq) + double(mq) * double(cdiv(nq, bl.nc)));
+                const double sum = tk > 1 ? double(m) * double(n) * tk / nth : 0.0;
+                const double cost = fma + pack + sum;
+                if (cost < best_cost) {
+                    best_cost = cost;
+                    best = Plan{nth, tm, tn, tk, mq, nq, kq, bl.mc, bl.kc, bl.nc, nullptr, 0, 0, 0, nullptr};
+                }
+            }
+        }
+    best.a_floats = cdiv(clamp(best.mq, 1, bl.mc) * bl.kc, 16) * 16 + 16;
+    const i64 bcols = clamp(best.nq, 1, bl.nc);  // a multiple of NR
+    best.b_packed = cdiv(bcols * bl.kc, 16) * 16;
+    best.b_floats = best.b_packed + 2 * cdiv(bcols, kr.nr) * bl.kc + 16;  // + 8-byte row pointers
+    return best;
+}
+
+// Allocates the plan's scratch; false on overflow or allocation failure.
+bool allocate(Plan& p, i64 m, i64 n, Scratch& arena, Scratch& partial) {
+    i64 per = 0, total = 0, part = 0;
+    if (!mul_ok(p.a_floats + p.b_floats, 1, per) || !mul_ok(per, p.nth, total)) return false;
+    if (p.tk > 1 && (!mul_ok(m, n, part) || !mul_ok(part, p.tk - 1, part))) return false;
+    try {
+        p.arena = arena.aligned(total);
+        if (p.tk > 1) p.partial = partial.aligned(part);
+    } catch (const std::bad_alloc&) {
+        return false;
+    } catch (const std::length_error&) {
+        return false;
+    }
+    return true;
+}
+
+const char* kAlloc = "gemm: scratch allocation failed (sizes too large)";
+
+}  // namespace
+
+double fma_peak(Isa isa, i64 iters, int threads) { return kernels(isa).fma_peak(iters, threads); }
+
+void set_profiling(bool on) { detail::g_profiling = on; }
+
+void profile_take(double& pack_s, double& kernel_s) {
+    pack_s = kernel_s = 0;
+    for (auto& s : detail::g_prof) {
+        pack_s += s.pack;
+        kernel_s += s.kernel;
+        s.pack = s.kernel = 0;
+    }
+}
+
+Blocking blocking(Isa isa) {
+    const Kernels& kr = kernels(isa);
+    const i64 l1 = cache_bytes(1), l2 = cache_bytes(2);
+    Blocking b{kr.mr, kr.nr, 0, 0, 0, l1, l2};
+    b.kc = clamp(l1 / 2 / (kr.nr * 4) / 8 * 8, 64, 512);          // B micro-panel in half of L1
+    b.mc = clamp(l2 / 2 / (b.kc * 4) / kr.mr * kr.mr, kr.mr, 1024 / kr.mr * kr.mr);  // A block in half of L2
+    b.nc = 4096 / kr.nr * kr.nr;
+    return b;
+}
+
+namespace {
+const Blocking& blocking_cached(Isa isa) {
+    static const Blocking b[3] = {blocking(Isa::generic), blocking(Isa::avx2), blocking(Isa::avx512)};
+    return b[int(isa)];
+}
+}  // namespace
+
+const char* sgemm(Isa isa, bool trans_a, bool trans_b, i64 m, i64 n, i64 k, float alpha, const float* A,
+                  i64 lda, const float* B, i64 ldb, float beta, float* C, i64 ldc) {
+    i64 t = 0;
+    if (!mul_ok(m, ldc, t) || !mul_ok(m, k, t) || !mul_ok(n, k, t) || !mul_ok(m, n, t))
+        return "gemm: matrix sizes overflow";
+    if (m == 0 || n == 0) return nullptr;
+    if (k == 0) {  // empty inner dimension: C = beta*C (beta 0 clears NaN too)
+        for (i64 i = 0; i < m; ++i)
+            for (i64 j = 0; j < n; ++j) C[i * ldc + j] = beta == 0.f ? 0.f : beta * C[i * ldc + j];
+        return nullptr;
+    }
+    const Kernels& kr = kernels(isa);
+    Plan p = plan(kr, blocking_cached(isa), m, n, k, true);
+    Scratch arena, partial;
+    if (!allocate(p, m, n, arena, partial)) return kAlloc;
+    kr.sgemm(p, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    return nullptr;
+}
+
+namespace {
+bool conv_sizes_ok(const Conv& g) {
+    i64 t = 0;
+    return mul_ok(g.B, g.C, t) && mul_ok(t, g.H, t) && mul_ok(t, g.W, t) && mul_ok(g.B, g.M, t) &&
+           mul_ok(t, g.P(), t) && mul_ok(g.M, g.K(), t) && g.OH > 0 && g.OW > 0;
+}
+}  // namespace
+
+const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w, const float* bias, bool relu,
+                         float* y) {
+    if (!conv_sizes_ok(g)) return "conv: sizes overflow";
+    if (g.B == 0) return nullptr;
+    const Kernels& kr = kernels(isa);
+    Plan p = plan(kr, blocking_cached(isa), g.M, g.B * g.P(), g.K(), false);
+    Scratch arena, partial;
+    if (!allocate(p, g.M, g.B * g.P(), arena, partial)) return kAlloc;
+    kr.conv_fwd(p, g, x, w, bias, relu, y);
+    return nullptr;
+}
+
+const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw) {
+    if (!conv_sizes_ok(g)) return "conv: sizes overflow";
+    if (g.B == 0) {
+        for (i64 i = 0; i < g.M * g.K(); ++i) dw[i] = 0.f;
+        return nullptr;
+    }
+    const Kernels& kr = kernels(isa);
+    Plan p = plan(kr, blocking_cached(isa), g.M, g.K(), g.B * g.P(), true);
+    Scratch arena, partial;
+    if (!allocate(p, g.M, g.K(), arena, partial)) return kAlloc;
+    kr.conv_dw(p, g, x, dy, dw);
+    return nullptr;
+}
+
+const char* conv_backward_x(Isa isa, const Conv& g, const float* w, const float* dy, float* dx) {
+    if (g.sh != 1 || g.sw != 1) return "conv: the implicit dX needs stride 1";
+    if (!conv_sizes_ok(g)) return "conv: sizes overflow";
+    if (g.B == 0) return nullptr;
+    // dx[c, h, w] = sum_{m,i,j} dy[m, h+ph-i, w+pw-j] w[m,c,i,j]: a stride-1
+    // convolution of dy (M channels) with wt[c,m,i',j'] = w[m,c,kh-1-i',kw-1-j'].
+    const Conv t{g.B, g.M, g.OH, g.OW, g.C, g.kh, g.kw, 1, 1, g.kh - 1 - g.ph, g.kw - 1 - g.pw, g.H, g.W};
+    std::vector<float> wt;
+    try {
+        wt.resize(size_t(g.M * g.K()));
+    } catch (const std::bad_alloc&) {
+        return kAlloc;
+    }
+    const i64 khw = g.kh * g.kw;
+    for (i64 m = 0; m < g.M; ++m)
+        for (i64 c = 0; c < g.C; ++c)
+            for (i64 q = 0; q < khw; ++q) wt[size_t((c * g.M + m) * khw + q)] = w[(m * g.C + c) * khw + khw - 1 - q];
+    return conv_forward(isa, t, dy, wt.data(), nullptr, false, dx);
+}
+
+}  // namespace gemm
+}  // namespace sprint

@@ -1,0 +1,91 @@
+// The engine's own SGEMM (BLIS-style) and the implicit-GEMM convolution built
+// on it. Row-major throughout; all sizes int64.
+//
+// Blocking (the five loops of BLIS, csrc/gemm_driver.h):
+//   jc over n in NC columns      B block KC x NC packed into NR-wide panels
+//    pc over k in KC             (sized for the last-level cache share)
+//     ic over m in MC rows       A block MC x KC packed into MR-high panels
+//      jr over NR panels         (sized for the L2)
+//       ir over MR panels        micro-kernel: MR x NR tile of C in registers,
+//                                 the KC x NR B micro-panel stays in L1
+// KC = L1d/2 / (NR*4), MC = L2/2 / (KC*4), NC = 4096 (rounded to MR/NR),
+// read from the running CPU's caches (sysconf, then /sys) at first use.
+//
+// Threads: C is cut into a tm x tn grid (and, for long-k GEMMs such as dW, tk
+// slices of k whose partial products are summed afterwards); every thread runs
+// the five loops on its own part with private packing buffers allocated before
+// the parallel region, so no barrier sits inside a GEMM. The grid minimises
+// per-thread micro-tiles plus redundant packing (gemm.cpp, plan()).
+//
+// ISA: micro-kernels for AVX-512 (8 x 32), AVX2+FMA (4 x 24) and portable C++
+// (4 x 16), each in its own translation unit compiled with its own -m flags;
+// the running CPU's features pick one, SPRINT_CPU_ISA=avx512|avx2|generic
+// forces one (an ISA the CPU lacks is an error, never a crash).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace sprint {
+namespace gemm {
+
+using i64 = std::int64_t;
+
+enum class Isa { generic = 0, avx2 = 1, avx512 = 2 };
+
+const char* isa_name(Isa isa);
+bool isa_supported(Isa isa);
+// The ISA to use: `request` ("" = $SPRINT_CPU_ISA, then the best supported).
+// Returns false and sets `err` for an unknown or unsupported name.
+bool isa_select(const std::string& request, Isa& out, std::string& err);
+
+struct Blocking {
+    int mr, nr;
+    i64 mc, kc, nc;
+    i64 l1d, l2;  // bytes, as read from the CPU
+};
+Blocking blocking(Isa isa);
+
+// C (m x n, ldc) = alpha * op(A) @ op(B) + beta * C; op(X) = X^T if trans.
+// A is m x k (lda) or, transposed, k x m; B is k x n (ldb) or n x k.
+// beta == 0 overwrites C (NaN in C does not propagate); k == 0 gives beta*C.
+// Returns nullptr or an error message (size overflow, allocation failure).
+const char* sgemm(Isa isa, bool trans_a, bool trans_b, i64 m, i64 n, i64 k, float alpha, const float* A,
+                  i64 lda, const float* B, i64 ldb, float beta, float* C, i64 ldc);
+
+// Measured peak: 12 independent FMA chains per thread for `iters` iterations
+// on `threads` threads; returns the flops executed (the caller times it).
+double fma_peak(Isa isa, i64 iters, int threads);
+
+// Time profile of every GEMM (and implicit convolution) while on: seconds
+// summed over threads spent packing panels and in the micro-kernel loops
+// (micro-kernel + tile write-back). profile_take returns and clears them.
+void set_profiling(bool on);
+void profile_take(double& pack_s, double& kernel_s);
+
+// Geometry of an implicit-GEMM convolution. Pads may be negative (the
+// transposed convolution used for dX pads by kh-1-ph).
+struct Conv {
+    i64 B, C, H, W;   // input
+    i64 M;            // output channels
+    i64 kh, kw, sh, sw, ph, pw;
+    i64 OH, OW;
+    i64 K() const { return C * kh * kw; }
+    i64 P() const { return OH * OW; }
+};
+
+// y (B, M, OH, OW) = W (M, C*kh*kw) @ im2col(x) [+ bias[m]] [ReLU], the
+// column matrix formed only inside the B-panel packing. bias may be null.
+const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w, const float* bias,
+                         bool relu, float* y);
+
+// dw (M, K) = dy (B, M, P) @ im2col(x)^T (overwritten); dy read in NCHW.
+const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw);
+
+// dx (B, C, H, W) = col2im(W^T @ dy), for stride 1 computed as the forward
+// convolution of dy with the flipped, transposed filters (pad kh-1-ph):
+// no column matrix, no scatter. Returns an error for stride > 1.
+const char* conv_backward_x(Isa isa, const Conv& g, const float* w, const float* dy, float* dx);
+
+}  // namespace gemm
+}  // namespace sprint

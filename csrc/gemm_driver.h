@@ -1,0 +1,379 @@
+// The BLIS loops, the packers and the write-backs, included once by each ISA
+// translation unit after it defines its micro-kernel `struct UK { MR, NR,
+// run(k, a, b, tile) }`, so packing and write-back get that unit's vector
+// instructions too. Everything here has internal linkage (see gemm_plan.h).
+//
+// Packed layouts: an A panel is kc x MR (a[kk*MR + r]), a B panel kc x NR
+// (b[kk*NR + j]), rows/columns past the matrix edge zero. The micro-kernel
+// reads B through one row pointer per k: into the packed panel, or -- for an
+// implicit-GEMM panel whose NR columns are one unpadded run of an image row
+// -- straight into the image, which then needs no copy at all. The micro-kernel
+// leaves its MR x NR tile in a stack buffer; the write-back functor moves it
+// into C (plain, or scattered to NCHW with bias and ReLU on the last k block).
+#pragma once
+
+#include <omp.h>
+
+#include <cstring>
+
+#include "gemm_plan.h"
+
+namespace {
+
+using sprint::gemm::i64;
+using sprint::gemm::Conv;
+using sprint::gemm::detail::Plan;
+
+inline i64 lo_(i64 a, i64 b) { return a < b ? a : b; }
+inline i64 hi_(i64 a, i64 b) { return a > b ? a : b; }
+
+// ---- the five loops for one thread's part of C -----------------------------
+template <class PA, class PB, class WB>
+void run_part(const Plan& p, float* abuf, float* bbuf, i64 m0, i64 m1, i64 n0, i64 n1, i64 k0, i64 k1,
+              PA& pack_a, PB& pack_b, WB& wb) {
+    constexpr int MR = UK::MR, NR = UK::NR;
+    alignas(64) float tile[MR * NR];
+    const float** bptr = reinterpret_cast<const float**>(bbuf + p.b_packed);
+    const bool prof = sprint::gemm::detail::g_profiling;
+    double t_pack = 0, t_kern = 0, t0 = 0;
+    auto tick = [&](double& acc) {
+        if (!prof) return;
+        const double t = omp_get_wtime();
+        acc += t - t0;
+        t0 = t;
+    };
+    if (prof) t0 = omp_get_wtime();
+    for (i64 jc = n0; jc < n1; jc += p.nc) {
+        const i64 nc = lo_(p.nc, n1 - jc);
+        for (i64 pc = k0; pc < k1; pc += p.kc) {
+            const i64 kc = lo_(p.kc, k1 - pc);
+            const bool first = pc == k0, last = pc + kc >= k1;
+            for (i64 j = 0; j < nc; j += NR)
+                pack_b(bbuf + j * kc, bptr + (j / NR) * kc, jc + j, lo_(NR, nc - j), pc, kc);
+            for (i64 ic = m0; ic < m1; ic += p.mc) {
+                const i64 mc = lo_(p.mc, m1 - ic);
+                for (i64 i = 0; i < mc; i += MR) pack_a(abuf + i * kc, ic + i, lo_(MR, mc - i), pc, kc);
+                tick(t_pack);
+                for (i64 j = 0; j < nc; j += NR) {
+                    const int nr = int(lo_(NR, nc - j));
+                    for (i64 i = 0; i < mc; i += MR) {
+                        UK::run(kc, abuf + i * kc, bptr + (j / NR) * kc, tile);
+                        wb(ic + i, jc + j, int(lo_(MR, mc - i)), nr, tile, first, last);
+                    }
+                }
+                tick(t_kern);
+            }
+        }
+    }
+    if (prof) {
+        auto& slot = sprint::gemm::detail::g_prof[omp_get_thread_num() % sprint::gemm::detail::kProfSlots];
+        slot.pack += t_pack;
+        slot.kernel += t_kern;
+    }
+}
+
+// Every thread of the plan runs its grid cell; k slices past the first write
+// plain partial products that a second pass adds into C.
+template <class PA, class PB, class WB, class WBP>
+void run_plan(const Plan& p, i64 m, i64 n, i64 k, PA pack_a, PB pack_b, WB wb, WBP wb_partial) {
+#pragma omp parallel num_threads(p.nth) if (p.nth > 1)
+    {
+        for (int t = omp_get_thread_num(); t < p.nth; t += omp_get_num_threads()) {
+            const int in = t % p.tn, im = (t / p.tn) % p.tm, ik = t / (p.tn * p.tm);
+            const i64 m0 = im * p.mq, n0 = in * p.nq, k0 = ik * p.kq;
+            const i64 m1 = lo_(m, m0 + p.mq), n1 = lo_(n, n0 + p.nq), k1 = lo_(k, k0 + p.kq);
+            if (m0 >= m1 || n0 >= n1) continue;
+            float* abuf = p.arena + t * (p.a_floats + p.b_floats);
+            float* bbuf = abuf + p.a_floats;
+            if (ik == 0) {
+                run_part(p, abuf, bbuf, m0, m1, n0, n1, k0, k1, pack_a, pack_b, wb);
+            } else {
+                float* part = p.partial + (ik - 1) * m * n;
+                if (k0 >= k1) {  // an empty k slice still owes zeros to the sum
+                    for (i64 i = m0; i < m1; ++i) std::memset(part + i * n + n0, 0, sizeof(float) * (n1 - n0));
+                    continue;
+                }
+                auto w = wb_partial(part);
+                run_part(p, abuf, bbuf, m0, m1, n0, n1, k0, k1, pack_a, pack_b, w);
+            }
+        }
+    }
+}
+
+// ---- plain matrices ------------------------------------------------------------
+struct PackA {  // op(A) m x k; A is m x k (lda) or, transposed, k x m
+    const float* A;
+    i64 lda;
+    bool trans;
+    void operator()(float* dst, i64 i0, i64 mr, i64 p0, i64 kc) const {
+        constexpr int MR = UK::MR;
+        if (trans) {
+            for (i64 kk = 0; kk < kc; ++kk) {
+                const float* s = A + (p0 + kk) * lda + i0;
+                float* d = dst + kk * MR;
+                for (i64 r = 0; r < mr; ++r) d[r] = s[r];
+                for (i64 r = mr; r < MR; ++r) d[r] = 0.f;
+            }
+            return;
+        }
+        for (i64 r = 0; r < mr; ++r) {
+            const float* s = A + (i0 + r) * lda + p0;
+            for (i64 kk = 0; kk < kc; ++kk) dst[kk * MR + r] = s[kk];
+        }
+        for (i64 r = mr; r < MR; ++r)
+            for (i64 kk = 0; kk < kc; ++kk) dst[kk * MR + r] = 0.f;
+    }
+};
+
+struct PackB {  // op(B) k x n; B is k x n (ldb) or, transposed, n x k
+    const float* B;
+    i64 ldb;
+    bool trans;
+    void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
+        constexpr int NR = UK::NR;
+        for (i64 kk = 0; kk < kc; ++kk) rows[kk] = dst + kk * NR;
+        if (!trans) {
+            for (i64 kk = 0; kk < kc; ++kk) {
+                const float* s = B + (p0 + kk) * ldb + j0;
+                float* d = dst + kk * NR;
+                for (i64 j = 0; j < nr; ++j) d[j] = s[j];
+                for (i64 j = nr; j < NR; ++j) d[j] = 0.f;
+            }
+            return;
+        }
+        for (i64 j = 0; j < nr; ++j) {
+            const float* s = B + (j0 + j) * ldb + p0;
+            for (i64 kk = 0; kk < kc; ++kk) dst[kk * NR + j] = s[kk];
+        }
+        for (i64 j = nr; j < NR; ++j)
+            for (i64 kk = 0; kk < kc; ++kk) dst[kk * NR + j] = 0.f;
+    }
+};
+
+struct WritePlain {  // C = alpha*tile + beta*C on the first k block, += after
+    float* C;
+    i64 ldc;
+    float alpha, beta;
+    void operator()(i64 i0, i64 j0, int mr, int nr, const float* tile, bool first, bool) const {
+        for (int r = 0; r < mr; ++r) {
+            float* c = C + (i0 + r) * ldc + j0;
+            const float* t = tile + r * UK::NR;
+            if (!first) {
+                for (int j = 0; j < nr; ++j) c[j] += alpha * t[j];
+            } else if (beta == 0.f) {  // overwrite: NaN already in C must not survive
+                for (int j = 0; j < nr; ++j) c[j] = alpha * t[j];
+            } else {
+                for (int j = 0; j < nr; ++j) c[j] = alpha * t[j] + beta * c[j];
+            }
+        }
+    }
+};
+
+void add_partials(const Plan& p, i64 m, i64 n, float* C, i64 ldc) {
+#pragma omp parallel for schedule(static) num_threads(p.nth) if (p.nth > 1)
+    for (i64 i = 0; i < m; ++i) {
+        float* c = C + i * ldc;
+        for (int s = 0; s < p.tk - 1; ++s) {
+            const float* q = p.partial + s * m * n + i * n;
+            for (i64 j = 0; j < n; ++j) c[j] += q[j];
+        }
+    }
+}
+
+void sgemm_isa(const Plan& p, bool ta, bool tb, i64 m, i64 n, i64 k, float alpha, const float* A, i64 lda,
+               const float* B, i64 ldb, float beta, float* C, i64 ldc) {
+    auto partial = [&](float* part) { return WritePlain{part, n, alpha, 0.f}; };
+    run_plan(p, m, n, k, PackA{A, lda, ta}, PackB{B, ldb, tb}, WritePlain{C, ldc, alpha, beta}, partial);
+    if (p.tk > 1) add_partials(p, m, n, C, ldc);
+}
+
+// ---- implicit-GEMM convolution -------------------------------------------------
+// A run: columns of one B panel that share (image, output row), i.e. that
+// read one input row per (c, i, j).
+struct Run {
+    int col, len;
+    i64 img;       // offset of the image (img*C*H*W)
+    i64 ih0, iw0;  // oh*sh - ph, ow*sw - pw of the run's first column
+};
+
+// B = im2col(x): row kk = (c, i, j), column n = (img, oh, ow); zero by
+// predicate where the window covers padding.
+struct PackIm2col {
+    const Conv* g;
+    const float* x;
+    void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
+        constexpr int NR = UK::NR;
+        const Conv& G = *g;
+        const i64 P = G.P(), HW = G.H * G.W;
+        Run runs[NR];
+        int nrun = 0;
+        i64 img = j0 / P, pp = j0 % P, oh = pp / G.OW, ow = pp % G.OW;
+        for (int col = 0; col < nr;) {
+            const int len = int(lo_(nr - col, G.OW - ow));
+            runs[nrun++] = Run{col, len, img * G.C * HW, oh * G.sh - G.ph, ow * G.sw - G.pw};
+            col += len;
+            ow += len;
+            if (ow == G.OW) {
+                ow = 0;
+                if (++oh == G.OH) oh = 0, ++img;
+            }
+        }
+        const i64 khw = G.kh * G.kw;
+        const bool one_run = nrun == 1 && nr == NR && G.sw == 1;
+        i64 c = p0 / khw, i = (p0 % khw) / G.kw, j = p0 % G.kw;
+        for (i64 kk = 0; kk < kc; ++kk) {
+            float* d = dst + kk * NR;
+            rows[kk] = d;
+            if (one_run) {  // the whole panel row inside the image: read it in place
+                const Run& R = runs[0];
+                const i64 ih = R.ih0 + i, iw0 = R.iw0 + j;
+                if (ih >= 0 && ih < G.H && iw0 >= 0 && iw0 + NR <= G.W) {
+                    rows[kk] = x + R.img + c * HW + ih * G.W + iw0;
+                    if (++j == G.kw) {
+                        j = 0;
+                        if (++i == G.kh) i = 0, ++c;
+                    }
+                    continue;
+                }
+            }
+            for (int r = 0; r < nrun; ++r) {
+                const Run& R = runs[r];
+                float* dr = d + R.col;
+                const i64 ih = R.ih0 + i;
+                if (ih < 0 || ih >= G.H) {
+                    for (int q = 0; q < R.len; ++q) dr[q] = 0.f;
+                    continue;
+                }
+                const float* row = x + R.img + c * HW + ih * G.W;
+                const i64 iw0 = R.iw0 + j;
+                if (G.sw == 1) {
+                    const int a = int(lo_(R.len, hi_(0, -iw0))), b = int(hi_(a, lo_(R.len, G.W - iw0)));
+                    for (int q = 0; q < a; ++q) dr[q] = 0.f;
+                    for (int q = a; q < b; ++q) dr[q] = row[iw0 + q];
+                    for (int q = b; q < R.len; ++q) dr[q] = 0.f;
+                } else {
+                    for (int q = 0; q < R.len; ++q) {
+                        const i64 iw = iw0 + q * G.sw;
+                        dr[q] = (iw >= 0 && iw < G.W) ? row[iw] : 0.f;
+                    }
+                }
+            }
+            for (i64 q = nr; q < NR; ++q) d[q] = 0.f;
+            if (++j == G.kw) {
+                j = 0;
+                if (++i == G.kh) i = 0, ++c;
+            }
+        }
+    }
+};
+
+// Tile column n = (img, p) goes to y[img, m, p]; the last k block adds the
+// bias and applies ReLU.
+struct WriteNCHW {
+    const Conv* g;
+    float* y;
+    const float* bias;
+    bool relu;
+    void operator()(i64 i0, i64 j0, int mr, int nr, const float* tile, bool first, bool last) const {
+        const i64 P = g->P(), M = g->M;
+        i64 img = j0 / P, pp = j0 % P;
+        for (int col = 0; col < nr;) {
+            const int len = int(lo_(nr - col, P - pp));
+            for (int r = 0; r < mr; ++r) {
+                float* c = y + (img * M + i0 + r) * P + pp;
+                const float* t = tile + r * UK::NR + col;
+                if (first) {
+                    for (int q = 0; q < len; ++q) c[q] = t[q];
+                } else {
+                    for (int q = 0; q < len; ++q) c[q] += t[q];
+                }
+                if (last) {
+                    const float b = bias ? bias[i0 + r] : 0.f;
+                    if (relu) {
+                        for (int q = 0; q < len; ++q) c[q] = c[q] + b > 0.f ? c[q] + b : 0.f;
+                    } else if (bias) {
+                        for (int q = 0; q < len; ++q) c[q] += b;
+                    }
+                }
+            }
+            col += len;
+            pp = 0;
+            ++img;
+        }
+    }
+};
+
+void conv_fwd_isa(const Plan& p, const Conv& g, const float* x, const float* w, const float* bias, bool relu,
+                  float* y) {
+    auto no_partial = [&](float* part) { return WriteNCHW{&g, part, nullptr, false}; };  // plan has tk == 1
+    run_plan(p, g.M, g.B * g.P(), g.K(), PackA{w, g.K(), false}, PackIm2col{&g, x},
+             WriteNCHW{&g, y, bias, relu}, no_partial);
+}
+
+// dW = dy (M x B*P, read from NCHW) @ im2col(x)^T.
+struct PackDy {
+    const Conv* g;
+    const float* dy;
+    void operator()(float* dst, i64 i0, i64 mr, i64 p0, i64 kc) const {
+        constexpr int MR = UK::MR;
+        const i64 P = g->P(), M = g->M;
+        for (i64 r = 0; r < mr; ++r) {
+            i64 img = p0 / P, pp = p0 % P;
+            for (i64 kk = 0; kk < kc;) {
+                const i64 len = lo_(kc - kk, P - pp);
+                const float* s = dy + (img * M + i0 + r) * P + pp;
+                for (i64 q = 0; q < len; ++q) dst[(kk + q) * MR + r] = s[q];
+                kk += len;
+                pp = 0;
+                ++img;
+            }
+        }
+        for (i64 r = mr; r < MR; ++r)
+            for (i64 kk = 0; kk < kc; ++kk) dst[kk * MR + r] = 0.f;
+    }
+};
+
+// B = im2col(x)^T: row kk = pixel (img, oh, ow), column = (c, i, j).
+struct PackIm2colT {
+    const Conv* g;
+    const float* x;
+    void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
+        constexpr int NR = UK::NR;
+        for (i64 kk = 0; kk < kc; ++kk) rows[kk] = dst + kk * NR;
+        const Conv& G = *g;
+        const i64 P = G.P(), HW = G.H * G.W, khw = G.kh * G.kw;
+        for (i64 col = 0; col < nr; ++col) {
+            const i64 kidx = j0 + col, c = kidx / khw, i = (kidx % khw) / G.kw, j = kidx % G.kw;
+            float* d = dst + col;
+            i64 img = p0 / P, pp = p0 % P, oh = pp / G.OW, ow = pp % G.OW;
+            for (i64 kk = 0; kk < kc;) {
+                const i64 len = lo_(kc - kk, G.OW - ow);
+                const i64 ih = oh * G.sh - G.ph + i;
+                if (ih < 0 || ih >= G.H) {
+                    for (i64 q = 0; q < len; ++q) d[(kk + q) * NR] = 0.f;
+                } else {
+                    const float* row = x + (img * G.C + c) * HW + ih * G.W;
+                    const i64 iw0 = ow * G.sw - G.pw + j;
+                    for (i64 q = 0; q < len; ++q) {
+                        const i64 iw = iw0 + q * G.sw;
+                        d[(kk + q) * NR] = (iw >= 0 && iw < G.W) ? row[iw] : 0.f;
+                    }
+                }
+                kk += len;
+                ow = 0;
+                if (++oh == G.OH) oh = 0, ++img;
+            }
+        }
+        for (i64 col = nr; col < NR; ++col)
+            for (i64 kk = 0; kk < kc; ++kk) dst[kk * NR + col] = 0.f;
+    }
+};
+
+void conv_dw_isa(const Plan& p, const Conv& g, const float* x, const float* dy, float* dw) {
+    const i64 K = g.K();
+    auto partial = [&](float* part) { return WritePlain{part, K, 1.f, 0.f}; };
+    run_plan(p, g.M, K, g.B * g.P(), PackDy{&g, dy}, PackIm2colT{&g, x}, WritePlain{dw, K, 1.f, 0.f}, partial);
+    if (p.tk > 1) add_partials(p, g.M, K, dw, K);
+}
+
+}  // namespace

@@ -1,0 +1,56 @@
+// Internal: what gemm.cpp (portable code) hands the per-ISA translation units
+// (gemm_generic.cpp, gemm_avx2.cpp, gemm_avx512.cpp). Plain data only: the
+// ISA units use no standard-library code that the linker could merge with a
+// portable copy (an AVX-512 instance of a shared inline function must never
+// serve a caller on a CPU without AVX-512).
+#pragma once
+
+#include "gemm.h"
+
+namespace sprint {
+namespace gemm {
+namespace detail {
+
+// How one GEMM is cut over threads and where each thread packs. Thread t
+// (0 <= t < nth) owns grid cell (ik, im, in) with t = (ik*tm + im)*tn + in:
+// rows [im*mq, ...), columns [in*nq, ...), k [ik*kq, ...) (clipped).
+struct Plan {
+    int nth, tm, tn, tk;
+    i64 mq, nq, kq;       // rows / columns / k per thread (mq a multiple of MR, nq of NR)
+    i64 mc, kc, nc;       // cache blocks
+    float* arena;         // per thread: abuf (a_floats) then bbuf (b_floats), 64-byte aligned;
+    i64 a_floats, b_floats;  // bbuf: packed B panels (b_packed floats), then one row pointer per
+    i64 b_packed;            // (panel, k) -- the micro-kernel reads B rows through these
+    float* partial;       // tk > 1: (tk-1) partial products m x n (k slices 1..tk-1)
+};
+
+// Time profile of the GEMMs (off unless set_profiling(true)): seconds per
+// OpenMP thread spent packing and in the micro-kernel loops (micro-kernel +
+// tile write-back), summed over calls. Each thread writes its own slot.
+constexpr int kProfSlots = 256;
+struct alignas(64) ProfSlot {
+    double pack, kernel;
+};
+extern bool g_profiling;
+extern ProfSlot g_prof[kProfSlots];
+
+struct Kernels {
+    int mr, nr;
+    int lanes;  // FMA lanes per cycle per core (planning weight)
+    // Runs `iters` iterations of 12 independent FMA chains on each of
+    // `threads` threads; returns the floating-point operations executed.
+    double (*fma_peak)(i64 iters, int threads);
+    void (*sgemm)(const Plan&, bool ta, bool tb, i64 m, i64 n, i64 k, float alpha, const float* A, i64 lda,
+                  const float* B, i64 ldb, float beta, float* C, i64 ldc);
+    void (*conv_fwd)(const Plan&, const Conv&, const float* x, const float* w, const float* bias, bool relu,
+                     float* y);
+    void (*conv_dw)(const Plan&, const Conv&, const float* x, const float* dy, float* dw);
+};
+
+const Kernels& kernels_generic();
+const Kernels& kernels_avx2();
+const Kernels& kernels_avx512();
+
+}  // namespace detail
+}  // namespace gemm
+}  // namespace sprint

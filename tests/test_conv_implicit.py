@@ -1,0 +1,146 @@
+"""The implicit-GEMM convolution (im2col inside the SGEMM's packing, bias and
+ReLU in its write-back) against the float64 direct convolution and the
+explicit im2col path, on every micro-kernel this CPU runs."""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from test_conv import _data, close, conv_cases, ref_conv, ref_conv_grads
+
+from engine import backend, ops
+from engine.ops import conv
+
+ISAS = [i for i in ("avx512", "avx2", "generic") if i in backend.set_backend("cpu").ext.gemm_info("")["supported"]]
+
+
+@contextlib.contextmanager
+def using(algo, isa=None):
+    old_isa = os.environ.get("SPRINT_CPU_ISA")
+    conv.set_conv_algo(algo)
+    if isa:
+        os.environ["SPRINT_CPU_ISA"] = isa
+    try:
+        yield
+    finally:
+        conv.set_conv_algo(None)
+        if old_isa is None:
+            os.environ.pop("SPRINT_CPU_ISA", None)
+        else:
+            os.environ["SPRINT_CPU_ISA"] = old_isa
+
+
+def poison(shape):
+    return np.full(shape, np.nan, np.float32)
+
+
+def run(x, w, b, dy, stride, pad, relu=False):
+    y = ops.conv2d_forward(x, w, b, stride=stride, pad=pad, relu=relu,
+                           out=poison((x.shape[0], w.shape[0]) + dy.shape[2:]))
+    grads = ops.conv2d_backward(x, w, dy, stride=stride, pad=pad, dx_out=poison(x.shape), dw_out=poison(w.shape),
+                                db_out=poison(w.shape[0]))
+    return (y,) + grads
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv_cases())
+def test_implicit_matches_reference_and_explicit(case):
+    xs, wsh, stride, pad, bias, seed = case
+    x, w, b = _data(xs, wsh, bias, seed)
+    ref_y = ref_conv(x, w, b, *stride, *pad)
+    dy = np.random.default_rng(seed + 1).standard_normal(ref_y.shape).astype(np.float32)
+    refs = (ref_y,) + ref_conv_grads(x, w, dy, *stride, *pad)
+    with using("im2col"):
+        explicit = run(x, w, b, dy, stride, pad)
+    for isa in ISAS:
+        with using("implicit", isa):
+            got = run(x, w, b, dy, stride, pad)
+        for name, g, r, e in zip(("y", "dx", "dw", "db"), got, refs, explicit):
+            assert not np.isnan(g).any(), (isa, name)
+            assert close(g, r), (isa, name, np.abs(g - r).max())
+            assert close(g, e.astype(np.float64)), (isa, name)
+
+
+# Past the cache blocks (K = C*kh*kw > KC, so the fused ReLU must wait for the
+# last k block), several threads, the k-split dW plan, batch 1, 1x1, non-square.
+BIG = [((2, 40, 12, 12), (24, 40, 3, 3), (1, 1), (1, 1)),
+       ((8, 8, 32, 32), (8, 8, 3, 3), (1, 1), (1, 1)),
+       ((1, 70, 9, 7), (33, 70, 1, 1), (1, 1), (0, 0)),
+       ((3, 9, 17, 13), (17, 9, 5, 3), (2, 1), (2, 0)),
+       ((1, 5, 11, 11), (7, 5, 3, 3), (1, 1), (4, 4))]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("xs,ws,stride,pad", BIG, ids=lambda v: "x".join(map(str, v)))
+def test_implicit_fused_bias_relu_equals_unfused(isa, xs, ws, stride, pad):
+    x, w, b = _data(xs, ws, True, 3)
+    x = x * 0.5
+    ref = ref_conv(x, w, b, *stride, *pad)
+    dy = np.random.default_rng(4).standard_normal(ref.shape).astype(np.float32)
+    with using("implicit", isa):
+        y, dx, dw, db = run(x, w, b, dy, stride, pad)
+        fused = ops.conv2d_forward(x, w, b, stride=stride, pad=pad, relu=True)
+    unfused = ops.relu_forward(y.copy())
+    assert np.array_equal(fused, unfused)
+    assert (fused == 0).any() and (fused > 0).any()
+    with using("im2col"):
+        assert np.array_equal(ops.conv2d_forward(x, w, b, stride=stride, pad=pad, relu=True),
+                              ops.relu_forward(ops.conv2d_forward(x, w, b, stride=stride, pad=pad)))
+    rdx, rdw, rdb = ref_conv_grads(x, w, dy, *stride, *pad)
+    for name, g, r in (("y", y, ref), ("dx", dx, rdx), ("dw", dw, rdw), ("db", db, rdb)):
+        assert not np.isnan(g).any(), name
+        assert close(g, r, rtol=1e-4), (name, np.abs(g - r).max())
+
+
+def test_implicit_forms_no_column_matrix(monkeypatch):
+    """Forward and stride-1 backward never call im2col/col2im; strided dX does."""
+    calls = []
+    for k in ("_k_im2col", "_k_col2im"):
+        real = getattr(conv, k)
+        monkeypatch.setattr(conv, k, lambda *a, _r=real, _k=k: (calls.append(_k), _r(*a)))
+    x, w, b = _data((2, 3, 9, 8), (4, 3, 3, 3), True, 5)
+    with using("implicit"):
+        y = ops.conv2d_forward(x, w, b, pad=1)
+        ops.conv2d_backward(x, w, np.ones_like(y), pad=1)
+        assert not calls
+        y = ops.conv2d_forward(x, w, b, stride=2, pad=1)
+        ops.conv2d_backward(x, w, np.ones_like(y), stride=2, pad=1, need_dx=False)
+        assert not calls
+        ops.conv2d_backward(x, w, np.ones_like(y), stride=2, pad=1)
+        assert calls == ["_k_col2im"]
+
+
+def test_conv_algo_selection(monkeypatch):
+    monkeypatch.delenv("SPRINT_CONV_ALGO", raising=False)
+    assert conv.conv_algo() == "implicit"
+    monkeypatch.setenv("SPRINT_CONV_ALGO", "im2col")
+    assert conv.conv_algo() == "im2col"
+    with using("implicit"):
+        assert conv.conv_algo() == "implicit"
+    monkeypatch.setenv("SPRINT_CONV_ALGO", "winograd")
+    with pytest.raises(ValueError, match="SPRINT_CONV_ALGO"):
+        conv.conv_algo()
+    with pytest.raises(ValueError, match="implicit, im2col"):
+        conv.set_conv_algo("fft")
+
+
+def test_net_step_same_under_both_algos():
+    """A whole forward/backward of a small net (fused ReLU in the conv layers)
+    gives the same loss and gradient with either algorithm."""
+    from engine.net import Net
+    rng = np.random.default_rng(0)
+    shape = Net("digits").spec.input_shape
+    x = rng.standard_normal((4,) + tuple(shape)).astype(np.float32)
+    y = rng.integers(0, 10, 4)
+    out = {}
+    for algo in ("im2col", "implicit"):
+        with using(algo):
+            net = Net("digits", seed=1)
+            loss, _ = net.loss_and_grad(x, y)
+            out[algo] = (loss, net.grads.copy())
+    assert out["im2col"][0] == pytest.approx(out["implicit"][0], rel=1e-5)
+    np.testing.assert_allclose(out["implicit"][1], out["im2col"][1], rtol=1e-4,
+                               atol=1e-5 * np.abs(out["im2col"][1]).max())
