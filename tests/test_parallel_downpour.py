@@ -183,3 +183,35 @@ def test_ranks_that_disagree_refuse_to_start(strategy, override):
                           env={"SPRINT_TEST_OVERRIDE": "2:" + json.dumps(override)})
     assert rc != 0 and dt < 50, out[-3000:]
     assert "ranks disagree" in out and "refusing to start" in out, out[-3000:]
+
+
+@pytest.mark.mpi
+@needs_mpi
+@pytest.mark.parametrize("argv", [["--parallel", "downpour", "--servers", "1", "--push-every", "2"],
+                                  ["--parallel", "sandblaster", "--batch", "256", "--slice", "64", "--history", "5"]])
+def test_sprint_train_runs_each_strategy_from_the_command_line(tmp_path, argv):
+    import os
+    import subprocess
+    import sys
+    from test_parallel_mpi import ROOT
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT="120", OMP_NUM_THREADS="1")
+    p = subprocess.run(["mpiexec", "-n", "3", sys.executable, "-m", "engine.cli", "train", *argv, "--epochs", "1",
+                        "--out", str(tmp_path / "run"), "--no-progress"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=150)
+    assert p.returncode == 0 and "done: 1 epoch" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())["train"]
+    assert cfg["parallel"] == argv[1] and cfg["extra"]["servers"] == 1
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "report", str(tmp_path / "run"), "--no-png"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert r.returncode == 0 and f"mode {argv[1]}" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("argv,flag,owner", [(["--parallel", "asgd", "--servers", "2"], "--servers", "downpour"),
+                                             (["--parallel", "downpour", "--slice", "8"], "--slice", "sandblaster"),
+                                             (["--parallel", "sandblaster", "--push-every", "2"], "--push-every",
+                                              "downpour")])
+def test_an_option_of_another_strategy_is_refused_naming_it(argv, flag, owner, capsys):
+    from engine.cli import main
+    assert main(["train", *argv, "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"--parallel {owner}" in err and flag in err, err

@@ -328,17 +328,13 @@ def extra_from_args(args) -> dict:
 
 
 def run(cfg) -> dict:
-    from .comm import abort_on_error, get_comm, install_abort_hooks
-    comm = get_comm()
-    install_abort_hooks(comm)
-    with abort_on_error(comm):
-        return _run(cfg, comm)
+    return ps.launch(cfg, "downpour", _run)
 
 
-def _run(cfg, comm):
+def _run(job):
     from engine.data import Loader
     from .runner import NetSource
-    job = ps.PSJob(cfg, "downpour", comm)
+    cfg, comm = job.cfg, job.comm
     extra = dict(cfg.extra or {})
     S, R, rank, mc = job.S, job.R, job.rank, comm.comm
     kind = extra.get("server_opt", "adagrad")
@@ -363,9 +359,7 @@ def _run(cfg, comm):
             srv.on_epoch = lambda s, epoch: job.end_epoch(epoch, *_assemble(s.gather(), kind), s.take_window())
         srv.run()
         if rank == 0:
-            w_final, opt_state, counters = _assemble(srv.gather(final=True), kind)
-            if job.run_dir is not None:
-                job.save(counters["samples"] // job.n_file, w_final, opt_state, counters)
+            w_final = _assemble(srv.gather(final=True), kind)[0]
         mine = srv.stats()
     else:
         net = job.net()

@@ -160,23 +160,23 @@ def role_map(servers: int, size: int, bounds) -> str:
 _PS = ("downpour", "sandblaster")
 # (flag, key in TrainConfig.extra, argparse keywords, strategies it applies to)
 TRAIN_OPTIONS = (
-    ("--servers", "servers", dict(type=int, help="downpour, sandblaster: parameter-server ranks S; the other "
+    ("--servers", "servers", dict(metavar="S", type=int, help="downpour, sandblaster: parameter-server ranks S; the other "
                                                  "mpiexec ranks are model replicas (default 1)"), _PS),
-    ("--fetch-every", "fetch_every", dict(type=int, help="downpour: replicas fetch the weights every n steps "
+    ("--fetch-every", "fetch_every", dict(metavar="N", type=int, help="downpour: replicas fetch the weights every n steps "
                                                          "(default 1)"), ("downpour",)),
-    ("--push-every", "push_every", dict(type=int, help="downpour: replicas push their summed gradients every "
+    ("--push-every", "push_every", dict(metavar="N", type=int, help="downpour: replicas push their summed gradients every "
                                                        "n steps (default 1)"), ("downpour",)),
     ("--server-opt", "server_opt", dict(choices=sorted(SERVER_OPTS),
                                         help="downpour: the servers' optimizer (default adagrad)"), ("downpour",)),
-    ("--slice", "slice", dict(type=int, help="sandblaster: samples per slice handed to a replica (default 32; "
+    ("--slice", "slice", dict(metavar="N", type=int, help="sandblaster: samples per slice handed to a replica (default 32; "
                                              "--batch is the L-BFGS batch)"), ("sandblaster",)),
-    ("--history", "history", dict(type=int, help="sandblaster: L-BFGS pairs kept (default 10)"), ("sandblaster",)),
+    ("--history", "history", dict(metavar="M", type=int, help="sandblaster: L-BFGS pairs kept (default 10)"), ("sandblaster",)),
     ("--no-backup", "backup", dict(action="store_const", const=False,
                                    help="sandblaster: no backup copies of late slices (a static-split baseline "
                                         "with --slice = batch / replicas)"), ("sandblaster",)),
-    ("--slow-rank", "slow_rank", dict(type=int, help="downpour, sandblaster (benchmarking aid): this replica "
+    ("--slow-rank", "slow_rank", dict(metavar="R", type=int, help="downpour, sandblaster (benchmarking aid): this replica "
                                                      "rank sleeps (F-1) x its compute time after each step"), _PS),
-    ("--slow-factor", "slow_factor", dict(type=float, help="the F of --slow-rank (default 2)"), _PS),
+    ("--slow-factor", "slow_factor", dict(metavar="F", type=float, help="the F of --slow-rank (default 2)"), _PS),
 )
 
 
@@ -205,77 +205,71 @@ def extra_from_args(args, strategy) -> dict:
 
 
 # ---- what a parameter-server run of the engine shares --------------------------
-class PSJob:
-    """Ranks' roles, the net and data, the run folder, evaluation and
-    checkpoints of a Downpour or Sandblaster run (``mode``). Server 0 is the
-    one that evaluates, logs and writes; every rank holds the data (replicas
-    train on it, and all ranks prove they agree on it at start)."""
+def launch(cfg, mode, body):
+    """``body(job)`` on every rank of a Downpour or Sandblaster job, inside the
+    engine's session (device, data, run folder, watchdog) and abort rules."""
+    from engine.session import Session
+    from .comm import abort_on_error, get_comm, install_abort_hooks
+    comm = get_comm()
+    install_abort_hooks(comm)
+    with abort_on_error(comm):
+        with Session(cfg, comm) as s:
+            return body(PSJob(s, cfg, mode, comm))
 
-    def __init__(self, cfg, mode, comm=None):
-        import json
+
+class PSJob:
+    """Ranks' roles, the net and data, evaluation and checkpoints of a
+    Downpour or Sandblaster run (``mode``) over the session ``s``. Server 0
+    evaluates, logs and writes; every rank holds the data (replicas train on
+    it, and all ranks prove they agree on it at start)."""
+
+    def __init__(self, s, cfg, mode, comm):
         import sys
-        from pathlib import Path
-        from engine import checkpoint as ckpt, metrics as _metrics
         from engine.net import Net
         from engine.optim import make_schedule
-        from engine.spec import get_spec
-        from engine.train import CHECKPOINT, CONFIG, METRICS, prepare_data, setup_device
         from . import comm as _comm
+        from ._xp import to_host
         from .runner import _check_ranks_agree
-        self.cfg, self.mode = cfg, mode
-        self.comm = comm if comm is not None else _comm.get_comm()
+        self.s, self.cfg, self.mode, self.comm = s, cfg, mode, comm
         extra = dict(cfg.extra or {})
         self.S = int(extra.get("servers", 1))
-        if not isinstance(self.comm, _comm.MPIComm) or self.comm.size < self.S + 1:
+        if not isinstance(comm, _comm.MPIComm) or comm.size < self.S + 1:
             raise ValueError(f"--parallel {mode} needs mpiexec -n S+R with S = {self.S} server(s) and at "
-                             f"least one replica, got {self.comm.size} process(es) (--servers)")
-        self.R = self.comm.size - self.S
-        self.rank = self.comm.rank
+                             f"least one replica, got {comm.size} process(es) (--servers)")
+        self.R, self.rank = comm.size - self.S, comm.rank
         self.is_server = self.rank < self.S
-        self.be = setup_device(cfg)
-        self.spec = get_spec(cfg.model)
-        self.train_ds, self.test_ds, self.deform = prepare_data(cfg, self.spec)
+        self.be, self.spec = s.backend, s.spec
+        self.train_ds, self.test_ds, self.deform = s.train_ds, s.test_ds, s.deform
         try:
-            _check_ranks_agree(self.comm, cfg, self.spec, self.train_ds, self.test_ds)
+            _check_ranks_agree(comm, cfg, self.spec, self.train_ds, self.test_ds)
         except _comm.ConfigMismatch as e:
             if self.rank == 0:
-                print(f"sprint: {e}", file=sys.stderr, flush=True)
-            self.comm.barrier()
+                print(f"sprint: error: {e}", file=sys.stderr, flush=True)
+            e.reported_by_root = True
+            comm.barrier()
             raise
         net0 = Net(self.spec, seed=cfg.seed)
         self.n_param = int(net0.n_params)
         self.bounds = shard_bounds(self.n_param, self.S)
-        roles = role_map(self.S, self.comm.size, self.bounds)
-        pids = self.comm.rank_map()
+        pids = comm.rank_map()
         if self.rank == 0:
-            print(f"sprint: {pids}\nsprint: {mode} roles: {roles}", file=sys.stderr, flush=True)
-        self.state = None
-        if cfg.resume:
-            self.state = self.comm.bcast_obj(ckpt.load(Path(cfg.resume) / CHECKPOINT) if self.rank == 0 else None)
-            if self.state.get("spec_hash") != self.spec.hash():
-                raise ValueError(f"checkpoint was written for another network ({cfg.resume})")
-            if self.state.get("mode") != mode:
-                raise ValueError(f"checkpoint is from a {self.state.get('mode')!r} run, not {mode!r} ({cfg.resume})")
-        from ._xp import to_host
-        self.w0 = (np.asarray(self.state["params"], np.float32) if self.state is not None
+            print(f"sprint: {pids}\nsprint: {mode} roles: {role_map(self.S, comm.size, self.bounds)}",
+                  file=sys.stderr, flush=True)
+        state = s.load_state()
+        if cfg.resume and state.get("mode") != mode:
+            raise ValueError(f"checkpoint is from a {state.get('mode')!r} run, not {mode!r} (--resume)")
+        self.state = state if cfg.resume else None        # init_from gives weights only
+        self.w0 = (np.asarray(state["params"], np.float32) if state is not None
                    else to_host(net0.params).astype(np.float32))
-        self.start_samples = int(self.state["samples"]) if self.state else 0
         self.n_file = len(self.train_ds)
+        self.start_samples = int(state["samples"]) if cfg.resume else 0
         self.start_epoch = self.start_samples // self.n_file
         self.sched = make_schedule(cfg.schedule, cfg.lr, cfg.epochs, cfg.warmup)
         self.max_samples = int(extra.get("max_samples", cfg.epochs * self.n_file))
         self.last_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
-        self.run_dir = Path(cfg.out) if cfg.out else (Path(cfg.resume) if cfg.resume else None)
-        self._ckpt, self._metrics = ckpt, _metrics
-        self._paths = (CHECKPOINT, METRICS)
-        if self.rank == 0 and self.run_dir is not None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            _atomic_text(self.run_dir / CONFIG, json.dumps({"train": cfg.to_dict(), "spec": self.spec.to_dict(),
-                                                            "deform": self.deform.to_dict()}, indent=2))
-            _metrics.truncate(self.run_dir / METRICS, self.start_epoch)
-        self.history = []
-        self.t0 = time.perf_counter()
-        self._t_epoch = self.t0
+        s.start(self.start_epoch)
+        self.run_dir = s.run
+        self._t_epoch = time.perf_counter()
         self._eval_net = None
 
     def net(self):
@@ -284,14 +278,14 @@ class PSJob:
 
     def evaluate(self, w):
         """(loss, accuracy) of the full vector ``w`` on the whole test set."""
-        from engine.train import evaluate
+        from engine.session import evaluate
         if self._eval_net is None:
             self._eval_net = self.net()
         self._eval_net.set_flat(w)
         return evaluate(self._eval_net, self.test_ds, self.cfg.eval_batch, self.deform)
 
     def end_epoch(self, epoch, w, opt_state: dict, counters: dict, window):
-        """Server 0: evaluate, log a metrics line, write the checkpoint."""
+        """Server 0: evaluate, then the session checkpoints, logs and prints."""
         seen, tr_loss, tr_acc = window
         now = time.perf_counter()
         test_loss, test_acc = self.evaluate(w)
@@ -299,54 +293,23 @@ class PSJob:
                "lr": float(self.sched(epoch)), "train_loss": tr_loss, "train_acc": tr_acc,
                "test_loss": test_loss, "test_acc": test_acc,
                "images_per_s": seen / (now - self._t_epoch) if now > self._t_epoch else 0.0,
-               "time": now - self.t0, "skipped": self.train_ds.skipped + self.test_ds.skipped,
+               "time": now - self.s.t0, "skipped": self.train_ds.skipped + self.test_ds.skipped,
                "parallel": self.mode, "servers": self.S, "replicas": self.R}
-        self.history.append(rec)
-        if self.run_dir is not None:
-            self.save(epoch, w, opt_state, counters)
-            self._metrics.append(self.run_dir / self._paths[1], rec)
-        if self.cfg.verbose:
-            print(f"epoch {epoch:3d}  train_loss {tr_loss:.4f}  test_loss {test_loss:.4f}  "
-                  f"test_acc {100 * test_acc:6.2f} %  {rec['images_per_s']:,.0f} img/s  {rec['time']:.1f} s",
-                  flush=True)
+        state = {"params": np.asarray(w, np.float32), "opt": opt_state, "mode": self.mode, "epoch": int(epoch),
+                 "samples": int(counters.get("samples", 0)), "step": int(counters.get("step", 0)),
+                 "servers": self.S, "replicas": self.R, "spec": self.spec.to_dict(),
+                 "spec_hash": self.spec.hash(), "deform": self.deform.to_dict(),
+                 "rng": {"seed": int(self.cfg.seed), "next_epoch": int(epoch)}}
+        state.update({k: v for k, v in counters.items() if k not in state})
+        self.s.end_epoch(rec, state)
         self._t_epoch = time.perf_counter()
         return epoch >= self.last_epoch
 
-    def save(self, epoch, w, opt_state, counters):
-        if self.run_dir is None:
-            return
-        st = {"params": np.asarray(w, np.float32), "opt": opt_state, "mode": self.mode, "epoch": int(epoch),
-              "samples": int(counters.get("samples", 0)), "step": int(counters.get("step", 0)),
-              "servers": self.S, "replicas": self.R, "spec": self.spec.to_dict(),
-              "spec_hash": self.spec.hash(), "deform": self.deform.to_dict(),
-              "rng": {"seed": int(self.cfg.seed), "next_epoch": int(epoch)}}
-        st.update({k: v for k, v in counters.items() if k not in st})
-        self._ckpt.save(self.run_dir / self._paths[0], st)
-
     def finish(self, stats: dict, w_final):
         """Every rank: the result dict; rank 0 also writes ``<mode>_stats.json``."""
-        import json
-        if self.rank == 0 and self.run_dir is not None:
-            _atomic_text(self.run_dir / f"{self.mode}_stats.json", json.dumps(stats))
-        final = self.history[-1] if self.history else {}
-        net = None
-        if self.rank == 0:
-            net = self.net()
+        self.s.write_stats(f"{self.mode}_stats.json", stats)
+        net = self.net()
+        if w_final is not None:
             net.set_flat(w_final)
-            if not self.history:
-                final = dict(zip(("test_loss", "test_acc"), self.evaluate(w_final)))
-        return {"run_dir": str(self.run_dir) if self.run_dir else None,
-                "epochs": int(stats.get("samples", 0) // self.n_file), "history": self.history,
-                "test_acc": final.get("test_acc"), "test_loss": final.get("test_loss"),
-                "train_loss": final.get("train_loss"), "time_s": time.perf_counter() - self.t0,
-                "n_params": self.n_param, "net": net, "stats": stats, "rank": self.rank,
-                "n_node": self.comm.size}
-
-
-def _atomic_text(path, text):
-    import os
-    import tempfile
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+        return self.s.result(net, int(stats.get("samples", 0) // self.n_file), stats=stats, rank=self.rank,
+                             n_node=self.comm.size)

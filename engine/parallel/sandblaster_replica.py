@@ -125,18 +125,14 @@ def extra_from_args(args) -> dict:
 
 
 def run(cfg) -> dict:
-    from .comm import abort_on_error, get_comm, install_abort_hooks
-    comm = get_comm()
-    install_abort_hooks(comm)
-    with abort_on_error(comm):
-        return _run(cfg, comm)
+    return ps.launch(cfg, "sandblaster", _run)
 
 
-def _run(cfg, comm):
+def _run(job):
     from engine.data import Loader
     from .downpour import slow_factor_of
     from .ps_report import summarize_sandblaster
-    job = ps.PSJob(cfg, "sandblaster", comm)
+    cfg, comm = job.cfg, job.comm
     extra = dict(cfg.extra or {})
     S, rank, mc = job.S, job.rank, comm.comm
     scfg = SandblasterConfig(batch=int(cfg.batch), slice=int(extra.get("slice", min(32, cfg.batch))),
@@ -159,9 +155,6 @@ def _run(cfg, comm):
 
             coord.on_epoch = on_epoch
             final = coord.run()
-            if job.run_dir is not None:
-                job.save(coord.samples // job.n_file, final["x"], {"kind": "lbfgs", **final},
-                         {"samples": coord.samples, "step": len(coord.batch_t)})
             mine = {**shard.stats(), "coordinator": coord.stats()}
         else:
             shard.serve()

@@ -61,6 +61,12 @@ register(Strategy("sync", "engine.parallel.runner:run", "synchronous allreduce S
                   workers=True))
 register(Strategy("pipeline", "engine.parallel.pipeline_run:run", "K pipeline stages x D replicas over K*D ranks "
                   "(GPipe, 1F1B, DualPipe)", cli="engine.parallel.pipeline_run"))
+register(Strategy("downpour", "engine.parallel.downpour:run", "DistBelief Downpour SGD: S parameter-server ranks "
+                  "(--servers) and model replicas", defaults=dict(lr=0.05, momentum=0.0), extra={"servers": 1},
+                  cli="engine.parallel.downpour"))
+register(Strategy("sandblaster", "engine.parallel.sandblaster_replica:run", "DistBelief Sandblaster L-BFGS: S "
+                  "parameter-server ranks, server 0 coordinating slices of --batch", extra={"servers": 1},
+                  cli="engine.parallel.sandblaster_replica"))
 
 
 def cli_modules() -> list:

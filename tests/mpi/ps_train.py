@@ -32,6 +32,7 @@ if os.environ.get("SPRINT_TEST_KILL"):
                 return _f(self, *a)
             setattr(cls, name, killer)
 mod = {"downpour": "downpour", "sandblaster": "sandblaster_replica"}[strategy]
+d.setdefault("parallel", strategy)
 res = importlib.import_module(f"engine.parallel.{mod}").run(TrainConfig(**d))
 if res["rank"] == 0:
     keep = {k: res.get(k) for k in ("test_acc", "test_loss", "epochs", "run_dir", "time_s")}
