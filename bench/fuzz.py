@@ -248,7 +248,7 @@ def worker(seed, first, last, kinds, time_limit, mem_gb):
 
 # ---- the supervisor -------------------------------------------------------------
 
-def fuzz(calls, seed=0, batch=500, kinds=("ops", "cpu", "cuda", "emu"), time_limit=10.0, mem_gb=4.0,
+def fuzz(calls, seed=0, batch=500, kinds=("ops", "cpu", "cuda", "emu"), time_limit=20.0, mem_gb=1.0,
          progress=None) -> dict:
     """Runs calls 0..calls-1 of `seed` in child processes; returns the report."""
     rep = {"seed": seed, "calls": 0, "ok": 0, "rejected": 0, "bad": 0, "crashes": 0, "hangs": 0, "generator_error": 0,
@@ -322,8 +322,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=1000, help="calls per child process")
-    ap.add_argument("--time-limit", type=float, default=10.0, help="seconds after which a call is a hang")
-    ap.add_argument("--mem-gb", type=float, default=4.0, help="address-space cap of the children (0: none)")
+    ap.add_argument("--time-limit", type=float, default=20.0, help="seconds after which a call is a hang")
+    ap.add_argument("--mem-gb", type=float, default=1.0,
+                    help="address-space cap of the children (0: none); a call needing more is a MemoryError")
     ap.add_argument("--targets", default="ops,cpu,cuda,emu",
                     help="comma list of ops (engine.ops on the CPU), cpu (engine._sprint_cpu), cuda "
                          "(engine._sprint_cuda without a device), emu (engine.ops' GPU path with the CUDA "

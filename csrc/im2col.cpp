@@ -54,19 +54,29 @@ inline i64 padded_plane_floats(const ConvGeom& g) {
     return n >= 0 && n <= 2 * data + 4096 ? n : 0;
 }
 
+// The outputs q in [lo, hi) whose tap q*s + k - p lies inside [0, L): the
+// rest read padding. Computed, not searched: a huge pad leaves most outputs
+// outside, and the direct paths cost what they write.
+inline void inside_range(i64 n_out, i64 s, i64 k, i64 p, i64 L, i64& lo, i64& hi) {
+    lo = k >= p ? 0 : (p - k + s - 1) / s;
+    hi = L - 1 + p - k < 0 ? 0 : std::min(n_out, (L - 1 + p - k) / s + 1);
+    lo = std::min(lo, n_out);
+    if (hi < lo) hi = lo;
+}
+
 // im2col block (i, j) of one plane, straight from the unpadded plane.
 inline void copy_rows_direct(const float* plane, float* dst, const ConvGeom& g, i64 i, i64 j) {
-    for (i64 oh = 0; oh < g.OH; ++oh, dst += g.OW) {
-        const i64 h = oh * g.sh + i - g.ph;
-        if (h < 0 || h >= g.H) {
-            std::fill(dst, dst + g.OW, 0.0f);
-            continue;
-        }
-        const float* row = plane + h * g.W;
-        for (i64 q = 0; q < g.OW; ++q) {
-            const i64 w = q * g.sw + j - g.pw;
-            dst[q] = w >= 0 && w < g.W ? row[w] : 0.0f;
-        }
+    i64 r0, r1, q0, q1;
+    inside_range(g.OH, g.sh, i, g.ph, g.H, r0, r1);
+    inside_range(g.OW, g.sw, j, g.pw, g.W, q0, q1);
+    std::fill(dst, dst + r0 * g.OW, 0.0f);
+    std::fill(dst + r1 * g.OW, dst + g.OH * g.OW, 0.0f);
+    for (i64 oh = r0; oh < r1; ++oh) {
+        float* d = dst + oh * g.OW;
+        const float* row = plane + (oh * g.sh + i - g.ph) * g.W;
+        std::fill(d, d + q0, 0.0f);
+        for (i64 q = q0; q < q1; ++q) d[q] = row[q * g.sw + j - g.pw];
+        std::fill(d + q1, d + g.OW, 0.0f);
     }
 }
 
@@ -234,15 +244,13 @@ void col2im(const float* cols, float* x, const ConvGeom& g) {
                 for (i64 i = 0; i < g.kh; ++i) {
                     for (i64 j = 0; j < g.kw; ++j) {
                         const float* src = cols + ((c * g.kh + i) * g.kw + j) * BP + n * P;
-                        for (i64 oh = 0; oh < g.OH; ++oh) {
-                            const i64 h = oh * g.sh + i - g.ph;
-                            if (h < 0 || h >= g.H) continue;
-                            float* row = plane + h * g.W;
+                        i64 r0, r1, q0, q1;
+                        inside_range(g.OH, g.sh, i, g.ph, g.H, r0, r1);
+                        inside_range(g.OW, g.sw, j, g.pw, g.W, q0, q1);
+                        for (i64 oh = r0; oh < r1; ++oh) {
+                            float* row = plane + (oh * g.sh + i - g.ph) * g.W;
                             const float* s = src + oh * g.OW;
-                            for (i64 q = 0; q < g.OW; ++q) {
-                                const i64 w = q * g.sw + j - g.pw;
-                                if (w >= 0 && w < g.W) row[w] += s[q];
-                            }
+                            for (i64 q = q0; q < q1; ++q) row[q * g.sw + j - g.pw] += s[q];
                         }
                     }
                 }

@@ -70,8 +70,8 @@ def default_workspace_bytes() -> int:
 
 def conv_out_size(size: int, k: int, stride: int = 1, pad: int = 0) -> int:
     """Output length of a window k, stride, pad over size (>= 1 or ValueError)."""
-    size, k = check_positive_int("size", size), check_positive_int("k", k)
-    stride, pad = check_positive_int("stride", stride), check_nonneg_int("pad", pad)
+    size, k = check_positive_int("size", size, _MAX_DIM), check_positive_int("k", k, _MAX_DIM)
+    stride, pad = check_positive_int("stride", stride, _MAX_DIM), check_nonneg_int("pad", pad, _MAX_DIM)
     if size + 2 * pad < k:
         raise ValueError(f"kernel {k} larger than the padded input {size}+2*{pad}")
     return (size + 2 * pad - k) // stride + 1
