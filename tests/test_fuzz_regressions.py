@@ -117,31 +117,32 @@ def test_the_path_cases_cover_both_paths():
     assert not any(_uses_padded_plane(5, 4, *c) for c in ((1, 1, 4, 40), (2, 2, 5, 45), (3, 2, 6, 50)))
 
 
+def _taps(shape, kh, kw, s, p):
+    """(cols row, cols column, x index) of every window tap inside the image."""
+    B, C, H, W = shape
+    OH, OW = (H + 2 * p - kh) // s + 1, (W + 2 * p - kw) // s + 1
+    for c in range(C):
+        for i in range(kh):
+            for j in range(kw):
+                for n in range(B):
+                    for oh in range(OH):
+                        for ow in range(OW):
+                            h, w = oh * s + i - p, ow * s + j - p
+                            if 0 <= h < H and 0 <= w < W:
+                                yield (c * kh + i) * kw + j, (n * OH + oh) * OW + ow, (n, c, h, w)
+
+
 def _reference_im2col(x, kh, kw, s, p, cols=None):
     """float64 loops: cols of x, and col2im of `cols` (or of those cols)."""
     B, C, H, W = x.shape
     OH, OW = (H + 2 * p - kh) // s + 1, (W + 2 * p - kw) // s + 1
     ref = np.zeros((C * kh * kw, B * OH * OW))
-    for c in range(C):
-        for i in range(kh):
-            for j in range(kw):
-                for n in range(B):
-                    for oh in range(OH):
-                        for ow in range(OW):
-                            h, w = oh * s + i - p, ow * s + j - p
-                            if 0 <= h < H and 0 <= w < W:
-                                ref[(c * kh + i) * kw + j, (n * OH + oh) * OW + ow] = x[n, c, h, w]
+    for r, q, at in _taps(x.shape, kh, kw, s, p):
+        ref[r, q] = x[at]
     src = ref if cols is None else cols.astype(np.float64)
     back = np.zeros(x.shape)
-    for c in range(C):
-        for i in range(kh):
-            for j in range(kw):
-                for n in range(B):
-                    for oh in range(OH):
-                        for ow in range(OW):
-                            h, w = oh * s + i - p, ow * s + j - p
-                            if 0 <= h < H and 0 <= w < W:
-                                back[n, c, h, w] += src[(c * kh + i) * kw + j, (n * OH + oh) * OW + ow]
+    for r, q, at in _taps(x.shape, kh, kw, s, p):
+        back[at] += src[r, q]
     return ref.astype(np.float32), back
 
 
