@@ -87,3 +87,22 @@ def test_ranks_with_different_options_refuse_to_start(rank1):
     rc, out, _ = run_mpi(2, "pipeline_train.py", json.dumps(job), timeout=60)
     assert rc != 0 and "PIPE RUN" not in out, out[-3000:]
     assert "ranks disagree on options" in out and "refusing to start" in out, out[-3000:]
+
+
+def test_sprint_train_parallel_pipeline_cli(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from test_parallel_mpi import ROOT
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT="90", OMP_NUM_THREADS="1")
+    cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "mpi4py", "-m", "engine.cli", "train", "--parallel",
+           "pipeline", "--pipe-schedule", "1f1b", "--predict", "stash", "--microbatches", "2", "--epochs", "1",
+           "--no-progress", "--out", str(run)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "done: 1 epoch" in out, out[-3000:]
+    assert "schedule 1f1b" in out and (run / "pipeline_stats.json").exists()
+    from engine.cli import main
+    assert main(["report", str(run), "--no-png"]) == 0
+

@@ -6,10 +6,11 @@ training set and feeds its pipeline; each stage's gradients are summed over
 its D replicas before every update (gpipe: one allreduce per mini-batch),
 so gpipe on K x D ranks is single-process SGD on D-times larger batches.
 Each epoch is one stream of micro-batches ending in a flush: then the
-stages' slices are gathered, every rank evaluates a shard of the test set,
-rank 0 logs metrics.jsonl and writes one checkpoint with the whole weight
-and velocity vectors (resume slices them again, for any partition), so a
-resumed gpipe run is the uninterrupted one.
+stages' slices are gathered, every rank evaluates a shard of the test set
+and the session (engine.session.Session: run folder, watchdog, metrics)
+records the epoch with one checkpoint holding the whole weight and velocity
+vectors (resume slices them again, for any partition), so a resumed gpipe
+run is the uninterrupted one.
 
 Options (``cfg.extra``): ``stages`` (K, default the number of ranks),
 ``replicas`` (D, default 1), ``schedule`` (gpipe), ``microbatches`` (M,
@@ -18,16 +19,14 @@ by the performance model's per-layer time), ``max_samples``.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from . import comm as _comm
 from .pipeline import TRACE_KEEP, StageExecutor, micro_sizes, split_micro, _host
-from .stage import Stage, check_partition, even_partition, format_partition, parse_partition
+from .stage import Stage, even_partition, format_partition, parse_partition
 
 STATS = "pipeline_stats.json"
 
@@ -99,65 +98,59 @@ def run(cfg) -> dict:
 
 
 def _run(cfg, comm):
-    from engine import checkpoint as ckpt
-    from engine import metrics as _metrics
+    from engine.session import Session
+    with Session(cfg, comm) as s:
+        return _train(s, cfg, comm)
+
+
+def _train(s, cfg, comm):
     from engine.data import Loader
     from engine.net import Net
     from engine.optim import SGD, make_schedule
-    from engine.spec import get_spec
     from .runner import _check_ranks_agree
-    CHECKPOINT, CONFIG, METRICS, prepare_data, setup_device, _evaluate_sharded = _shared()
 
     K, D, schedule, M, predict = options(cfg, comm.size)
-    be = setup_device(cfg)
-    spec = get_spec(cfg.model)
-    train_ds, test_ds, deform = prepare_data(cfg, spec)
-    root = comm.rank == 0
+    be, spec, train_ds, test_ds, deform = s.backend, s.spec, s.train_ds, s.test_ds, s.deform
     try:
         _check_ranks_agree(comm, cfg, spec, train_ds, test_ds)
     except _comm.ConfigMismatch as e:
-        if root:
-            print(f"sprint: {e}", file=sys.stderr, flush=True)
+        if s.root:
+            print(f"sprint: error: {e}", file=sys.stderr, flush=True)
+        e.reported_by_root = True
         comm.barrier()
         raise
     parts = choose_partition(cfg, spec, K)
-    check_partition(parts, len(parts) and parts[-1][1])
     comm.check_agreement("partition", format_partition(parts))
-    if comm.size > 1 and root:
-        print(f"sprint: {comm.rank_map()}", file=sys.stderr, flush=True)
-    elif comm.size > 1:
-        comm.rank_map()
+    if comm.size > 1:
+        ranks = comm.rank_map()
+        if s.root:
+            print(f"sprint: {ranks}", file=sys.stderr, flush=True)
     k, d = comm.rank % K, comm.rank // K
+    if s.gpu and comm.size > 1:
+        _comm.select_device(comm)       # one GPU per stage; messages are staged through the host
     stage = Stage(spec, *parts[k], seed=cfg.seed)
     acc = stage.grads.copy()
     sched = make_schedule(cfg.schedule, cfg.lr, cfg.epochs, cfg.warmup)
     opt = SGD(stage.params, acc, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, schedule=sched)
-    state = None
-    if cfg.resume:
-        state = comm.bcast_obj(ckpt.load(Path(cfg.resume) / CHECKPOINT) if root else None)
-        if state.get("spec_hash") != spec.hash():
-            raise ValueError(f"checkpoint was written for another network (--resume {cfg.resume})")
-        if state.get("mode") != "pipeline":
-            raise ValueError(f"checkpoint is from a {state.get('mode')!r} run, not a pipeline (--resume)")
+    state = s.load_state()
+    if cfg.resume and state.get("mode") != "pipeline":
+        raise ValueError(f"checkpoint is from a {state.get('mode')!r} run, not a pipeline (--resume)")
+    if state is not None:
+        # whole vectors in the checkpoint: any partition takes its slice
         stage.params[...] = be.xp.asarray(state["params"][stage.p_lo:stage.p_hi])
-        opt.velocity[...] = be.xp.asarray(state["momentum"][stage.p_lo:stage.p_hi])
-        opt.steps = int(state["stage_steps"][k]) if len(state.get("stage_steps", [])) == K else 0
-    start_epoch = int(state["epoch"]) if state else 0
-
-    run_dir = Path(cfg.out) if cfg.out else (Path(cfg.resume) if cfg.resume else None)
-    if root and run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(run_dir / CONFIG, json.dumps({"train": cfg.to_dict(), "spec": spec.to_dict(),
-                                                    "deform": deform.to_dict()}, indent=2))
-        _metrics.truncate(run_dir / METRICS, start_epoch)
+        if cfg.resume:
+            opt.velocity[...] = be.xp.asarray(state["momentum"][stage.p_lo:stage.p_hi])
+            steps = state.get("stage_steps") or []
+            opt.steps = int(steps[k]) if len(steps) == K else int(state.get("step", 0))
+    start_epoch = int(state["epoch"]) if cfg.resume else 0
+    s.start(start_epoch)
 
     mpi = comm.comm if isinstance(comm, _comm.MPIComm) else None
     rep = _comm.MPIComm(mpi.Split(color=k, key=d)) if D > 1 else None
     base = d * K
     ex = StageExecutor(stage, k, K, schedule, M, predict, opt, acc, mpi_comm=mpi,
                        ranks=(base + k - 1 if k else None, base + k + 1 if k < K - 1 else None, base, base + K - 1),
-                       replicas=rep, timeout=float(getattr(cfg, "timeout", None) or
-                                                   (cfg.extra or {}).get("timeout", 300.0)))
+                       replicas=rep, timeout=float(cfg.timeout))
     loader = None
     # replicas' shards differ by at most one sample: all streams take the
     # smallest, so every stage of every replica runs the same micro-batches
@@ -168,13 +161,12 @@ def _run(cfg, comm):
     sizes, minis = micro_sizes(n_stream, cfg.batch, M)
     n_upd = len(minis) if schedule == "gpipe" else len(sizes)
     eval_net = Net(spec, seed=cfg.seed)
-    log = (lambda msg: print(msg, flush=True)) if (root and cfg.verbose) else (lambda msg: None)
-    log(f"sprint pipeline: {K} stage(s) x {D} replica(s), schedule {schedule}, {M} micro-batch(es) of "
-        f"mini-batch {cfg.batch}, predict {predict}, partition {format_partition(parts)}, {spec.name} "
-        f"({eval_net.n_params:,} params)")
-    history, t0 = [], time.perf_counter()
+    s.log(f"sprint pipeline: {K} stage(s) x {D} replica(s), schedule {schedule}, {M} micro-batch(es) of "
+          f"mini-batch {cfg.batch}, predict {predict}, partition {format_partition(parts)}, {spec.name} "
+          f"({eval_net.n_params:,} params)")
     last_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
     max_samples = int((cfg.extra or {}).get("max_samples", 0)) or None
+    epoch = start_epoch
     for epoch in range(start_epoch, last_epoch):
         micro = None
         if loader is not None:
@@ -186,54 +178,27 @@ def _run(cfg, comm):
         wall = time.perf_counter() - t_ep
         full_w, full_v = _gather(comm, K, stage, opt)
         eval_net.set_flat(full_w)
-        test_loss, test_acc = _evaluate_sharded(comm, eval_net, test_ds, cfg, deform)
-        s = comm.allreduce_scalars([ex.loss_sum, ex.correct, ex.seen])
+        test_loss, test_acc = s.evaluate(eval_net)
+        tot = comm.allreduce_scalars([ex.loss_sum, ex.correct, ex.seen])
         rec = {"epoch": epoch + 1, "step": int(ex.version), "lr": float(sched(epoch + 1)),
-               "train_loss": s[0] / s[2], "train_acc": s[1] / s[2], "test_loss": test_loss,
-               "test_acc": test_acc, "images_per_s": s[2] / wall, "time": time.perf_counter() - t0,
+               "train_loss": tot[0] / tot[2], "train_acc": tot[1] / tot[2], "test_loss": test_loss,
+               "test_acc": test_acc, "images_per_s": tot[2] / wall, "time": time.perf_counter() - s.t0,
                "skipped": train_ds.skipped + test_ds.skipped, "parallel": "pipeline", "n_node": comm.size,
                "stages": K, "replicas": D, "schedule": schedule, "predict": predict}
-        history.append(rec)
         steps = comm.allgather_obj(opt.steps)[:K]
-        if root and run_dir is not None:
-            ckpt.save(run_dir / CHECKPOINT, {
-                "params": full_w, "momentum": full_v, "mode": "pipeline", "epoch": epoch + 1,
-                "samples": int((epoch + 1) * n_stream * D), "step": int(ex.version), "stage_steps": steps,
-                "partition": format_partition(parts), "schedule": schedule, "spec": spec.to_dict(),
-                "spec_hash": spec.hash(), "deform": deform.to_dict(),
-                "rng": {"seed": int(cfg.seed), "next_epoch": epoch + 1}})
-            _metrics.append(run_dir / METRICS, rec)
-        log(f"epoch {epoch + 1:3d}  train_loss {rec['train_loss']:.4f}  test_loss {test_loss:.4f}  "
-            f"test_acc {100 * test_acc:6.2f} %  {rec['images_per_s']:,.0f} img/s  {rec['time']:.1f} s")
+        s.end_epoch(rec, {
+            "params": full_w, "momentum": full_v, "mode": "pipeline", "epoch": epoch + 1,
+            "samples": int((epoch + 1) * n_stream * D), "step": int(ex.version), "stage_steps": steps,
+            "partition": format_partition(parts), "schedule": schedule, "spec": spec.to_dict(),
+            "spec_hash": spec.hash(), "deform": deform.to_dict(),
+            "rng": {"seed": int(cfg.seed), "next_epoch": epoch + 1}})
         if max_samples and (epoch + 1 - start_epoch) * n_stream * D >= max_samples:
             break
     stats = _stats(comm, ex, K, D, parts, spec, cfg, schedule, predict, M, n_stream, sizes, minis)
-    if root and run_dir is not None:
-        _atomic_write(run_dir / STATS, json.dumps(stats))
-    if not history:
-        full_w, _ = _gather(comm, K, stage, opt)
-        eval_net.set_flat(full_w)
-    final = history[-1] if history else dict(zip(("test_loss", "test_acc"),
-                                                  _evaluate_sharded(comm, eval_net, test_ds, cfg, deform)))
-    return {"run_dir": str(run_dir) if run_dir else None, "epochs": len(history) + start_epoch,
-            "history": history, "test_acc": final.get("test_acc"), "test_loss": final.get("test_loss"),
-            "train_loss": final.get("train_loss"), "time_s": time.perf_counter() - t0,
-            "n_params": eval_net.n_params, "net": eval_net, "stats": stats, "rank": comm.rank,
-            "n_node": comm.size}
-
-
-def _shared():
-    """The pieces every run shares: from engine.session once it exists (the
-    session layer is landing beside this module), else from engine.train."""
-    try:
-        from engine.session import CHECKPOINT, CONFIG, METRICS, evaluate_sharded, prepare_data, setup_device
-
-        def evaluate(comm, net, ds, cfg, deform):
-            return evaluate_sharded(comm, net, ds, cfg.eval_batch, deform)
-    except ImportError:
-        from engine.train import CHECKPOINT, CONFIG, METRICS, prepare_data, setup_device
-        from .runner import _evaluate_sharded as evaluate
-    return CHECKPOINT, CONFIG, METRICS, prepare_data, setup_device, evaluate
+    s.write_stats(STATS, stats)
+    if not s.history[s.first_new:]:
+        eval_net.set_flat(_gather(comm, K, stage, opt)[0])
+    return s.result(eval_net, len(s.history), stats=stats, rank=comm.rank, n_node=comm.size)
 
 
 def _micro_stream(loader, m, n_stream):
@@ -251,12 +216,6 @@ def _gather(comm, K, stage, opt):
     """The whole weight and velocity vectors on every rank (stage order)."""
     pieces = comm.allgather_obj((_host(stage.params), _host(opt.velocity)))[:K]
     return np.concatenate([p[0] for p in pieces]), np.concatenate([p[1] for p in pieces])
-
-
-def _atomic_write(path: Path, text: str):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _stats(comm, ex, K, D, parts, spec, cfg, schedule, predict, M, n_stream, sizes, minis) -> dict:
