@@ -224,7 +224,11 @@ const char* sgemm(Isa isa, bool trans_a, bool trans_b, i64 m, i64 n, i64 k, floa
         return nullptr;
     }
     const Kernels& kr = kernels(isa);
-    Plan p = plan(kr, blocking_cached(isa), m, n, k, true);
+    // No k-split here: each element of C then sums its k terms in one fixed
+    // order whatever m, n and the thread grid, so a row of a forward pass is
+    // bitwise the same in a micro-batch as in the whole batch (a ReLU flipped
+    // by a rounding difference would otherwise make the two runs drift apart).
+    Plan p = plan(kr, blocking_cached(isa), m, n, k, false);
     Scratch arena, partial;
     if (!allocate(p, m, n, arena, partial)) return kAlloc;
     kr.sgemm(p, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);

@@ -115,7 +115,7 @@ def test_implicit_forms_no_column_matrix(monkeypatch):
 
 def test_conv_algo_selection(monkeypatch):
     monkeypatch.delenv("SPRINT_CONV_ALGO", raising=False)
-    assert conv.conv_algo() == "implicit"
+    assert conv.conv_algo() == "im2col"
     monkeypatch.setenv("SPRINT_CONV_ALGO", "im2col")
     assert conv.conv_algo() == "im2col"
     with using("implicit"):

@@ -133,6 +133,7 @@ def test_engine_sgemm_env_selects_isa(isa, monkeypatch):
     """$SPRINT_CPU_ISA picks the kernel per call (gemm_info reports it); an
     ISA the CPU lacks or an unknown name is a ValueError, never a crash."""
     ext = _ext()
+    monkeypatch.setenv("SPRINT_GEMM", "engine")
     monkeypatch.setenv("SPRINT_CPU_ISA", isa)
     if isa not in ext.gemm_info("generic")["supported"]:
         with pytest.raises(ValueError, match="SPRINT_CPU_ISA"):
@@ -152,6 +153,7 @@ def test_engine_sgemm_bad_isa(monkeypatch):
     a = np.ones((2, 2), np.float32)
     with pytest.raises(ValueError, match="expected avx512, avx2, generic"):
         ext.sgemm(a, a, np.empty((2, 2), np.float32), isa="sse9")
+    monkeypatch.setenv("SPRINT_GEMM", "engine")
     monkeypatch.setenv("SPRINT_CPU_ISA", "nope")
     with pytest.raises(ValueError, match="SPRINT_CPU_ISA=nope"):
         ops.gemm(a, a)
@@ -162,7 +164,7 @@ def test_engine_sgemm_isa_in_fresh_process():
     import os
     import subprocess
     import sys
-    env = dict(os.environ, SPRINT_CPU_ISA="generic")
+    env = dict(os.environ, SPRINT_CPU_ISA="generic", SPRINT_GEMM="engine")
     code = ("import numpy as np; from engine import backend, ops; be = backend.set_backend('cpu'); "
             "a = np.arange(12, dtype=np.float32).reshape(3, 4); "
             "assert np.array_equal(ops.gemm(a, a, trans_b=True), (a.astype(np.float64) @ a.T).astype(np.float32)); "
