@@ -360,6 +360,27 @@ def cpu_binding_valid(name, rng, A):
         out = kw.get("out")
         out = A.new(args[0].shape) if out is None else out
         return args + [out] + ([kw["relu"]] if name == "bias_act" else [])
+    if name in ("conv2d_implicit_forward", "conv2d_implicit_backward"):
+        N, C, H, W, kh, kw, sh, sw, ph, pw = _conv_case(rng, A)
+        M = int(rng.integers(1, 5))
+        ys = (N, M, _out(H, kh, sh, ph), _out(W, kw, sw, pw))
+        x, w = _f(A, N, C, H, W), _f(A, M, C, kh, kw)
+        if name == "conv2d_implicit_forward":
+            return [x, w, _f(A, M) if rng.random() < 0.5 else None, _f(A, *ys), sh, sw, ph, pw,
+                    bool(rng.random() < 0.5), ""]
+        dx = _f(A, N, C, H, W) if sh == sw == 1 else None
+        return [x, w, _f(A, *ys), _f(A, M, C, kh, kw), dx, sh, sw, ph, pw, ""]
+    if name == "sgemm":
+        m, n, k = (int(v) for v in rng.integers(1, 40, 3))
+        ta, tb = bool(rng.random() < 0.5), bool(rng.random() < 0.5)
+        return [_f(A, *((k, m) if ta else (m, k))), _f(A, *((n, k) if tb else (k, n))), _f(A, m, n), ta, tb,
+                float(rng.standard_normal()), float(rng.standard_normal()), ""]
+    if name == "gemm_info":
+        return [str(rng.choice(["", "generic"]))]
+    if name == "gemm_profile":
+        return [False]
+    if name == "fma_peak":  # a few iterations: the loop length is the argument
+        return [int(rng.integers(1, 100)), int(rng.integers(1, 3)), str(rng.choice(["", "generic"]))]
     if name in OPS and name in ("axpy", "scale", "sum_into", "momentum_step", "sgd_update", "deform"):
         args, _ = OPS[name][0](rng, A)
         if name == "deform":
