@@ -120,8 +120,11 @@ def test_unmeasured_oversubscription_is_refused():
     with pytest.raises(model.Oversubscribed, match=r"3 rank\(s\) x 2 worker\(s\).*6 busy threads on 2 cores"
                                                    r".*measured ranks x workers: 1x1, 2x1, 2x2"):
         model.predict("tiny", 3, 2, 8, prof, ranks_per_host=3)
-    with pytest.raises(model.Oversubscribed, match="2 thread"):
-        model.predict("tiny", 2, 2, 8, prof, ranks_per_host=2, threads=2)
+    with pytest.raises(model.Oversubscribed, match=r"2 thread\(s\) = 4 busy"):
+        model.predict("tiny", 2, 1, 8, prof, ranks_per_host=2, threads=2)
+    # As many busy threads as a measured sharing: priced from it, and said.
+    p = model.predict("tiny", 1, 4, 8, prof, ranks_per_host=1)
+    assert "as many busy threads (2x2)" in p.extra["oversubscribed"] and "1x4x1" in p.extra["oversubscribed"]
     # On GPUs each worker owns its device: no core sharing to price.
     gpu = Profile.synthetic(backend="gpu", cores=2)
     assert model.predict("tiny", 3, 2, 8, gpu, ranks_per_host=3).extra["oversubscribed"] is None

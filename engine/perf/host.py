@@ -78,22 +78,32 @@ class Oversubscribed(ValueError):
 
 def oversubscription(profile, ranks_per_host: int, n_gpu: int, model: str = "", threads: int = 1):
     """None when the busy threads fit the cores (or each worker has a GPU);
-    else how the time-sharing is priced: the runner contention sweep ran
-    this very sharing of the host. Raises ``Oversubscribed`` when it did
-    not -- a slowdown extrapolated by thread count was off by 45-70 % on
+    else how the time-sharing is priced: from the runner contention sweep's
+    run of this very sharing, or of another sharing with as many busy
+    threads (``Profile.slowdown`` takes the nearest by thread count). Raises
+    ``Oversubscribed`` when no measured sharing had that many busy threads:
+    a slowdown extrapolated by thread count was off by 45-70 % on
     N_Minibatch_avg (issue 15), so the model refuses to guess."""
     if not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive int, got {threads!r}")
     busy = ranks_per_host * n_gpu * threads
     if profile.data.get("backend", "cpu") != "cpu" or busy <= profile.cores:
         return None
-    measured = sorted({(e["ranks"], e["workers"]) for e in profile._contention()})
+    entries = profile._contention()
+    measured = sorted({(e["ranks"], e["workers"]) for e in entries})
     entry = profile.contention_entry(ranks_per_host, n_gpu, model)
-    if entry is None or threads != 1:
-        raise Oversubscribed(
-            f"{ranks_per_host} rank(s) x {n_gpu} worker(s) x {threads} thread(s) = {busy} busy threads on "
-            f"{profile.cores} cores: oversubscribed, and the profile ({profile.source}) measured no such "
-            f"sharing (measured ranks x workers: {', '.join(f'{r}x{w}' for r, w in measured) or 'none'}, "
-            f"1 thread each); run `sprint profile` with that sharing or use fewer ranks/workers/threads")
-    return (f"time-sharing priced from the runner contention sweep's own {ranks_per_host}x{n_gpu} run "
-            f"(net {entry.get('model')}, N_Subbatch {entry.get('n_subbatch')})")
+    if entry is not None and threads == 1:
+        return (f"time-sharing priced from the runner contention sweep's own {ranks_per_host}x{n_gpu} run "
+                f"(net {entry.get('model')}, N_Subbatch {entry.get('n_subbatch')})")
+    # BLAS threads beyond one per worker were never swept: no slowdown prices them.
+    same = sorted({(r, w) for r, w in measured if r * w == busy}) if threads == 1 else []
+    if same:
+        return (f"time-sharing priced from the contention sweep's runs with as many busy threads "
+                f"({', '.join(f'{r}x{w}' for r, w in same)}); this {ranks_per_host}x{n_gpu}x{threads} sharing "
+                f"itself was not measured")
+    raise Oversubscribed(
+        f"{ranks_per_host} rank(s) x {n_gpu} worker(s) x {threads} thread(s) = {busy} busy threads on "
+        f"{profile.cores} cores: oversubscribed, and the profile ({profile.source}) measured no sharing "
+        f"with that many busy threads (measured ranks x workers: "
+        f"{', '.join(f'{r}x{w}' for r, w in measured) or 'none'}, 1 thread each); run `sprint profile` "
+        f"with that sharing or use fewer ranks/workers/threads")
