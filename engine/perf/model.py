@@ -86,6 +86,13 @@ def layer_kernels(g, n: int, first: bool, last: bool):
     return ks
 
 
+def kernel_time(profile, kern, size) -> float:
+    """Profile price of one row of ``layer_kernels``."""
+    if kern.startswith("sgemm"):
+        return profile.sgemm(*size, trans=kern.split("_")[1])
+    return profile.term(kern, size)
+
+
 def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False):
     """Per layer, pass and kernel: [(layer, pass, kernel, size, seconds)].
 
@@ -103,10 +110,7 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False):
     rows = []
     for i, g in enumerate(geoms):
         for pas, kern, size in layer_kernels(g, n_subbatch, i == 0, i == len(geoms) - 1):
-            if kern.startswith("sgemm"):
-                t = profile.sgemm(*size, trans=kern.split("_")[1])
-            else:
-                t = profile.term(kern, size)
+            t = kernel_time(profile, kern, size)
             term = lt.get(f"{g.kind}_{pas}")
             rows.append((g.name, pas, kern, size, (term["f"] if term else factor) * t))
         if kernels_only:
