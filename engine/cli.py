@@ -18,6 +18,7 @@ _REGISTRARS = [
     ("engine.parallel.cli", "register"),    # report
     ("engine.perf.cli", "register"),        # profile, predict, tune, simulate
     ("engine.selfcheck", "register"),       # selfcheck
+    ("engine.perf.plan", "register"),       # plan
 ]
 
 EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
