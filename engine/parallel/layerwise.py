@@ -49,7 +49,9 @@ class LayerwiseExecutor:
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         L.check_plan(plan, net.spec, ranks=self.size)
         self.nodes = L.graph_nodes(net.spec)
-        self.layers = {lay.name: lay for lay in net.layers}
+        from engine import layers as _layers
+        # layer objects of our own: spatial blocks run them unpadded, net.forward keeps its own
+        self.layers = {lay.name: lay for lay in _layers.build(net.geoms, net.ops)}
         B, sp = plan.batch, net.spec
         self.cfg = [plan.layers[v.name] for v in self.nodes]
         # per node: block of its output each rank owns, region of its input each rank reads
@@ -219,17 +221,24 @@ class LayerwiseExecutor:
                 into[(name, "W")][c0:c1] = w
                 into[(name, "b")][c0:c1] = b
 
+    def _views(self, flat):
+        return {(name, part): flat[off:off + math.prod(shape)].reshape(shape)
+                for name, part, shape, off in spec_mod.param_layout(self.net.spec)}
+
+    def sync_vector(self, flat):
+        """Make a whole flat vector (parameters, velocity) current on every
+        rank from the owners of each slice, in place."""
+        v = self._views(flat)
+        self._assemble(v, v)
+
     def gather_params(self):
         """Make every rank's whole parameter vector current (from the owners)."""
-        self._assemble(self.net.views, self.net.views)
+        self.sync_vector(self.net.params)
 
     def gather_grads(self) -> np.ndarray:
         """The whole gradient vector of the last step (a copy, on every rank)."""
         full = np.zeros_like(self.net.grads)
-        views = {}
-        for name, part, shape, off in spec_mod.param_layout(self.net.spec):
-            views[(name, part)] = full[off:off + math.prod(shape)].reshape(shape)
-        self._assemble(self.net.grad_views, views)
+        self._assemble(self.net.grad_views, self._views(full))
         return full
 
 

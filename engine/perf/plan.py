@@ -227,7 +227,13 @@ def format_plan(plan, ev, base, ranked, prof) -> str:
 
 def cmd_plan(args) -> int:
     plan, ev, base, ranked, prof = make_plan(args.model, args.gpus, args.batch, args.profile)
-    if args.out:
+    if args.out and args.write != "optimum":
+        named = L.named_plan(args.write, args.model, plan.devices, plan.batch)
+        ev_named = L.evaluate(args.model, named.layers, plan.devices, plan.batch, prof)
+        named.predicted = {"step_s": ev_named.step_s, "throughput": ev_named.throughput,
+                           "comm_bytes": ev_named.comm_bytes, "profile": prof.source, "named": args.write}
+        named.save(args.out)
+    elif args.out:
         plan.save(args.out)
     if args.json:
         print(json.dumps({"plan": plan.to_dict(), "layers": ev.rows, "data_parallel_step_s": base["data"].step_s,
@@ -251,5 +257,8 @@ def register(sub):
     p.add_argument("--profile", default=None,
                    help=f"machine profile JSON, or a datasheet {sorted(DATASHEETS)} (default: the shipped one)")
     p.add_argument("--out", default=None, help="write the layer-wise plan here (for sprint train --plan)")
+    p.add_argument("--write", choices=["optimum", "data", "owt", "model"], default="optimum",
+                   help="which plan --out writes: the searched optimum (default), pure data parallel, "
+                        "Krizhevsky's one weird trick, or pure model parallel")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plan)

@@ -67,6 +67,8 @@ register(Strategy("downpour", "engine.parallel.downpour:run", "DistBelief Downpo
 register(Strategy("sandblaster", "engine.parallel.sandblaster_replica:run", "DistBelief Sandblaster L-BFGS: S "
                   "parameter-server ranks, server 0 coordinating slices of --batch", extra={"servers": 1},
                   cli="engine.parallel.sandblaster_replica"))
+register(Strategy("layerwise", "engine.parallel.layerwise_run:run", "a layer-wise plan (sprint plan --out): "
+                  "each layer split its own way over the ranks", cli="engine.parallel.layerwise_run"))
 
 
 def cli_modules() -> list:
