@@ -117,13 +117,9 @@ def part_measure(epochs=1):
 
 
 def h200_profile():
-    """Datasheet figures of one H200 SXM (not measured here): FP32 67 TFLOP/s,
-    HBM3e 4.8 TB/s, NVLink 900 GB/s (450 GB/s each way), ~5 us launches."""
-    prof = Profile.synthetic(sgemm_flop_s=67e12, vec_bytes_s=4.8e12, launch=5e-6, allreduce_bw=450e9,
-                             allreduce_lat=1e-5, cores=1, backend="gpu")
-    prof.data["p2p"] = {"latency": 1e-5, "per_byte": 1 / 450e9}
-    prof.data["machine"] = "H200 datasheet (synthetic)"
-    return prof
+    """Datasheet figures of one H200 SXM (not measured here): engine.perf.plan.h200_datasheet."""
+    from engine.perf.plan import h200_datasheet
+    return h200_datasheet()
 
 
 def sync_dp_throughput(model, n_dev, batch, prof):

@@ -117,6 +117,9 @@ def test_plan_round_trip_and_refusals(tmp_path):
     bad.layers["fc1"] = (1, 1, 2, 1)            # FC layers have no height
     with pytest.raises(ValueError, match="fc1"):
         L.check_plan(bad, "digits", ranks=4)
+    ok = L.named_plan("data", "cifar", 4, 32)
+    ok.layers["conv1"] = (1, 1, 4, 1)           # not the squarest grid the search keeps, still valid
+    L.check_plan(ok, "cifar", ranks=4)
     f.write_text('{"format": "something else"}')
     with pytest.raises(ValueError, match="not a layer-wise plan"):
         L.Plan.load(f)

@@ -284,8 +284,10 @@ def check_plan(plan: Plan, spec, ranks: int = None, batch: int = None):
             raise ValueError(f"{v.name}: configuration {cfg} needs {d} devices, the job has {ranks} rank(s)")
         if d > plan.devices:
             raise ValueError(f"{v.name}: configuration {cfg} needs {d} devices, the plan has {plan.devices}")
-        if cfg not in configs(v, max(d, 1), plan.batch) or (v.kind != "conv" and cfg[2:] != (1, 1)) \
-                or (v.kind == "softmax" and cfg[1] != 1):
+        n, c, h, w = cfg
+        C, H, W = v.out
+        if plan.batch % n or C % c or H % h or W % w or (v.kind != "conv" and (h, w) != (1, 1)) \
+                or (v.kind == "softmax" and c != 1):
             raise ValueError(f"{v.name}: configuration {dict(zip(DIMS, cfg))} does not divide its output "
                              f"(batch {plan.batch} x {'x'.join(map(str, v.out))}) or splits a dimension "
                              f"a {v.kind} layer cannot split")
