@@ -48,11 +48,11 @@ def test_two_ranks_train_and_the_checkpoint_evaluates_the_same(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT="150", OMP_NUM_THREADS="1")
     run = tmp_path / "run"
     p = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "engine.cli", "train", "--model", "digits",
-                        "--batch", "32", "--epochs", "2", "--parallel", "layerwise", "--plan", str(plan),
+                        "--batch", "32", "--epochs", "1", "--parallel", "layerwise", "--plan", str(plan),
                         "--out", str(run), "--no-progress"], capture_output=True, text=True, env=env, timeout=170)
     assert p.returncode == 0, p.stdout + p.stderr
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert len(recs) == 2 and recs[-1]["test_acc"] > 0.5
+    assert len(recs) == 1 and recs[-1]["test_acc"] > 0.5
     stats = json.loads((run / "layerwise_stats.json").read_text())
     assert stats["ranks"] == 2 and stats["steps"] == recs[-1]["step"] > 0
     e = subprocess.run([sys.executable, "-m", "engine.cli", "eval", str(run)], capture_output=True, text=True,
