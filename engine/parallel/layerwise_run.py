@@ -7,7 +7,8 @@ batch and the number of ranks before any data is read. A partial last
 mini-batch of an epoch is dropped: the plan is for one batch size. At the
 end of each epoch the owners' slices of the weights and the velocity are
 gathered on every rank, rank 0 evaluates and writes the checkpoint (whole
-vectors: it resumes exactly, and ``sprint eval`` reads it like any other).
+vectors: ``sprint eval`` reads it like any other, and ``--resume`` loads it
+on every rank; exact resume is not tested yet).
 """
 from __future__ import annotations
 
