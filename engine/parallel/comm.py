@@ -387,6 +387,16 @@ def install_abort_hooks(comm: Comm) -> None:
     threading.excepthook = _thread_hook
 
 
+def run_guarded(body, cfg):
+    """``body(cfg, comm)`` on this rank under the abort rules every MPI
+    strategy shares: the job's communicator, the abort hooks, and an
+    exception turned into a job-wide abort that names the rank."""
+    comm = get_comm()
+    install_abort_hooks(comm)
+    with abort_on_error(comm):
+        return body(cfg, comm)
+
+
 @contextlib.contextmanager
 def abort_on_error(comm: Comm):
     """Turn an exception on this rank into a job-wide abort naming the rank,

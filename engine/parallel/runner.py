@@ -152,10 +152,7 @@ def _to_host(a):
 
 
 def run(cfg) -> dict:
-    comm = _comm.get_comm()
-    _comm.install_abort_hooks(comm)
-    with _comm.abort_on_error(comm):
-        return _run(cfg, comm)
+    return _comm.run_guarded(_run, cfg)
 
 
 def _run(cfg, comm):
