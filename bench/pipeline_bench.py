@@ -1,15 +1,15 @@
 """Pipelines: measured against the cost model, predicted at scale, and
 convergence on digits (bench/RESULTS.md, "Pipelines").
 
-    PYTHONPATH=$PWD python bench/pipeline_bench.py [--part measure|scale|converge|all] [--out FILE]
+    PYTHONPATH=$PWD python bench/pipeline_bench.py [--part measure|scale|converge|spectrain|all] [--out FILE]
 
-measure  -- digits on 1, 2 and 4 ranks of this machine (mpiexec, gpipe M=4,
-            batch 32, one epoch each): per-stage forward/backward means and the
-            bubble from pipeline_stats.json against engine.perf.pipeline. The
-            host is shared, so the 1-rank run calibrates: the ratio of its
-            measured to predicted stage time scales every prediction (stated);
-            point-to-point latency is measured by a ping-pong; the 2 cores are
-            shared by the running stages (processor sharing in the simulator).
+measure  -- digits on 2 and 4 ranks of this machine (mpiexec, gpipe and 1f1b,
+            M=4, batch 32, one epoch each): per-stage forward/backward means
+            and the idle share from pipeline_stats.json against
+            engine.perf.pipeline on the shipped profile, as it is and with one
+            host factor per run; point-to-point latency is measured by a
+            ping-pong; more ranks than cores share them (processor sharing in
+            the simulator).
 scale    -- predicted throughput of cnn-a/b/c on 4, 8, 16 stages (x replicas)
             against synchronous data parallelism and SPRINT ASGD on the same
             number of devices, on the shipped CPU profile and on an H200
@@ -17,6 +17,8 @@ scale    -- predicted throughput of cnn-a/b/c on 4, 8, 16 stages (x replicas)
 converge -- test accuracy per epoch on digits for every schedule and
             --predict mode against single-process SGD, and the samples each
             needs to reach 95 %.
+spectrain -- SpecTrain's prediction error per stage on digits and on
+            CIFAR-format batches (tests/cifar_like.py), 1f1b and dualpipe.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.perf import pipeline as P  # noqa: E402
+from engine.perf import pipeline_sim as PS  # noqa: E402
 from engine.perf.profile import Profile  # noqa: E402
 from engine.spec import get_spec, layers  # noqa: E402
 
@@ -78,42 +81,59 @@ def measure_p2p():
     return {"latency": lat, "per_byte": max(per_byte, 0.0)}
 
 
-def part_measure(epochs=1):
-    """Per run, one host factor h = measured / predicted total stage time
-    (fwd + bwd over all stages) rescales the profile's kernel times: this
-    host is shared with other jobs, so only the split across stages and the
-    schedule's idle time can be checked, not the absolute speed. Each stage
-    is simulated on its own processor (the external load, not our ranks,
-    decides each rank's share of the cores)."""
+def part_measure(runs=((2, "gpipe"), (4, "gpipe"), (2, "1f1b"), (4, "1f1b")), epochs=1):
+    """Each run's per-stage forward/backward means and idle share against
+    the model: the shipped profile as it is (no factor), the point-to-point
+    latency of a ping-pong, and the ranks sharing this host's cores when
+    there are more ranks than cores (processor sharing in the simulator,
+    whose per-pass wall time is what a rank's timers measure). Also with
+    one host factor h per run (measured / predicted total stage time), which
+    takes out the machine's overall drift and leaves the split across
+    stages and the schedule's idle time."""
     prof = Profile.load()
     prof.data["p2p"] = measure_p2p()
+    ncpu = os.cpu_count() or 1
     rows, factors = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        for K, sched in ((2, "gpipe"), (4, "gpipe"), (4, "1f1b")):
+        for K, sched in runs:
             cfg = {"epochs": epochs, "batch": 32, "lr": 0.02,
                    "extra": {"schedule": sched, "microbatches": 4, "stages": K}}
             st, _ = _mpi_train(K, cfg, Path(tmp) / f"k{K}{sched}")
             parts = [tuple(map(int, p.split(":"))) for p in st["partition"].split(",")]
             pred = P.predict("digits", stages=K, n_subbatch=32, profile=prof, schedule=sched,
                              microbatches=4, partition=parts)
-            meas = [(s["timers"]["fwd"]["mean"], s["timers"]["bwd"]["mean"], s["bubble"]) for s in st["per_stage"]]
-            h = sum(f + b for f, b, _ in meas) / sum(c.t_f + c.t_b for c in pred.costs)
-            factors[f"{K} {sched}"] = h
-            costs = [P.StageCost(c.layers, c.params, h * c.t_f, h * c.t_b, h * c.t_u, c.t_c) for c in pred.costs]
+            cores = None if K <= ncpu else ncpu
             n_mb = len(st["per_stage"][0]["trace"])
-            sim = P.simulate(costs, sched, 4, n_mb)
-            for k, (mf, mb, bub) in enumerate(meas):
-                rows.append({"K": K, "schedule": sched, "stage": k, "layers": st["per_stage"][k]["layers"],
-                             "fwd_ms": 1e3 * mf, "fwd_pred_ms": 1e3 * costs[k].t_f,
-                             "bwd_ms": 1e3 * mb, "bwd_pred_ms": 1e3 * costs[k].t_b,
-                             "bubble": bub, "bubble_pred": sim["bubble"][k],
-                             "bubble_gpipe": (K - 1) / (4 + K - 1),
-                             "img_s": st["samples"] / st["wall_s"],
-                             "img_s_pred": st["samples"] / epochs / sim["makespan"]})
-    errs = [abs(r[a] - r[b]) / r[a] for r in rows for a, b in (("fwd_ms", "fwd_pred_ms"), ("bwd_ms", "bwd_pred_ms"))]
-    berr = [abs(r["bubble"] - r["bubble_pred"]) for r in rows]
-    return {"host_factors": factors, "p2p": prof.data["p2p"], "rows": rows,
-            "median_time_error": float(np.median(errs)), "median_bubble_abs_error": float(np.median(berr))}
+            meas = [(s["timers"]["fwd"]["mean"], s["timers"]["bwd"]["mean"], s["bubble"]) for s in st["per_stage"]]
+            for scaled in (False, True):
+                h = 1.0
+                if scaled:
+                    h = sum(f + b for f, b, _ in meas) / sum(c.t_f + c.t_b for c in pred.costs)
+                    factors[f"{K} {sched}"] = h
+                costs = [P.StageCost(c.layers, c.params, h * c.t_f, h * c.t_b, h * c.t_u, c.t_c)
+                         for c in pred.costs]
+                sim = PS.play(costs, sched, 4, n_mb, cores=cores)
+                for k, (mf, mb, bub) in enumerate(meas):
+                    w, n = sim["wall"][k], sim["passes"][k]
+                    busy = sum(w.values())
+                    rows.append({"K": K, "schedule": sched, "scaled": scaled, "h": h, "stage": k, "cores": cores,
+                                 "layers": st["per_stage"][k]["layers"],
+                                 "fwd_ms": 1e3 * mf, "fwd_pred_ms": 1e3 * w.get("F", 0) / max(1, n.get("F", 0)),
+                                 "bwd_ms": 1e3 * mb, "bwd_pred_ms": 1e3 * w.get("B", 0) / max(1, n.get("B", 0)),
+                                 "bubble": bub, "bubble_pred": 1.0 - busy / sim["makespan"],
+                                 "bubble_gpipe": (K - 1) / (4 + K - 1),
+                                 "img_s": st["samples"] / st["wall_s"],
+                                 "img_s_pred": st["samples"] / epochs / sim["makespan"]})
+    out = {"host_factors": factors, "p2p": prof.data["p2p"], "rows": rows, "cpus": ncpu}
+    for scaled in (False, True):
+        rs = [r for r in rows if r["scaled"] == scaled]
+        errs = [abs(r[a] - r[b]) / r[a] for r in rs for a, b in (("fwd_ms", "fwd_pred_ms"), ("bwd_ms", "bwd_pred_ms"))]
+        tag = "scaled" if scaled else "raw"
+        out[f"median_time_error_{tag}"] = float(np.median(errs))
+        out[f"median_bubble_abs_error_{tag}"] = float(np.median([abs(r["bubble"] - r["bubble_pred"]) for r in rs]))
+        out[f"median_img_s_error_{tag}"] = float(np.median([abs(r["img_s"] - r["img_s_pred"]) / r["img_s"]
+                                                            for r in rs if r["stage"] == 0]))
+    return out
 
 
 def h200_profile():
@@ -186,6 +206,32 @@ def part_converge(epochs=4, lr=0.02):
     return res
 
 
+def part_spectrain(epochs=2, lr=0.02):
+    """SpecTrain's prediction error per stage, mean ||W_hat - W_actual|| /
+    mean ||W_stale - W_actual||, in real training on digits and on CIFAR-
+    format batches (tests/cifar_like.py: the digits at 32x32x3 on class-
+    coloured backgrounds, a 4-layer 32x32x3 net), 4 stages."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from cifar_like import SMALL_SPEC, digits_as_cifar
+    res = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        digits_as_cifar(Path(tmp) / "cifar")
+        (Path(tmp) / "spec.json").write_text(json.dumps(SMALL_SPEC))
+        data = {"digits": {}, "cifar-format": {"model": str(Path(tmp) / "spec.json"),
+                                               "data": str(Path(tmp) / "cifar"), "fmt": "cifar"}}
+        for name, d in data.items():
+            for sched in ("1f1b", "dualpipe"):
+                cfg = dict(d, epochs=epochs, batch=32, lr=lr,
+                           extra={"schedule": sched, "microbatches": 4, "predict": "spectrain"})
+                st, hist = _mpi_train(4, cfg, Path(tmp) / f"{name}-{sched}")
+                res[f"{name} {sched}"] = {
+                    "test_acc": [h["test_acc"] for h in hist], "partition": st["partition"],
+                    "err_ratio": [s.get("err_ratio") for s in st["per_stage"]],
+                    "err_hat": [s.get("err_hat_mean") for s in st["per_stage"]],
+                    "err_stale": [s.get("err_stale_mean") for s in st["per_stage"]]}
+    return res
+
+
 def samples_to(acc_list, n_file=1437, target=0.95):
     for e, a in enumerate(acc_list):
         if a >= target:
@@ -195,13 +241,23 @@ def samples_to(acc_list, n_file=1437, target=0.95):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["measure", "scale", "converge", "all"], default="all")
+    ap.add_argument("--part", choices=["measure", "scale", "converge", "spectrain", "all"], default="all")
     ap.add_argument("--out", default=str(ROOT / "bench/results/pipeline_bench.json"))
     args = ap.parse_args()
     out = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
     if args.part in ("measure", "all"):
-        out["measure"] = part_measure()
-        print(json.dumps(out["measure"], indent=1))
+        out["measure"] = m = part_measure()
+        for r in m["rows"]:
+            print(f"{r['schedule']:>5} K={r['K']} h={r['h']:.2f} stage {r['stage']} {','.join(r['layers']):<12} "
+                  f"fwd {r['fwd_ms']:.3f}/{r['fwd_pred_ms']:.3f} bwd {r['bwd_ms']:.3f}/{r['bwd_pred_ms']:.3f} ms "
+                  f"idle {r['bubble']:.2f}/{r['bubble_pred']:.2f} gpipe {r['bubble_gpipe']:.2f} "
+                  f"img/s {r['img_s']:.0f}/{r['img_s_pred']:.0f}")
+        print(json.dumps({k: v for k, v in m.items() if k != "rows"}, indent=1))
+    if args.part in ("spectrain", "all"):
+        out["spectrain"] = part_spectrain()
+        for k, v in out["spectrain"].items():
+            print(f"{k:<22} ratio per stage {[None if r is None else round(r, 3) for r in v['err_ratio']]}  "
+                  f"acc {[round(100 * a, 2) for a in v['test_acc']]}  partition {v['partition']}")
     if args.part in ("scale", "all"):
         out["scale"] = part_scale()
         for r in out["scale"]:

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from engine.perf import pipeline as P
+from engine.perf import pipeline_sim as PS
 from engine.perf.profile import Profile
 
 
@@ -16,7 +17,7 @@ def _equal(K, tf=1e-3, tb=2e-3, tu=0.0, tc=0.0):
 @pytest.mark.parametrize("K,M", [(1, 1), (2, 4), (4, 4), (8, 16), (64, 32)])
 def test_gpipe_simulation_has_the_fill_drain_bubble(K, M):
     tf, tb = 1e-3, 2e-3
-    r = P.simulate(_equal(K, tf, tb), "gpipe", M, 2 * M)
+    r = PS.play(_equal(K, tf, tb), "gpipe", M, 2 * M)
     assert r["makespan"] == pytest.approx(2 * (M + K - 1) * (tf + tb), rel=1e-9)
     for b in r["bubble"]:
         assert b == pytest.approx((K - 1) / (M + K - 1), rel=1e-9, abs=1e-12)
@@ -27,25 +28,25 @@ def test_gpipe_simulation_has_the_fill_drain_bubble(K, M):
 def test_steady_state_schedules_lose_only_the_flush(schedule, K):
     tf = tb = 1e-3
     n = 2 * K
-    r = P.simulate(_equal(K, tf, tb), schedule, 1, n)
+    r = PS.play(_equal(K, tf, tb), schedule, 1, n)
     work = n * (tf + tb)
     # one fill and one drain: at most 2 (K - 1) passes of idle per stage
     assert work <= r["makespan"] <= work + 2 * (K - 1) * (tf + tb) + 1e-12
-    longer = P.simulate(_equal(K, tf, tb), schedule, 1, 2 * n)["makespan"]
+    longer = PS.play(_equal(K, tf, tb), schedule, 1, 2 * n)["makespan"]
     assert longer - r["makespan"] == pytest.approx(n * (tf + tb), rel=1e-9)
 
 
 def test_messages_delay_the_pipeline_by_their_latency():
     K, M, tc = 3, 2, 5e-4
-    a = P.simulate(_equal(K), "gpipe", M, M)["makespan"]
-    b = P.simulate(_equal(K, tc=tc), "gpipe", M, M)["makespan"]
+    a = PS.play(_equal(K), "gpipe", M, M)["makespan"]
+    b = PS.play(_equal(K, tc=tc), "gpipe", M, M)["makespan"]
     assert b == pytest.approx(a + 2 * (K - 1) * tc, rel=1e-9)
 
 
 def test_shared_cores_slow_the_running_stages():
     costs = _equal(4)
-    own = P.simulate(costs, "1f1b", 1, 32)["makespan"]
-    shared = P.simulate(costs, "1f1b", 1, 32, cores=2)["makespan"]
+    own = PS.play(costs, "1f1b", 1, 32)["makespan"]
+    shared = PS.play(costs, "1f1b", 1, 32, cores=2)["makespan"]
     work = 32 * 4 * 3e-3
     assert shared >= work / 2 - 1e-12 and shared > own
 

@@ -5,6 +5,8 @@ import json
 import sys
 from pathlib import Path
 
+from engine.errors import RunError
+
 
 def _profile(args):
     """The profile the command uses, checked against this machine first
@@ -32,14 +34,13 @@ def _impl(args):
 def _config_args(p, need_config=True):
     p.add_argument("--model", required=True, help="preset name or spec file")
     if need_config:
-        p.add_argument("--nodes", type=int, required=True, help="N_Node (MPI ranks)")
+        p.add_argument("--nodes", type=int, default=None,
+                       help="N_Node (MPI ranks); required unless the strategy's options say it (pipeline: "
+                            "--stages x --replicas)")
         p.add_argument("--workers", type=int, default=1, help="N_GPU (workers per node)")
         p.add_argument("--subbatch", type=int, required=True, help="N_Subbatch (samples per worker step)")
     p.add_argument("--profile", default=None, help="machine profile JSON (default: the shipped one)")
     p.add_argument("--n-file", type=int, default=None, help="training samples per epoch")
-    p.add_argument("--impl", choices=["engine", "seed"], default="engine",
-                   help="engine: this engine's ASGD (swaps, updater waits for a gradient); "
-                        "seed: the seed's copies and free-running updater")
     p.add_argument("--ranks-per-host", type=int, default=1,
                    help="ranks sharing one host's cores (CPU profiles; N_Node on one machine)")
     p.add_argument("--host-load", type=float, default=None,
@@ -86,11 +87,21 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def _strategy_call(args):
+    """(strategy, n_node, keywords) of predict/simulate: the chosen strategy's
+    own options (others' refused) and the common ones."""
+    from . import strategies
+    kw = strategies.kwargs_from_args(args.strategy, args, args.strategy_options)
+    n_node = kw.pop("n_node", args.nodes)
+    if n_node is None:
+        raise RunError(f"required with --parallel {args.strategy}", "--nodes")
+    return n_node, dict(kw, n_file=args.n_file, ranks_per_host=args.ranks_per_host, threads=args.threads)
+
+
 def cmd_predict(args) -> int:
     from . import strategies
-    p = strategies.predict(args.strategy, args.model, args.nodes, args.workers, args.subbatch, _profile(args),
-                           n_file=args.n_file, ranks_per_host=args.ranks_per_host, impl=_impl(args),
-                           threads=args.threads)
+    n_node, kw = _strategy_call(args)
+    p = strategies.predict(args.strategy, args.model, n_node, args.workers, args.subbatch, _profile(args), **kw)
     if args.json:
         print(json.dumps(p.as_dict(), default=str))
     else:
@@ -116,27 +127,24 @@ def cmd_tune(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from .model import predict
-    from .report import SIMULATE_TERMS, explain, host_line
-    from .simulate import compare, format_compare, simulate
-    prof = _profile(args)
-    pred = predict(args.model, args.nodes, args.workers, args.subbatch, prof, n_file=args.n_file,
-                   ranks_per_host=args.ranks_per_host, impl=_impl(args), threads=args.threads)
-    sim = simulate(args.model, args.nodes, args.workers, args.subbatch, prof, n_updates=args.updates,
-                   seed=args.seed, cv=args.cv, n_file=args.n_file, ranks_per_host=args.ranks_per_host,
-                   impl=_impl(args), slowdown=pred.slowdown)
+    from . import strategies
+    n_node, kw = _strategy_call(args)
+    simulate, fmt = strategies.simulator(args.strategy)
+    sim = simulate(args.model, n_node, args.workers, args.subbatch, _profile(args), **kw)
     if args.json:
-        print(json.dumps({"simulation": sim.as_dict(), "closed_form": pred.as_dict()}, default=str))
-        return 0
-    unit = "GPUs" if prof.data.get("backend") == "gpu" else "workers"
-    print(f"{args.model}: {args.nodes} nodes x {args.workers} workers = {args.nodes * args.workers} simulated "
-          f"{unit}, N_Subbatch {args.subbatch}: {sim.updates} updates, {sim.worker_steps} worker steps, "
-          f"{sim.sim_time:.4g} s simulated in {sim.wall_s:.2f} s")
-    print(host_line(pred))
-    print(format_compare(compare(pred, sim)))
-    if args.explain:
-        print(explain(SIMULATE_TERMS))
+        print(json.dumps(sim.as_dict(), default=str))
+    else:
+        print(fmt(sim, explain_terms=args.explain))
     return 0
+
+
+def _parallel_option(p, command):
+    from . import strategies
+    p.add_argument("--parallel", "--strategy", dest="strategy", choices=strategies.names(), default="asgd",
+                   help="parallel strategy whose cost model " + ("predicts" if command == "predict" else
+                                                                 "is simulated") +
+                        " (engine.perf.strategies; --strategy is the older name)")
+    p.set_defaults(strategy_options=strategies.add_options(p, command))
 
 
 def register(sub):
@@ -156,16 +164,17 @@ def register(sub):
     p.add_argument("--plots", default=None, help="directory for PNGs of each fit against its sweep")
     p.set_defaults(func=cmd_profile)
 
-    from .strategies import names
-    p = sub.add_parser("predict", help="predict T_GPU, T_Update, N_Minibatch_avg, staleness, T_Epoch")
+    p = sub.add_parser("predict", help="predict a parallel strategy's step times and T_Epoch "
+                                       "(asgd: T_GPU, T_Update, N_Minibatch_avg, staleness)")
     _config_args(p)
-    p.add_argument("--strategy", choices=names(), default="asgd",
-                   help="parallel strategy whose cost model predicts (engine.perf.strategies)")
+    _parallel_option(p, "predict")
     p.add_argument("--no-layers", action="store_true", help="omit the per-layer table")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("tune", help="fastest (N_Node, N_Subbatch[, N_GPU]) at a target minibatch")
     _config_args(p, need_config=False)
+    from .asgd import add_cli_arguments as asgd_options
+    asgd_options(p)                  # tune searches ASGD configurations: --impl
     p.add_argument("--target-minibatch", type=float, required=True,
                    help="N_Minibatch_avg to reach (samples per global update)")
     p.add_argument("--tolerance", type=float, default=0.05,
@@ -177,9 +186,8 @@ def register(sub):
     p.add_argument("--top", type=int, default=5, help="rows to show (the fastest qualifying first)")
     p.set_defaults(func=cmd_tune)
 
-    p = sub.add_parser("simulate", help="discrete-event simulation of Algorithms 1 and 2")
+    p = sub.add_parser("simulate", help="discrete-event simulation of a parallel strategy beside its closed "
+                                        "form (asgd: Algorithms 1 and 2)")
     _config_args(p)
-    p.add_argument("--updates", type=int, default=400, help="global updates to simulate")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cv", type=float, default=None, help="spread of every step (default: measured)")
+    _parallel_option(p, "simulate")
     p.set_defaults(func=cmd_simulate)

@@ -21,19 +21,22 @@ Closed forms (balanced stages, t = max_k(t_f + t_b)): gpipe's mini-batch
 takes (M + K - 1) t plus the update, so its bubble is (K-1)/(M+K-1); 1f1b
 and dualpipe keep every stage busy in steady state, one micro-batch per
 max_k(t_f + t_b + t_u), and pay a fill/drain only at each epoch's flush.
-The simulator plays the real instruction lists (pipeline_schedule) with
-these durations; with ``cores`` (a CPU host shared by the ranks) the
-running stages share the cores (processor sharing), which is how the
-ranks of a one-machine run actually progress.
+The simulator (engine.perf.pipeline_sim.play) plays the real instruction
+lists (pipeline_schedule) with these durations; with ``cores`` (a CPU host
+shared by the ranks) the running stages share the cores (processor
+sharing), which is how the ranks of a one-machine run actually progress.
+
+The bottom of the module is this strategy's row of the strategy table
+(engine.perf.strategies): ``sprint predict|simulate --parallel pipeline``.
 """
 from __future__ import annotations
 
-import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine import spec as spec_mod
-from engine.parallel import pipeline_schedule as S
+
+from .pipeline_sim import closed_form, play
 
 
 def _profile(profile):
@@ -139,81 +142,6 @@ def stage_costs(spec, parts, batch: int, microbatches: int, profile=None, replic
     return out
 
 
-def simulate(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap: float = 0.0) -> dict:
-    """Play the stages' instruction lists over ``n_mb`` micro-batches.
-
-    Returns makespan, per-stage busy time and bubble (idle share of the
-    makespan). ``overlap``: share of the shorter pass of a dualpipe pair hidden
-    under the longer (0 on a CPU rank, up to 1 with two GPU streams).
-    ``cores``: None when each stage owns its processor, else the cores the
-    running stages share equally."""
-    K = len(costs)
-    lists = [S.schedule(schedule, K, k, n_mb, microbatches) for k in range(K)]
-
-    def work(k, op):
-        c = costs[k]
-        if op.kind == "F":
-            return c.t_f
-        if op.kind == "B":
-            return c.t_b
-        if op.kind == "FB":
-            return max(c.t_f, c.t_b) + (1.0 - overlap) * min(c.t_f, c.t_b)
-        return c.t_u
-
-    pos = [0] * K
-    f_ready = [dict() for _ in range(K)]      # (stage, mb) -> time its activation arrives at stage+1
-    b_ready = [dict() for _ in range(K)]      # time the gradient from stage k arrives at k-1
-    running = {}                               # k -> [remaining work, op]
-    busy = [0.0] * K
-    arrivals = []                              # heap of pending message arrival times
-    now = 0.0
-
-    def deps_met(k, op):
-        if op.kind in ("F", "FB") and k > 0 and f_ready[k - 1].get(op.mb, math.inf) > now + 1e-15:
-            return False
-        bmb = op.mb2 if op.kind == "FB" else (op.mb if op.kind == "B" else None)
-        if bmb is not None and k < K - 1 and b_ready[k + 1].get(bmb, math.inf) > now + 1e-15:
-            return False
-        return True
-
-    while True:
-        for k in range(K):
-            if k not in running and pos[k] < len(lists[k]) and deps_met(k, lists[k][pos[k]]):
-                op = lists[k][pos[k]]
-                running[k] = [work(k, op), op]
-        if not running:
-            if all(pos[k] >= len(lists[k]) for k in range(K)):
-                break
-            if not arrivals:
-                raise RuntimeError("pipeline simulation deadlocked")
-            now = heapq.heappop(arrivals)
-            continue
-        rate = 1.0 if cores is None else min(1.0, cores / len(running))
-        dt = min(r[0] for r in running.values()) / rate
-        if arrivals and arrivals[0] < now + dt:
-            dt = arrivals[0] - now
-            heapq.heappop(arrivals)
-        now += dt
-        for k in list(running):
-            r = running[k]
-            r[0] -= dt * rate
-            busy[k] += dt * rate
-            if r[0] <= 1e-15:
-                op = r[1]
-                del running[k]
-                pos[k] += 1
-                c = costs[k]
-                if op.kind in ("F", "FB") and k < K - 1:
-                    f_ready[k][op.mb] = now + c.t_c
-                    heapq.heappush(arrivals, now + c.t_c)
-                bmb = op.mb2 if op.kind == "FB" else (op.mb if op.kind == "B" else None)
-                if bmb is not None and k > 0:
-                    t_c = costs[k - 1].t_c
-                    b_ready[k][bmb] = now + t_c
-                    heapq.heappush(arrivals, now + t_c)
-    return {"makespan": now, "busy": busy, "bubble": [1.0 - b / now if now else 0.0 for b in busy]}
-
-
 @dataclass
 class PipelinePrediction:
     model: str
@@ -237,32 +165,66 @@ class PipelinePrediction:
         return d
 
 
+def weight_costs(costs, profile, schedule: str, predict_mode: str) -> list:
+    """Costs with what ``--predict`` adds to each pass (engine.parallel.
+    pipeline.StageExecutor._weights_for): stash copies the weights at each
+    forward; spectrain copies them and adds s times the velocity (a scale
+    and an add) before the forward and again before the backward."""
+    if predict_mode in (None, "none") or schedule == "gpipe":
+        return costs
+    vec = lambda name, n: profile.term(name, n) if profile.has(name) else 0.0
+    out = []
+    for c in costs:
+        copy = vec("copy", c.params)
+        if predict_mode == "stash":
+            out.append(replace(c, t_f=c.t_f + copy))
+        else:
+            extra = copy + vec("scale", c.params) + vec("add", c.params)
+            out.append(replace(c, t_f=c.t_f + extra, t_b=c.t_b + extra))
+    return out
+
+
+def shared_cores(profile, n_ranks: int, ranks_per_host: int = 1, cores=None):
+    """The processors the simulated stages share: ``cores`` if given; else,
+    when ``ranks_per_host`` > 1 ranks share a host of the profile's cores,
+    the pool of all such hosts (every running stage gets an equal share);
+    else None (each stage its own processor)."""
+    if cores is not None or ranks_per_host <= 1:
+        return cores
+    return profile.cores * n_ranks / min(ranks_per_host, n_ranks)
+
+
 def predict(spec, n_node: int = None, n_gpu: int = 1, n_subbatch: int = 32, profile=None, stages=None,
             replicas: int = 1, schedule: str = "gpipe", microbatches: int = 4, partition=None,
-            n_file=None, cores=None, overlap: float = 0.0, n_mb=None, **_ignored) -> PipelinePrediction:
+            n_file=None, cores=None, overlap: float = 0.0, n_mb=None, predict_mode: str = "none",
+            ranks_per_host: int = 1, **_ignored) -> PipelinePrediction:
     """One configuration: ``stages`` x ``replicas`` ranks (``n_node`` when
     ``stages`` is not given), mini-batch ``n_subbatch`` per replica."""
     from .model import N_FILE
     profile = _profile(profile)
     sp = spec_mod.get_spec(spec)
-    K = int(stages or (n_node or 1) // max(1, replicas))
+    replicas = max(1, int(replicas or 1))
+    K = int(stages or (n_node or 1) // replicas)
     if partition is None:
         partition = balanced_partition(sp, K, n_subbatch, microbatches, profile)
     costs = stage_costs(sp, partition, n_subbatch, microbatches, profile, replicas)
+    costs = weight_costs(costs, profile, schedule, predict_mode)
+    cores = shared_cores(profile, K * replicas, ranks_per_host, cores)
     M = min(microbatches, n_subbatch)
     if n_mb is None:
         n_mb = M * max(4, math.ceil(2 * K / M))
-    sim = simulate(costs, schedule, M, n_mb, cores=cores, overlap=overlap)
+    sim = play(costs, schedule, M, n_mb, cores=cores, overlap=overlap)
     t_mb = sim["makespan"] * M / n_mb
     if schedule != "gpipe":
         # steady state: the fill/drain is paid once per epoch, not per stream of n_mb
-        fill = simulate(costs, schedule, M, 2 * n_mb, cores=cores, overlap=overlap)["makespan"] - sim["makespan"]
+        fill = play(costs, schedule, M, 2 * n_mb, cores=cores, overlap=overlap)["makespan"] - sim["makespan"]
         t_mb = fill * M / n_mb
     n_file = n_file or N_FILE.get(sp.name, 50000)
     thr = replicas * n_subbatch / t_mb if t_mb > 0 else math.inf
     return PipelinePrediction(sp.name, K, replicas, schedule, M, n_subbatch, list(partition), costs,
                               (K - 1) / (M + K - 1), t_mb, thr, n_file / thr, sim["bubble"],
-                              {"simulated_micro_batches": n_mb, "cores": cores, "overlap": overlap})
+                              {"simulated_micro_batches": n_mb, "cores": cores, "overlap": overlap,
+                               "predict": predict_mode or "none"})
 
 
 def format_prediction(p: PipelinePrediction, per_layer: bool = True, explain_terms: bool = False) -> str:
@@ -283,43 +245,75 @@ def format_prediction(p: PipelinePrediction, per_layer: bool = True, explain_ter
     return "\n".join(lines)
 
 
-def add_info_options(p):
-    """``sprint info MODEL --stages K [--microbatches M] [--partition ...]``."""
-    g = p.add_argument_group("pipeline (with --stages)")
-    g.add_argument("--stages", type=int, default=None, help="show the partition into K pipeline stages")
-    g.add_argument("--microbatches", type=int, default=None,
-                   help="micro-batches per mini-batch (--batch; default min(4, batch))")
-    g.add_argument("--partition", default=None, help="layer ranges to show instead of the balanced ones")
-    g.add_argument("--schedule", choices=S.SCHEDULES, default="gpipe", help="schedule whose bubble is simulated")
-    g.add_argument("--profile", default=None, help="machine profile JSON (default: the shipped one)")
+@dataclass
+class PipelineSimulation:
+    prediction: PipelinePrediction
+    closed: dict                  # pipeline_sim.closed_form
+    sim: dict                     # pipeline_sim.play over the stream
+    minibatches: int
+    cv: float
+    seed: int
+    wall_s: float
+
+    @property
+    def closed_stream(self) -> float:
+        """The closed form of the whole simulated stream: gpipe pays its
+        fill/drain in every mini-batch; 1f1b and dualpipe once, when the
+        first micro-batch crosses every stage and back."""
+        return self.minibatches * self.closed["t_minibatch"] + self.closed["fill_drain"]
+
+    def as_dict(self) -> dict:
+        return {"simulation": dict(self.sim, minibatches=self.minibatches, cv=self.cv, seed=self.seed,
+                                   wall_s=self.wall_s),
+                "closed_form": dict(self.closed, stream=self.closed_stream),
+                "prediction": self.prediction.as_dict()}
 
 
-def info_table(spec, args) -> str:
-    """Each stage's layers, predicted time and memory, and the bubble."""
-    from engine.parallel.stage import parse_partition
-    from .profile import Profile
-    sp = spec_mod.get_spec(spec)
-    n = len(spec_mod.layers(sp))
-    K = int(args.stages)
-    if not 1 <= K <= n:
-        raise ValueError(f"--stages must be between 1 and the {n} layers of {sp.name}, got {K}")
-    m = args.microbatches or min(4, args.batch)
-    if not 1 <= m <= args.batch:
-        raise ValueError(f"--microbatches must be between 1 and --batch ({args.batch}), got {m}")
-    parts = parse_partition(args.partition, n) if args.partition else None
-    if parts is not None and len(parts) != K:
-        raise ValueError(f"--partition has {len(parts)} stages, --stages says {K}")
-    prof = Profile.load(args.profile)
-    p = predict(sp, stages=K, n_subbatch=args.batch, profile=prof, schedule=args.schedule,
-                microbatches=m, partition=parts)
-    b = max(1, math.ceil(args.batch / p.microbatches))
-    geoms = spec_mod.layers(sp)
-    lines = [format_prediction(p)]
-    lines.append(f"{'stage':>5}{'weights+grad+velocity MB':>26}{'activations MB (in flight)':>28}")
-    for k, (lo, hi) in enumerate(p.partition):
-        live = S.in_flight(S.schedule(p.schedule, K, k, 4 * K * p.microbatches, p.microbatches))
-        act = sum(b * spec_mod._prod(g.out_shape) for g in geoms[lo:hi]) * 4 * live / 2 ** 20
-        lines.append(f"{k:>5}{3 * 4 * p.costs[k].params / 2 ** 20:>26.2f}{act:>20.2f} ({live:>3})")
-    lines.append(f"times from profile {prof.source}; with --predict stash each in-flight micro-batch also "
-                 f"keeps a copy of its stage's weights")
+def simulate(spec, n_node: int = None, n_gpu: int = 1, n_subbatch: int = 32, profile=None, updates: int = 50,
+             cv: float = 0.0, seed: int = 0, **kw) -> PipelineSimulation:
+    """Play ``updates`` mini-batches of the configuration ``predict`` prices
+    (its costs, partition and core sharing), each pass's duration drawn with
+    spread ``cv``, beside the closed forms."""
+    import time
+    if updates < 1:
+        raise ValueError(f"--updates must be >= 1, got {updates}")
+    if cv is not None and cv < 0:
+        raise ValueError(f"--cv must be >= 0, got {cv}")
+    t0 = time.perf_counter()
+    p = predict(spec, n_node, n_gpu, n_subbatch, profile, **kw)
+    cores, overlap = p.extra["cores"], p.extra["overlap"]
+    sim = play(p.costs, p.schedule, p.microbatches, updates * p.microbatches, cores, overlap, cv or 0.0, seed)
+    cf = closed_form(p.costs, p.schedule, p.microbatches, cores, overlap)
+    return PipelineSimulation(p, cf, sim, updates, cv or 0.0, seed, time.perf_counter() - t0)
+
+
+def format_simulation(s: PipelineSimulation, explain_terms: bool = False) -> str:
+    from .simulate import format_compare
+    p, cf, sim = s.prediction, s.closed, s.sim
+    head = format_prediction(p).splitlines()[0]
+    where = "each stage its own processor" if p.extra["cores"] is None else \
+        f"the stages sharing {p.extra['cores']:g} cores"
+    lines = [head, f"simulated {s.minibatches} mini-batch(es) ({s.minibatches * p.microbatches} micro-batches), "
+                   f"{where}, cv {s.cv:g}, seed {s.seed}: {sim['makespan']:.4g} s simulated in {s.wall_s:.2f} s",
+             f"{'stage':>5} {'layers':<24}{'busy s':>10}{'bubble closed form':>20}{'simulated':>11}"]
+    for k, c in enumerate(p.costs):
+        lines.append(f"{k:>5} {','.join(c.layers):<24}{sim['busy'][k]:>10.4g}{100 * cf['bubble'][k]:>19.1f}%"
+                     f"{100 * sim['bubble'][k]:>10.1f}%")
+    n_img = s.minibatches * p.batch * p.replicas
+    rows = [("stream s", s.closed_stream, sim["makespan"]),
+            ("mini-batch s", cf["t_minibatch"], sim["makespan"] / s.minibatches),
+            ("img/s", n_img / s.closed_stream, n_img / sim["makespan"])]
+    lines.append(format_compare([(n, a, b, (a - b) / b if b else 0.0, "") for n, a, b in rows]))
+    lines.append(f"GPipe bubble (K-1)/(M+K-1) = {100 * cf['bubble_gpipe']:.1f} %")
+    if explain_terms:
+        lines.append("closed form: fill-drain (gpipe) or steady state (1f1b, dualpipe) of these stage costs; "
+                     "simulated: the schedules' instruction lists played with them (engine.perf.pipeline_sim); "
+                     "stream: the whole simulated run, one fill and drain included for 1f1b/dualpipe; "
+                     "mini-batch: stream / mini-batches; bubble: idle share of the stream")
     return "\n".join(lines)
+
+
+# The command-line half of this strategy's row in the strategy table
+# (engine.perf.strategies) and `sprint info --stages`, kept apart for size.
+from .pipeline_cli import (add_cli_arguments, add_info_options, add_simulate_arguments,  # noqa: E402,F401
+                           cli_kwargs, info_table)

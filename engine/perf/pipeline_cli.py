@@ -1,0 +1,118 @@
+"""The command line of the pipeline's cost model (engine.perf.pipeline):
+its options in ``sprint predict|simulate --parallel pipeline`` (the
+strategy table, engine.perf.strategies, adds them and refuses them under
+another strategy) and ``sprint info MODEL --stages K``.
+
+Functions import engine.perf.pipeline when called: that module imports
+these names at its end, so either may be imported first.
+"""
+from __future__ import annotations
+
+import math
+
+from engine import spec as spec_mod
+from engine.errors import RunError
+from engine.parallel.pipeline import PREDICT
+from engine.parallel.pipeline_schedule import SCHEDULES
+
+
+def add_cli_arguments(p):
+    """Options of ``sprint predict|simulate --parallel pipeline``."""
+    p.add_argument("--stages", type=int, default=None, help="pipeline stages K (default: --nodes / --replicas)")
+    p.add_argument("--replicas", type=int, default=1, help="data-parallel copies D of every stage (K*D ranks)")
+    p.add_argument("--microbatches", type=int, default=4, help="micro-batches M per mini-batch (--subbatch)")
+    # no learning-rate schedule here: --schedule is free, as in sprint info
+    p.add_argument("--pipe-schedule", "--schedule", dest="pipe_schedule", choices=SCHEDULES, default="gpipe",
+                   help="gpipe (default), 1f1b (PipeDream) or dualpipe (the seed's)")
+    p.add_argument("--predict", dest="predict_mode", choices=PREDICT, default="none",
+                   help="weights a pass uses; stash and spectrain add their copies to the passes")
+    p.add_argument("--partition", default=None, help="layer ranges per stage, e.g. 0:2,2:4 (default: balanced)")
+    p.add_argument("--overlap", type=float, default=0.0,
+                   help="share of the shorter pass of a dualpipe pair hidden under the longer (0: CPU ranks; "
+                        "up to 1 with two GPU streams)")
+
+
+def add_simulate_arguments(p):
+    p.add_argument("--updates", type=int, default=50, help="mini-batches to simulate")
+    p.add_argument("--seed", type=int, default=0, help="seed of the drawn pass durations")
+    p.add_argument("--cv", type=float, default=0.0, help="spread (coefficient of variation) of every pass")
+
+
+def cli_kwargs(args) -> dict:
+    """predict/simulate keywords from the parsed options, checked; ``n_node``
+    (K x D) replaces --nodes, which may then be left out."""
+    from engine.parallel.stage import parse_partition
+    K, D, M = args.stages, args.replicas, args.microbatches
+    if getattr(args, "workers", 1) != 1:
+        raise RunError("a pipeline stage is one worker: use --replicas for data-parallel copies", "--workers")
+    if D < 1 or (K is not None and K < 1):
+        raise RunError(f"must be >= 1 (got {K if K is not None and K < 1 else D})",
+                       "--stages" if K is not None and K < 1 else "--replicas")
+    if K is None:
+        if args.nodes is None:
+            raise RunError("say how many stages: --stages K or --nodes K*D", "--stages")
+        if args.nodes % D:
+            raise RunError(f"--nodes {args.nodes} is not a multiple of --replicas {D}", "--nodes")
+        K = args.nodes // D
+    elif args.nodes is not None and args.nodes != K * D:
+        raise RunError(f"--stages {K} x --replicas {D} needs {K * D} ranks, not --nodes {args.nodes}", "--nodes")
+    if not 1 <= M <= args.subbatch:
+        raise RunError(f"must be between 1 and --subbatch ({args.subbatch}), got {M}", "--microbatches")
+    if args.predict_mode == "spectrain" and args.pipe_schedule == "gpipe":
+        raise RunError("spectrain needs --pipe-schedule 1f1b or dualpipe (gpipe has no stale weights)",
+                       "--predict")
+    kw = dict(n_node=K * D, stages=K, replicas=D, microbatches=M, schedule=args.pipe_schedule,
+              predict_mode=args.predict_mode, overlap=float(args.overlap))
+    if args.partition:
+        parts = parse_partition(args.partition, len(spec_mod.layers(spec_mod.get_spec(args.model))))
+        if len(parts) != K:
+            raise RunError(f"has {len(parts)} stages, --stages says {K}", "--partition")
+        kw["partition"] = parts
+    for key in ("updates", "seed", "cv"):
+        if hasattr(args, key):
+            kw[key] = getattr(args, key)
+    return kw
+
+
+def add_info_options(p):
+    """``sprint info MODEL --stages K [--microbatches M] [--partition ...]``."""
+    g = p.add_argument_group("pipeline (with --stages)")
+    g.add_argument("--stages", type=int, default=None, help="show the partition into K pipeline stages")
+    g.add_argument("--microbatches", type=int, default=None,
+                   help="micro-batches per mini-batch (--batch; default min(4, batch))")
+    g.add_argument("--partition", default=None, help="layer ranges to show instead of the balanced ones")
+    g.add_argument("--schedule", choices=SCHEDULES, default="gpipe", help="schedule whose bubble is simulated")
+    g.add_argument("--profile", default=None, help="machine profile JSON (default: the shipped one)")
+
+
+def info_table(spec, args) -> str:
+    """Each stage's layers, predicted time and memory, and the bubble."""
+    from engine.parallel import pipeline_schedule as S
+    from engine.parallel.stage import parse_partition
+    from .pipeline import format_prediction, predict
+    from .profile import Profile
+    sp = spec_mod.get_spec(spec)
+    n = len(spec_mod.layers(sp))
+    K = int(args.stages)
+    if not 1 <= K <= n:
+        raise ValueError(f"--stages must be between 1 and the {n} layers of {sp.name}, got {K}")
+    m = args.microbatches or min(4, args.batch)
+    if not 1 <= m <= args.batch:
+        raise ValueError(f"--microbatches must be between 1 and --batch ({args.batch}), got {m}")
+    parts = parse_partition(args.partition, n) if args.partition else None
+    if parts is not None and len(parts) != K:
+        raise ValueError(f"--partition has {len(parts)} stages, --stages says {K}")
+    prof = Profile.load(args.profile)
+    p = predict(sp, stages=K, n_subbatch=args.batch, profile=prof, schedule=args.schedule,
+                microbatches=m, partition=parts)
+    b = max(1, math.ceil(args.batch / p.microbatches))
+    geoms = spec_mod.layers(sp)
+    lines = [format_prediction(p)]
+    lines.append(f"{'stage':>5}{'weights+grad+velocity MB':>26}{'activations MB (in flight)':>28}")
+    for k, (lo, hi) in enumerate(p.partition):
+        live = S.in_flight(S.schedule(p.schedule, K, k, 4 * K * p.microbatches, p.microbatches))
+        act = sum(b * spec_mod._prod(g.out_shape) for g in geoms[lo:hi]) * 4 * live / 2 ** 20
+        lines.append(f"{k:>5}{3 * 4 * p.costs[k].params / 2 ** 20:>26.2f}{act:>20.2f} ({live:>3})")
+    lines.append(f"times from profile {prof.source}; with --predict stash each in-flight micro-batch also "
+                 f"keeps a copy of its stage's weights")
+    return "\n".join(lines)

@@ -1,0 +1,158 @@
+"""Event simulation and closed forms of a pipeline's stages (engine.perf.pipeline).
+
+Both work on a list of per-stage costs (``t_f``, ``t_b``, ``t_u``, ``t_c``:
+engine.perf.pipeline.StageCost) and know nothing of the network, so tests
+can feed them equal stages and check the textbook results.
+
+:func:`play` runs the stages' real instruction lists (engine.parallel.
+pipeline_schedule) on one clock: an instruction starts when its stage is
+free and the messages it needs have arrived; a message arrives ``t_c``
+after the pass that sends it ends. With ``cores`` the running stages share
+that many processors equally (how the ranks of a one-machine run progress);
+with ``cv`` every instruction's duration is drawn from a gamma distribution
+of that spread around its cost, as the ASGD simulator draws its steps.
+
+:func:`closed_form` is what the simulation should give when each stage has
+its own processor and nothing varies: gpipe's fill-drain (a flow shop of M
+identical jobs takes sum_k t_k + (M - 1) max_k t_k per direction) and the
+steady state of 1f1b/dualpipe (the slowest stage's forward + backward +
+update per micro-batch, messages hidden behind the in-flight micro-batches).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+
+from engine.parallel import pipeline_schedule as S
+
+
+def pass_work(c, kind: str, overlap: float = 0.0) -> float:
+    """Seconds of one instruction of stage cost ``c``. ``overlap``: share of
+    the shorter pass of a dualpipe pair hidden under the longer (0 on a CPU
+    rank, up to 1 with two GPU streams)."""
+    if kind == "F":
+        return c.t_f
+    if kind == "B":
+        return c.t_b
+    if kind == "FB":
+        return max(c.t_f, c.t_b) + (1.0 - overlap) * min(c.t_f, c.t_b)
+    return c.t_u
+
+
+def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap: float = 0.0,
+         cv: float = 0.0, seed: int = 0) -> dict:
+    """Play the stages' instruction lists over ``n_mb`` micro-batches.
+
+    Returns makespan, per-stage busy time (work done) and bubble (the share
+    of the makespan not working), and the wall time each stage spent running
+    each kind of pass (``wall``: {"F": s, ...}; with shared cores a pass runs
+    longer than its work) with their counts (``passes``), which is what a
+    rank's own timers measure. ``cores``: None when each stage owns its
+    processor, else the cores the running stages share equally."""
+    K = len(costs)
+    lists = [S.schedule(schedule, K, k, n_mb, microbatches) for k in range(K)]
+    if cv and cv > 0:
+        import numpy as np
+        rng = np.random.default_rng(seed)
+        shape = 1.0 / (cv * cv)
+        jitter = lambda: float(rng.gamma(shape, 1.0 / shape))   # mean 1, spread cv
+    else:
+        jitter = lambda: 1.0
+
+    pos = [0] * K
+    f_ready = [dict() for _ in range(K)]      # mb -> time stage k's activation arrives at k+1
+    b_ready = [dict() for _ in range(K)]      # mb -> time stage k's gradient arrives at k-1
+    running = {}                               # k -> [remaining work, op]
+    busy = [0.0] * K
+    wall = [{} for _ in range(K)]              # k -> {kind: seconds running}
+    passes = [{} for _ in range(K)]
+    arrivals = []                              # heap of pending message arrival times
+    now = 0.0
+
+    def deps_met(k, op):
+        if op.kind in ("F", "FB") and k > 0 and f_ready[k - 1].get(op.mb, math.inf) > now + 1e-15:
+            return False
+        bmb = op.mb2 if op.kind == "FB" else (op.mb if op.kind == "B" else None)
+        if bmb is not None and k < K - 1 and b_ready[k + 1].get(bmb, math.inf) > now + 1e-15:
+            return False
+        return True
+
+    while True:
+        for k in range(K):
+            if k not in running and pos[k] < len(lists[k]) and deps_met(k, lists[k][pos[k]]):
+                op = lists[k][pos[k]]
+                running[k] = [pass_work(costs[k], op.kind, overlap) * jitter(), op]
+        if not running:
+            if all(pos[k] >= len(lists[k]) for k in range(K)):
+                break
+            if not arrivals:
+                raise RuntimeError("pipeline simulation deadlocked")
+            now = heapq.heappop(arrivals)
+            continue
+        rate = 1.0 if cores is None else min(1.0, cores / len(running))
+        dt = min(r[0] for r in running.values()) / rate
+        if arrivals and arrivals[0] < now + dt:
+            dt = arrivals[0] - now
+            heapq.heappop(arrivals)
+        now += dt
+        for k in list(running):
+            r = running[k]
+            r[0] -= dt * rate
+            busy[k] += dt * rate
+            kind = r[1].kind
+            wall[k][kind] = wall[k].get(kind, 0.0) + dt
+            if r[0] <= 1e-15:
+                op = r[1]
+                passes[k][kind] = passes[k].get(kind, 0) + 1
+                del running[k]
+                pos[k] += 1
+                c = costs[k]
+                if op.kind in ("F", "FB") and k < K - 1:
+                    f_ready[k][op.mb] = now + c.t_c
+                    heapq.heappush(arrivals, now + c.t_c)
+                bmb = op.mb2 if op.kind == "FB" else (op.mb if op.kind == "B" else None)
+                if bmb is not None and k > 0:
+                    t_c = costs[k - 1].t_c
+                    b_ready[k][bmb] = now + t_c
+                    heapq.heappush(arrivals, now + t_c)
+    return {"makespan": now, "busy": busy, "bubble": [1.0 - b / now if now else 0.0 for b in busy],
+            "wall": wall, "passes": passes}
+
+
+def closed_form(costs, schedule: str, microbatches: int, cores=None, overlap: float = 0.0) -> dict:
+    """Seconds per mini-batch of M micro-batches and each stage's idle share,
+    in steady state (gpipe: every mini-batch fills and drains), and the
+    extra seconds a stream pays once (``fill_drain``). Exact for equal
+    stages (tested); with unequal ones an approximation (a stage's slack is
+    counted along the first micro-batch's path only)."""
+    M = microbatches
+    if schedule == "gpipe":
+        fwd = sum(c.t_f for c in costs) + (M - 1) * max(c.t_f for c in costs)
+        bwd = sum(c.t_b for c in costs) + (M - 1) * max(c.t_b for c in costs)
+        comm = 2 * sum(c.t_c for c in costs[:-1])
+        # stage 0 ends the drain: its update delays the next mini-batch; a later
+        # stage's update only where it outlasts the lead that stage has (its last
+        # backward ended earlier, the next forward reaches it later)
+        late, lead = 0.0, 0.0
+        for c in costs:
+            late = max(late, c.t_u - costs[0].t_u - lead)
+            lead += c.t_f + c.t_b + 2 * c.t_c
+        t_mb = fwd + bwd + comm + costs[0].t_u + late
+        work = [M * (c.t_f + c.t_b) + c.t_u for c in costs]
+    else:
+        # 1f1b and dualpipe alike: one forward, one backward and one update
+        # per micro-batch on every stage (dualpipe's pairs may overlap them)
+        per = [pass_work(c, "FB", overlap) + c.t_u if schedule == "dualpipe"
+               else c.t_f + c.t_b + c.t_u for c in costs]
+        t_mb = M * max(per)
+        work = [M * p for p in per]
+    # the stream's fill and drain beyond its mini-batches: none for gpipe (paid
+    # in each); for the others the first micro-batch's trip to the last stage
+    # and back, less the slowest stage's own passes (counted in t_minibatch)
+    fill = 0.0 if schedule == "gpipe" else (sum(c.t_f + c.t_b for c in costs) + 2 * sum(c.t_c for c in costs[:-1])
+                                            - max(c.t_f + c.t_b for c in costs))
+    if cores is not None:
+        # shared processors: never faster than the total work spread over them
+        t_mb = max(t_mb, sum(work) / cores)
+    return {"t_minibatch": t_mb, "fill_drain": fill, "bubble": [max(0.0, 1.0 - w / t_mb) if t_mb else 0.0 for w in work],
+            "bubble_gpipe": (len(costs) - 1) / (M + len(costs) - 1)}
