@@ -8,9 +8,10 @@ so gpipe on K x D ranks is single-process SGD on D-times larger batches.
 Each epoch is one stream of micro-batches ending in a flush: then the
 stages' slices are gathered, every rank evaluates a shard of the test set
 and the session (engine.session.Session: run folder, watchdog, metrics)
-records the epoch with one checkpoint holding the whole weight and velocity
-vectors (resume slices them again, for any partition), so a resumed gpipe
-run is the uninterrupted one.
+records the epoch. Each stage saves its own weights, velocity and update
+count in its own file, with a manifest (engine.parallel.pipeline_ckpt);
+resume checks the manifest against --stages/--partition and each rank reads
+only its own stage's file, so a resumed run is the uninterrupted one.
 
 Options (``cfg.extra``): ``stages`` (K, default the number of ranks),
 ``replicas`` (D, default 1), ``schedule`` (gpipe), ``microbatches`` (M,
@@ -25,6 +26,7 @@ import time
 import numpy as np
 
 from . import comm as _comm
+from . import pipeline_ckpt as _ck
 from .pipeline import TRACE_KEEP, StageExecutor, micro_sizes, split_micro, _host
 from .stage import Stage, even_partition, format_partition, parse_partition
 
@@ -72,8 +74,11 @@ def options(cfg, n_ranks):
     return K, D, str(extra.get("schedule") or "gpipe"), M, str(extra.get("predict") or "none")
 
 
-def choose_partition(cfg, spec, K):
+def choose_partition(cfg, spec, K, manifest=None):
+    """--partition, else (resuming) the one the stage files hold, else the
+    balanced one."""
     from engine.spec import layers
+    from .pipeline_ckpt import manifest_partition
     n = len(layers(spec))
     text = (cfg.extra or {}).get("partition")
     if text:
@@ -83,6 +88,9 @@ def choose_partition(cfg, spec, K):
         return parts
     if K > n:
         raise ValueError(f"--stages {K} exceeds the {n} layers of {spec.name}")
+    saved = manifest_partition(manifest, K, n) if manifest else None
+    if saved:
+        return saved
     try:
         from engine.perf.pipeline import balanced_partition
         return balanced_partition(spec, K, cfg.batch)
@@ -116,7 +124,10 @@ def _train(s, cfg, comm):
         e.reported_by_root = True
         comm.barrier()
         raise
-    parts = choose_partition(cfg, spec, K)
+    run = s.run
+    # resuming: every rank reads the small manifest, then only its own stage file
+    manifest = _ck.on_every_rank(comm, lambda: _ck.read_manifest(run)) if cfg.resume else None
+    parts = choose_partition(cfg, spec, K, manifest)
     comm.check_agreement("partition", format_partition(parts))
     if comm.size > 1:
         ranks = comm.rank_map()
@@ -129,16 +140,20 @@ def _train(s, cfg, comm):
     acc = stage.grads.copy()
     sched = make_schedule(cfg.schedule, cfg.lr, cfg.epochs, cfg.warmup)
     opt = SGD(stage.params, acc, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, schedule=sched)
-    state = s.load_state()
-    if cfg.resume and state.get("mode") != "pipeline":
-        raise ValueError(f"checkpoint is from a {state.get('mode')!r} run, not a pipeline (--resume)")
-    if state is not None:
-        # whole vectors in the checkpoint: any partition takes its slice
+    state = s.load_state(weights=not cfg.resume)
+    start_step = 0
+    if cfg.resume:
+        if state.get("mode") != "pipeline":
+            raise ValueError(f"checkpoint is from a {state.get('mode')!r} run, not a pipeline (--resume)")
+        entry = _ck.on_every_rank(comm, lambda: _ck.check_manifest(
+            run, manifest, K, format_partition(parts), int(state["epoch"])))
+        own = _ck.on_every_rank(comm, lambda: _ck.load_stage(run, entry, k, stage, s.run_id, spec.hash()))
+        stage.params[...] = be.xp.asarray(own["params"])
+        opt.velocity[...] = be.xp.asarray(own["velocity"])
+        opt.steps, start_step = int(own["steps"]), int(entry["step"])
+    elif state is not None:
+        # --init-from: whole vectors; any partition takes its slice
         stage.params[...] = be.xp.asarray(state["params"][stage.p_lo:stage.p_hi])
-        if cfg.resume:
-            opt.velocity[...] = be.xp.asarray(state["momentum"][stage.p_lo:stage.p_hi])
-            steps = state.get("stage_steps") or []
-            opt.steps = int(steps[k]) if len(steps) == K else int(state.get("step", 0))
     start_epoch = int(state["epoch"]) if cfg.resume else 0
     s.start(start_epoch)
 
@@ -148,6 +163,7 @@ def _train(s, cfg, comm):
     ex = StageExecutor(stage, k, K, schedule, M, predict, opt, acc, mpi_comm=mpi,
                        ranks=(base + k - 1 if k else None, base + k + 1 if k < K - 1 else None, base, base + K - 1),
                        replicas=rep, timeout=float(cfg.timeout))
+    ex.version = start_step
     loader = None
     # replicas' shards differ by at most one sample: all streams take the
     # smallest, so every stage of every replica runs the same micro-batches
@@ -173,7 +189,7 @@ def _train(s, cfg, comm):
         t_ep = time.perf_counter()
         ex.run_stream(sizes, minis, micro, epoch_at=lambda u, e=epoch: e + u / n_upd)
         wall = time.perf_counter() - t_ep
-        full_w, full_v = _gather(comm, K, stage, opt)
+        full_w = _gather(comm, K, stage)
         eval_net.set_flat(full_w)
         test_loss, test_acc = s.evaluate(eval_net)
         tot = comm.allreduce_scalars([ex.loss_sum, ex.correct, ex.seen])
@@ -182,19 +198,28 @@ def _train(s, cfg, comm):
                "test_acc": test_acc, "images_per_s": tot[2] / wall, "time": time.perf_counter() - s.t0,
                "skipped": train_ds.skipped + test_ds.skipped, "parallel": "pipeline", "n_node": comm.size,
                "stages": K, "replicas": D, "schedule": schedule, "predict": predict}
-        steps = comm.allgather_obj(opt.steps)[:K]
+        if run is not None:          # each stage its own file, then the manifest (pipeline_ckpt)
+            _ck.on_every_rank(comm, lambda e=epoch: d == 0 and _ck.save_stage(
+                run, k, e + 1, stage, opt, s.run_id, spec.hash()))
+            if s.root:
+                _ck.write_manifest(run, K, format_partition(parts), schedule, epoch + 1, ex.version, s.run_id)
+        # the session's checkpoint commits the epoch; its whole weights serve sprint eval and --init-from
         s.end_epoch(rec, {
-            "params": full_w, "momentum": full_v, "mode": "pipeline", "epoch": epoch + 1,
-            "samples": int((epoch + 1) * n_stream * D), "step": int(ex.version), "stage_steps": steps,
+            "params": full_w, "mode": "pipeline", "epoch": epoch + 1,
+            "samples": int((epoch + 1) * n_stream * D), "step": int(ex.version), "stages": K,
             "partition": format_partition(parts), "schedule": schedule, "spec": spec.to_dict(),
             "spec_hash": spec.hash(), "deform": deform.to_dict(),
             "rng": {"seed": int(cfg.seed), "next_epoch": epoch + 1}})
+        if run is not None:
+            comm.barrier()
+            if d == 0:
+                _ck.prune(run, k)
         if max_samples and (epoch + 1 - start_epoch) * n_stream * D >= max_samples:
             break
     stats = _stats(comm, ex, K, D, parts, spec, cfg, schedule, predict, M, n_stream, sizes, minis)
     s.write_stats(STATS, stats)
     if not s.history[s.first_new:]:
-        eval_net.set_flat(_gather(comm, K, stage, opt)[0])
+        eval_net.set_flat(_gather(comm, K, stage))
     return s.result(eval_net, len(s.history), stats=stats, rank=comm.rank, n_node=comm.size)
 
 
@@ -209,10 +234,9 @@ def _micro_stream(loader, m, n_stream):
         yield from split_micro(x, y, m)
 
 
-def _gather(comm, K, stage, opt):
-    """The whole weight and velocity vectors on every rank (stage order)."""
-    pieces = comm.allgather_obj((_host(stage.params), _host(opt.velocity)))[:K]
-    return np.concatenate([p[0] for p in pieces]), np.concatenate([p[1] for p in pieces])
+def _gather(comm, K, stage):
+    """The whole weight vector on every rank (stage order), for evaluation."""
+    return np.concatenate(comm.allgather_obj(_host(stage.params))[:K])
 
 
 def _stats(comm, ex, K, D, parts, spec, cfg, schedule, predict, M, n_stream, sizes, minis) -> dict:

@@ -80,8 +80,9 @@ class RunDir:
     def save_checkpoint(self, state: dict) -> Path:
         return _ckpt.save(self.file(CHECKPOINT), state)
 
-    def load_checkpoint(self) -> dict:
-        return _ckpt.load(self.file(CHECKPOINT))
+    def load_checkpoint(self, arrays: bool = True) -> dict:
+        path = self.file(CHECKPOINT)
+        return _ckpt.load(path) if arrays else _ckpt.load_meta(path)
 
     def legacy_history(self, epochs: int) -> list:
         """Metrics of a run whose checkpoint predates the history it now carries."""

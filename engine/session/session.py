@@ -51,13 +51,15 @@ class Session:
         return False
 
     # ---- where the weights come from -------------------------------------------
-    def load_state(self) -> dict | None:
+    def load_state(self, weights: bool = True) -> dict | None:
         """The checkpoint to resume from (cfg.resume), or one whose weights start
         this run (cfg.init_from, state with 'params' only), or None. Read on rank
-        0, shared with every rank; errors are raised on every rank."""
+        0, shared with every rank; errors are raised on every rank.
+        ``weights=False``: resume from the checkpoint's values without its
+        arrays (a strategy whose ranks read their own weight files)."""
         cfg = self.cfg
         if cfg.resume:
-            state = self._on_root(self._read_resume)
+            state = self._on_root(lambda: self._read_resume(weights))
             self.history = list(state.get("history") or [])
             self.first_new = len(self.history)
             self.saved_epoch = int(state.get("epoch", 0))
@@ -71,11 +73,11 @@ class Session:
             self.run_id = self.comm.bcast_obj(new_run_id() if self.root else None)
         return state
 
-    def _read_resume(self) -> dict:
+    def _read_resume(self, weights: bool = True) -> dict:
         rd = RunDir(self.cfg.resume)
         config = rd.read_config()
-        state = rd.load_checkpoint()
-        self._check_spec(state, rd.file(CHECKPOINT))
+        state = rd.load_checkpoint(arrays=weights)
+        self._check_spec(state, rd.file(CHECKPOINT), need_params=weights)
         want, got = config.get("run_id"), state.get("run_id")
         if want and got and want != got:
             raise RunError(f"the checkpoint belongs to run {got}, the folder to run {want}; to start a new "
@@ -93,11 +95,11 @@ class Session:
         self._check_spec(state, self.cfg.init_from)
         return {"params": state["params"]}
 
-    def _check_spec(self, state, where):
+    def _check_spec(self, state, where, need_params: bool = True):
         if state.get("spec_hash") != self.spec.hash():
             name = (state.get("spec") or {}).get("name") if isinstance(state.get("spec"), dict) else None
             raise RunError(f"the checkpoint was written for model {name!r}, not {self.spec.name!r}", where)
-        if "params" not in state:
+        if need_params and "params" not in state:
             raise RunError("the checkpoint holds no parameters", where)
 
     def _on_root(self, fn):

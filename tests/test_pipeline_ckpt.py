@@ -1,0 +1,88 @@
+"""Per-stage checkpoint files of a pipeline run: each stage saves its own
+file beside a manifest, a resumed run equals the uninterrupted one, and a
+mismatched, missing or corrupt stage file is a clear error naming it."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from engine.errors import RunError
+from engine.parallel import pipeline_ckpt as ck
+from engine.parallel.pipeline_run import run as run_pipeline
+from engine.train import TrainConfig
+
+from test_parallel_mpi import run_mpi
+from test_pipeline_mpi import _train
+
+mpi = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")
+# 1f1b + SpecTrain: velocity, per-stage update counts and the version step all matter
+CFG = {"epochs": 2, "lr": 0.02, "extra": {"schedule": "1f1b", "microbatches": 2, "predict": "spectrain"}}
+
+
+def _local(**kw):
+    kw = dict(CFG, progress=False, verbose=False, **kw)
+    return run_pipeline(TrainConfig(**kw))
+
+
+@mpi
+@pytest.mark.mpi
+def test_resume_from_stage_files_equals_the_uninterrupted_run(tmp_path):
+    run, whole, spare = tmp_path / "run", tmp_path / "whole", tmp_path / "spare"
+    _train(2, {"cfg": dict(CFG, out=str(run), stop_after=1)})
+    m = json.loads((run / ck.MANIFEST).read_text())
+    part = m["partition"]                      # the balanced one (it depends on the shipped profile)
+    assert m["stages"] == 2 and len(part.split(",")) == 2 and m["schedule"] == "1f1b"
+    assert [e["epoch"] for e in m["entries"]] == [1] and m["entries"][0]["step"] > 0
+    assert sorted(p.name for p in run.glob("stage*")) == ["stage0-e1.npz", "stage1-e1.npz"]
+    shutil.copytree(run, spare)
+
+    res = _train(2, {"cfg": dict(CFG, resume=str(run)), "save": str(tmp_path / "resumed.npy")})
+    ref = _train(2, {"cfg": dict(CFG, out=str(whole)), "save": str(tmp_path / "whole.npy")})
+    a, b = np.load(tmp_path / "resumed.npy"), np.load(tmp_path / "whole.npy")
+    assert res["epochs"] == 2 and ref["epochs"] == 2 and len(res["history"]) == 1
+    assert np.abs(a - b).max() <= 1e-6, np.abs(a - b).max()
+    assert res["history"][-1] == ref["history"][-1]
+    # two epochs' files stay (a kill before checkpoint.npz commits epoch 2 still finds epoch 1's)
+    m = json.loads((run / ck.MANIFEST).read_text())
+    assert [e["epoch"] for e in m["entries"]] == [1, 2]
+    assert sorted(p.name for p in run.glob("stage*")) == ["stage0-e1.npz", "stage0-e2.npz",
+                                                          "stage1-e1.npz", "stage1-e2.npz"]
+
+    # one rank's file missing: every rank stops, the error names the file once
+    (spare / "stage1-e1.npz").unlink()
+    rc, out, _ = run_mpi(2, "pipeline_train.py", json.dumps({"cfg": dict(CFG, resume=str(spare))}), timeout=60)
+    assert rc != 0 and "PIPE RUN" not in out
+    line = f"sprint: error: stage 1's checkpoint file is missing ({spare / 'stage1-e1.npz'})"
+    assert out.count(line) == 1, out[-3000:]
+    # resuming two stages' files with one stage is refused, naming both
+    with pytest.raises(RunError) as e:
+        _local(resume=str(spare))
+    assert f"stage files hold --stages 2 --partition {part}; this run has --stages 1 --partition 0:4" \
+        in str(e.value) and e.value.where == str(spare / ck.MANIFEST)
+
+
+def test_a_missing_or_corrupt_stage_file_is_an_error_naming_it(tmp_path):
+    run = tmp_path / "run"
+    _local(out=str(run), epochs=1)
+    f = run / "stage0-e1.npz"
+    assert f.exists() and json.loads((run / ck.MANIFEST).read_text())["stages"] == 1
+    good = f.read_bytes()
+    f.write_bytes(good[: len(good) // 2])
+    with pytest.raises(RunError) as e:
+        _local(resume=str(run), epochs=2)
+    assert "corrupt or truncated checkpoint" in str(e.value) and e.value.where == str(f)
+    f.unlink()
+    with pytest.raises(RunError) as e:
+        _local(resume=str(run), epochs=2)
+    assert str(e.value) == f"stage 0's checkpoint file is missing ({f})"
+    # another stage's file in its place
+    f.write_bytes(good)
+    state = ck._ckpt.load(f)
+    ck._ckpt.save(f, dict(state, stage=3))
+    with pytest.raises(RunError, match="holds stage 3") as e:
+        _local(resume=str(run), epochs=2)
+    assert e.value.where == str(f)
+    (run / ck.MANIFEST).unlink()
+    with pytest.raises(RunError, match="no pipeline manifest"):
+        _local(resume=str(run), epochs=2)
