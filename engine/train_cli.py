@@ -154,9 +154,10 @@ def cmd_train(args) -> int:
     name_all_skipped(args.verbose)
     if args.conv_algo:  # through the environment, so loader and MPI children agree
         os.environ["SPRINT_CONV_ALGO"] = args.conv_algo
+    # first: a strategy may take its own values off a shared flag (pipeline: --schedule 1f1b)
+    owns = [(strat, mod.extra_from_args(args)) for strat, mod in registry.cli_modules()]
     given = {k: getattr(args, k) for k in _TRAIN_KEYS if getattr(args, k) is not None}
-    for strat, mod in registry.cli_modules():
-        own = mod.extra_from_args(args)
+    for strat, own in owns:
         if own and given.get("parallel") != strat.name:
             flags = sorted("--pipe-schedule" if k == "schedule" else _flag(k) for k in own)
             raise RunError(f"apply to --parallel {strat.name} only", ", ".join(flags))

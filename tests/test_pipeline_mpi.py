@@ -97,12 +97,16 @@ def test_sprint_train_parallel_pipeline_cli(tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT="90", OMP_NUM_THREADS="1")
     cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "mpi4py", "-m", "engine.cli", "train", "--parallel",
-           "pipeline", "--pipe-schedule", "1f1b", "--predict", "stash", "--microbatches", "2", "--epochs", "1",
+           "pipeline", "--schedule", "1f1b", "--predict", "stash", "--microbatches", "2", "--epochs", "1",
            "--no-progress", "--out", str(run)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "done: 1 epoch" in out, out[-3000:]
     assert "schedule 1f1b" in out and (run / "pipeline_stats.json").exists()
+    # --schedule 1f1b is the pipeline's schedule; the learning rate keeps its default one
+    import json
+    train = json.loads((run / "config.json").read_text())["train"]
+    assert train["extra"]["schedule"] == "1f1b" and train["schedule"] == "cosine"
     from engine.cli import main
     assert main(["report", str(run), "--no-png"]) == 0
 

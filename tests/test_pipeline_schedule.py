@@ -112,3 +112,17 @@ def test_micro_sizes_follow_split_micro(n, b, m):
     x = np.arange(n)
     got = [len(xs) for lo in range(0, n, b) for xs, _ in split_micro(x[lo:lo + b], x[lo:lo + b], m)]
     assert got == sizes and sum(sizes) == n and sum(minis) == n and min(sizes) >= 1
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--schedule", "1f1b"], "1f1b is a pipeline schedule (add --parallel pipeline); the learning-rate schedules "
+                             "are constant, step and cosine (--schedule)"),
+    (["--parallel", "pipeline", "--schedule", "1f1b", "--pipe-schedule", "gpipe"],
+     "two pipeline schedules: --schedule 1f1b and --pipe-schedule gpipe (--schedule)"),
+    (["--parallel", "asgd", "--pipe-schedule", "1f1b"], "apply to --parallel pipeline only (--pipe-schedule)"),
+])
+def test_schedule_takes_the_pipeline_names_only_with_a_pipeline(argv, msg, tmp_path, capsys):
+    from engine.cli import main
+    assert main(["train", "--epochs", "1", "--out", str(tmp_path / "r"), *argv]) == 2
+    assert capsys.readouterr().err.strip() == f"sprint: error: {msg}"
+    assert not (tmp_path / "r").exists()

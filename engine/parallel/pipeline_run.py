@@ -40,10 +40,15 @@ def add_train_options(p):
     """The strategy's own ``sprint train`` options (they land in cfg.extra)."""
     from .pipeline import PREDICT
     from .pipeline_schedule import SCHEDULES
+    # --schedule names the learning-rate schedule; the pipeline's names
+    # (gpipe, 1f1b, dualpipe) share no value with it, so it takes them too
+    lr = p._option_string_actions.get("--schedule")
+    if lr is not None and lr.choices is not None:
+        lr.choices = list(lr.choices) + [s for s in SCHEDULES if s not in lr.choices]
+        lr.help = f"{lr.help}; with --parallel pipeline also {' | '.join(SCHEDULES)} (= --pipe-schedule)"
     g = p.add_argument_group("--parallel pipeline")
     g.add_argument("--stages", type=int, default=None, help="pipeline stages K (default: the number of ranks / D)")
     g.add_argument("--replicas", type=int, default=None, help="data-parallel copies D of every stage (K*D ranks)")
-    # --schedule already names the learning-rate schedule
     g.add_argument("--pipe-schedule", dest="pipe_schedule", choices=SCHEDULES, default=None,
                    help="gpipe (default), 1f1b (PipeDream) or dualpipe (the seed's)")
     g.add_argument("--microbatches", type=int, default=None, help="micro-batches M per mini-batch (default 4)")
@@ -54,7 +59,19 @@ def add_train_options(p):
 
 
 def extra_from_args(args) -> dict:
-    """cfg.extra entries of the options given on the command line."""
+    """cfg.extra entries of the options given on the command line. A
+    pipeline schedule given as --schedule moves to --pipe-schedule (the
+    learning-rate schedule keeps its default)."""
+    from engine.errors import RunError
+    from .pipeline_schedule import SCHEDULES
+    if getattr(args, "schedule", None) in SCHEDULES:
+        if getattr(args, "parallel", None) != "pipeline":
+            raise RunError(f"{args.schedule} is a pipeline schedule (add --parallel pipeline); the learning-rate "
+                           f"schedules are constant, step and cosine", "--schedule")
+        if args.pipe_schedule not in (None, args.schedule):
+            raise RunError(f"two pipeline schedules: --schedule {args.schedule} and --pipe-schedule "
+                           f"{args.pipe_schedule}", "--schedule")
+        args.pipe_schedule, args.schedule = args.schedule, None
     given = {k: getattr(args, "pipe_schedule" if k == "schedule" else k, None) for k in OPTIONS}
     return {k: v for k, v in given.items() if v is not None}
 
