@@ -79,6 +79,21 @@ def test_spectrain_predicts_the_weights_better_than_the_stale_version_on_digits(
     assert len(ratios) == 2 and all(r < 0.9 for r in ratios), out
 
 
+def test_spectrain_predicts_better_than_the_stale_version_on_cifar_format_data(tmp_path):
+    import json
+    from cifar_like import SMALL_SPEC, digits_as_cifar
+    digits_as_cifar(tmp_path / "data", n_train=640)
+    (tmp_path / "spec.json").write_text(json.dumps(SMALL_SPEC))
+    res = _train(3, {"cfg": {"epochs": 1, "lr": 0.02, "model": str(tmp_path / "spec.json"),
+                             "data": str(tmp_path / "data"), "fmt": "cifar",
+                             "extra": {"schedule": "1f1b", "microbatches": 4, "predict": "spectrain"}}})
+    stages = res["per_stage"]
+    assert res["test_acc"] > 0.3, res          # it learns: the errors come from real training
+    for s in stages[:-1]:
+        assert s["err_hat_mean"] < s["err_stale_mean"] and s["err_ratio"] < 0.9, stages
+    assert stages[-1]["err_stale_mean"] == 0.0
+
+
 @pytest.mark.parametrize("rank1", [{"extra": {"microbatches": 2}}, {"extra": {"partition": "0:1,1:4"}},
                                    {"lr": 0.03}])
 def test_ranks_with_different_options_refuse_to_start(rank1):
