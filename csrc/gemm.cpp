@@ -7,9 +7,12 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <new>
 #include <vector>
 
@@ -119,13 +122,30 @@ bool mul_ok(i64 a, i64 b, i64& out) {
     return true;
 }
 
-// Scratch for one call: packing buffers (and partial products) per thread.
+// Scratch: packing buffers (and partial products) per OpenMP thread. Kept
+// per calling thread and only grown: a fresh allocation per call would pay
+// page faults and zero-filling on every GEMM. Nothing reads it unwritten.
 struct Scratch {
-    std::vector<float> mem;
+    std::unique_ptr<float[]> mem;
+    i64 cap = 0;
     float* aligned(i64 n) {
-        mem.resize(size_t(n) + 16);
-        const auto addr = reinterpret_cast<std::uintptr_t>(mem.data());
-        return mem.data() + ((64 - addr % 64) % 64) / sizeof(float);
+        if (n + 16 > cap) {
+            mem.reset();
+            mem.reset(new float[size_t(n) + 16]);
+            cap = n + 16;
+        }
+        const auto addr = reinterpret_cast<std::uintptr_t>(mem.get());
+        return mem.get() + ((64 - addr % 64) % 64) / sizeof(float);
+    }
+};
+thread_local Scratch t_arena, t_partial;
+
+// Drops a calling thread's scratch after a call that grew it past 64 MiB
+// (an odd huge GEMM must not pin its buffers for the life of the thread).
+struct TrimScratch {
+    ~TrimScratch() {
+        for (Scratch* s : {&t_arena, &t_partial})
+            if (s->cap > (i64(1) << 24)) s->mem.reset(), s->cap = 0;
     }
 };
 
@@ -151,12 +171,13 @@ Plan plan(const Kernels& kr, const Blocking& bl, i64 m, i64 n, i64 k, bool allow
                 const double cost = fma + pack + sum;
                 if (cost < best_cost) {
                     best_cost = cost;
-                    best = Plan{nth, tm, tn, tk, mq, nq, kq, bl.mc, bl.kc, bl.nc, nullptr, 0, 0, 0, nullptr};
+                    best = Plan{nth, tm, tn, tk, mq, nq, kq, bl.mc, bl.kc, bl.nc, mq <= bl.mc, nullptr, 0, 0, 0,
+                                nullptr};
                 }
             }
         }
     best.a_floats = cdiv(clamp(best.mq, 1, bl.mc) * bl.kc, 16) * 16 + 16;
-    const i64 bcols = clamp(best.nq, 1, bl.nc);  // a multiple of NR
+    const i64 bcols = best.one_b_panel ? kr.nr : clamp(best.nq, 1, bl.nc);  // a multiple of NR
     best.b_packed = cdiv(bcols * bl.kc, 16) * 16;
     best.b_floats = best.b_packed + 2 * cdiv(bcols, kr.nr) * bl.kc + 16;  // + 8-byte row pointers
     return best;
@@ -199,9 +220,18 @@ Blocking blocking(Isa isa) {
     const Kernels& kr = kernels(isa);
     const i64 l1 = cache_bytes(1), l2 = cache_bytes(2);
     Blocking b{kr.mr, kr.nr, 0, 0, 0, l1, l2};
-    b.kc = clamp(l1 / 2 / (kr.nr * 4) / 8 * 8, 64, 512);          // B micro-panel in half of L1
+    b.kc = clamp(l1 * 3 / 4 / (kr.nr * 4) / 8 * 8, 64, 512);      // B micro-panel in 3/4 of L1
     b.mc = clamp(l2 / 2 / (b.kc * 4) / kr.mr * kr.mr, kr.mr, 1024 / kr.mr * kr.mr);  // A block in half of L2
     b.nc = 4096 / kr.nr * kr.nr;
+    // SPRINT_GEMM_BLOCKING=kc,mc,nc overrides them (benchmarks of other blockings)
+    if (const char* env = std::getenv("SPRINT_GEMM_BLOCKING")) {
+        long long kc = 0, mc = 0, nc = 0;
+        if (std::sscanf(env, "%lld,%lld,%lld", &kc, &mc, &nc) == 3 && kc > 0 && mc > 0 && nc > 0) {
+            b.kc = clamp(kc, 8, 4096);
+            b.mc = cdiv(clamp(mc, 1, 1 << 16), kr.mr) * kr.mr;
+            b.nc = cdiv(clamp(nc, 1, 1 << 20), kr.nr) * kr.nr;
+        }
+    }
     return b;
 }
 
@@ -229,8 +259,8 @@ const char* sgemm(Isa isa, bool trans_a, bool trans_b, i64 m, i64 n, i64 k, floa
     // bitwise the same in a micro-batch as in the whole batch (a ReLU flipped
     // by a rounding difference would otherwise make the two runs drift apart).
     Plan p = plan(kr, blocking_cached(isa), m, n, k, false);
-    Scratch arena, partial;
-    if (!allocate(p, m, n, arena, partial)) return kAlloc;
+    TrimScratch trim;
+    if (!allocate(p, m, n, t_arena, t_partial)) return kAlloc;
     kr.sgemm(p, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
     return nullptr;
 }
@@ -249,8 +279,8 @@ const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w,
     if (g.B == 0) return nullptr;
     const Kernels& kr = kernels(isa);
     Plan p = plan(kr, blocking_cached(isa), g.M, g.B * g.P(), g.K(), false);
-    Scratch arena, partial;
-    if (!allocate(p, g.M, g.B * g.P(), arena, partial)) return kAlloc;
+    TrimScratch trim;
+    if (!allocate(p, g.M, g.B * g.P(), t_arena, t_partial)) return kAlloc;
     kr.conv_fwd(p, g, x, w, bias, relu, y);
     return nullptr;
 }
@@ -263,8 +293,8 @@ const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float*
     }
     const Kernels& kr = kernels(isa);
     Plan p = plan(kr, blocking_cached(isa), g.M, g.K(), g.B * g.P(), true);
-    Scratch arena, partial;
-    if (!allocate(p, g.M, g.K(), arena, partial)) return kAlloc;
+    TrimScratch trim;
+    if (!allocate(p, g.M, g.K(), t_arena, t_partial)) return kAlloc;
     kr.conv_dw(p, g, x, dy, dw);
     return nullptr;
 }

@@ -2,25 +2,31 @@
 // on it. Row-major throughout; all sizes int64.
 //
 // Blocking (the five loops of BLIS, csrc/gemm_driver.h):
-//   jc over n in NC columns      B block KC x NC packed into NR-wide panels
-//    pc over k in KC             (sized for the last-level cache share)
+//   jc over n in NC columns      B block KC x NC packed into NR-wide panels,
+//    pc over k in KC             each just before its first use
 //     ic over m in MC rows       A block MC x KC packed into MR-high panels
 //      jr over NR panels         (sized for the L2)
 //       ir over MR panels        micro-kernel: MR x NR tile of C in registers,
 //                                 the KC x NR B micro-panel stays in L1
-// KC = L1d/2 / (NR*4), MC = L2/2 / (KC*4), NC = 4096 (rounded to MR/NR),
-// read from the running CPU's caches (sysconf, then /sys) at first use.
+// KC = 3/4 L1d / (NR*4), MC = L2/2 / (KC*4), NC = 4096 (rounded to MR/NR),
+// read from the running CPU's caches (sysconf, then /sys) at first use;
+// SPRINT_GEMM_BLOCKING=kc,mc,nc overrides them (for measuring others). When
+// a thread's rows fit one MC block (the conv GEMMs: M = channels), B panels
+// are used once and share one panel buffer that never leaves L1.
 //
 // Threads: C is cut into a tm x tn grid (and, for long-k GEMMs such as dW, tk
 // slices of k whose partial products are summed afterwards); every thread runs
 // the five loops on its own part with private packing buffers allocated before
 // the parallel region, so no barrier sits inside a GEMM. The grid minimises
-// per-thread micro-tiles plus redundant packing (gemm.cpp, plan()).
+// per-thread micro-tiles plus redundant packing (gemm.cpp, plan()). Without a
+// k split (sgemm, the convolution forward) each element of C sums its k
+// terms in one order whatever m, n, the tile and the thread grid.
 //
-// ISA: micro-kernels for AVX-512 (8 x 32), AVX2+FMA (4 x 24) and portable C++
-// (4 x 16), each in its own translation unit compiled with its own -m flags;
-// the running CPU's features pick one, SPRINT_CPU_ISA=avx512|avx2|generic
-// forces one (an ISA the CPU lacks is an error, never a crash).
+// ISA: micro-kernels for AVX-512 (8 x 48), AVX2+FMA (4 x 24) and portable C++
+// (4 x 16), one template (gemm_simd.h) instantiated in a translation unit per
+// ISA compiled with its own -m flags; the running CPU's features pick one,
+// SPRINT_CPU_ISA=avx512|avx2|generic forces one (an ISA the CPU lacks is an
+// error, never a crash).
 #pragma once
 
 #include <cstdint>

@@ -48,16 +48,23 @@ void run_part(const Plan& p, float* abuf, float* bbuf, i64 m0, i64 m1, i64 n0, i
         for (i64 pc = k0; pc < k1; pc += p.kc) {
             const i64 kc = lo_(p.kc, k1 - pc);
             const bool first = pc == k0, last = pc + kc >= k1;
-            for (i64 j = 0; j < nc; j += NR)
-                pack_b(bbuf + j * kc, bptr + (j / NR) * kc, jc + j, lo_(NR, nc - j), pc, kc);
             for (i64 ic = m0; ic < m1; ic += p.mc) {
                 const i64 mc = lo_(p.mc, m1 - ic);
                 for (i64 i = 0; i < mc; i += MR) pack_a(abuf + i * kc, ic + i, lo_(MR, mc - i), pc, kc);
                 tick(t_pack);
                 for (i64 j = 0; j < nc; j += NR) {
                     const int nr = int(lo_(NR, nc - j));
+                    // Each B panel is packed just before its first use (still in L1/L2
+                    // for it); kept for the next row blocks only when there are any.
+                    const i64 slot = p.one_b_panel ? 0 : j / NR;
+                    const float** bp = bptr + slot * kc;
+                    if (ic == m0) {
+                        tick(t_kern);
+                        pack_b(bbuf + slot * NR * kc, bp, jc + j, nr, pc, kc);
+                        tick(t_pack);
+                    }
                     for (i64 i = 0; i < mc; i += MR) {
-                        UK::run(kc, abuf + i * kc, bptr + (j / NR) * kc, tile);
+                        UK::run(kc, abuf + i * kc, bp, tile);
                         wb(ic + i, jc + j, int(lo_(MR, mc - i)), nr, tile, first, last);
                     }
                 }
@@ -236,6 +243,29 @@ struct PackIm2col {
                     continue;
                 }
             }
+            if (G.sw == 1) {  // each L-lane group: one masked vector load per run it holds
+                using V = typename UK::Vec;
+                constexpr int L = V::L;
+                for (int r = 0, g0 = 0; g0 < NR; g0 += L) {
+                    typename V::reg acc = V::zero();
+                    for (; r < nrun && runs[r].col < g0 + L; ++r) {
+                        const Run& R = runs[r];
+                        const i64 ih = R.ih0 + i, iw = R.iw0 + j;  // of the run's first column
+                        if (ih < 0 || ih >= G.H) continue;
+                        // lane l of the group reads column iw + (l - (R.col - g0)), where inside the row
+                        const int a = R.col - g0;
+                        const int lo = int(hi_(hi_(a, a - iw), 0)), hi = int(lo_(lo_(a + R.len, a + G.W - iw), L));
+                        if (lo < hi) acc = V::load_merge(acc, x, R.img + c * HW + ih * G.W + iw - a, lo, hi);
+                    }
+                    if (r > 0 && runs[r - 1].col + runs[r - 1].len > g0 + L) --r;  // a run spilling into the next group
+                    V::store(d + g0, acc);
+                }
+                if (++j == G.kw) {
+                    j = 0;
+                    if (++i == G.kh) i = 0, ++c;
+                }
+                continue;
+            }
             for (int r = 0; r < nrun; ++r) {
                 const Run& R = runs[r];
                 float* dr = d + R.col;
@@ -337,11 +367,60 @@ struct PackDy {
 struct PackIm2colT {
     const Conv* g;
     const float* x;
+    // Unit column stride: each column reads a run of an image row per output
+    // row, so L columns x L pixels go through one register transpose, the
+    // lanes over padding masked off (never read).
+    void unit_stride(float* dst, i64 j0, i64 nr, i64 p0, i64 kc) const {
+        constexpr int NR = UK::NR, L = UK::Vec::L;
+        const Conv& G = *g;
+        const i64 P = G.P(), HW = G.H * G.W, khw = G.kh * G.kw;
+        i64 img = p0 / P, pp = p0 % P, oh = pp / G.OW, ow = pp % G.OW;
+        for (i64 kk = 0; kk < kc;) {
+            const i64 len = lo_(kc - kk, G.OW - ow);
+            for (i64 col = 0; col < nr; col += L) {
+                const int w = int(lo_(L, nr - col));
+                i64 off[L], iw[L];  // element (r, q) is x[off[r] + q], in the image where 0 <= iw[r] + q < W
+                for (int r = 0; r < w; ++r) {
+                    const i64 kidx = j0 + col + r, c = kidx / khw, i = (kidx % khw) / G.kw, j = kidx % G.kw;
+                    const i64 ih = oh * G.sh - G.ph + i;
+                    iw[r] = ow - G.pw + j;
+                    if (ih < 0 || ih >= G.H) iw[r] = G.W;  // a padding row: no lane is inside
+                    off[r] = (img * G.C + c) * HW + ih * G.W + iw[r];
+                }
+                float* d = dst + kk * NR + col;
+                i64 q = 0;
+                if (w == L) {
+                    for (; q + L <= len; q += L) {
+                        int lo[L], hi[L];
+                        for (int r = 0; r < L; ++r) {
+                            lo[r] = int(lo_(L, hi_(0, -(iw[r] + q))));
+                            hi[r] = int(hi_(lo[r], lo_(L, G.W - (iw[r] + q))));
+                        }
+                        UK::Vec::transpose(x, off, q, lo, hi, d + q * NR, NR);
+                    }
+                }
+                for (; q < len; ++q)
+                    for (int r = 0; r < w; ++r) {
+                        const i64 c = iw[r] + q;
+                        d[q * NR + r] = (c >= 0 && c < G.W) ? x[off[r] + q] : 0.f;
+                    }
+            }
+            kk += len;
+            ow = 0;
+            if (++oh == G.OH) oh = 0, ++img;
+        }
+        for (i64 kk = 0; kk < kc; ++kk)
+            for (i64 col = nr; col < NR; ++col) dst[kk * NR + col] = 0.f;
+    }
     void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
         constexpr int NR = UK::NR;
         for (i64 kk = 0; kk < kc; ++kk) rows[kk] = dst + kk * NR;
         const Conv& G = *g;
         const i64 P = G.P(), HW = G.H * G.W, khw = G.kh * G.kw;
+        if (G.sw == 1) {
+            unit_stride(dst, j0, nr, p0, kc);
+            return;
+        }
         for (i64 col = 0; col < nr; ++col) {
             const i64 kidx = j0 + col, c = kidx / khw, i = (kidx % khw) / G.kw, j = kidx % G.kw;
             float* d = dst + col;

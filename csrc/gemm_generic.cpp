@@ -1,60 +1,54 @@
-// Portable micro-kernel (4 x 16, plain C++: the compiler vectorises it for
-// the baseline x86-64 SSE2 or any other target) and the driver for it.
+// Portable micro-kernel (4 x 16 over a 4-float vector written in plain C++:
+// the compiler vectorises it for the baseline x86-64 SSE2 or any other
+// target) and the driver for it.
 #include "gemm_plan.h"
+#include "gemm_simd.h"
 
 namespace {
 
-struct UK {
-    static constexpr int MR = 4, NR = 16;
-    static void run(std::int64_t k, const float* __restrict a, const float* const* __restrict brow,
-                    float* __restrict t) {
-        float c[MR][NR] = {};
-        for (std::int64_t p = 0; p < k; ++p) {
-            const float* b = brow[p];
-            for (int r = 0; r < MR; ++r) {
-                const float av = a[r];
-                for (int j = 0; j < NR; ++j) c[r][j] += av * b[j];
-            }
-            a += MR;
-        }
-        for (int r = 0; r < MR; ++r)
-            for (int j = 0; j < NR; ++j) t[r * NR + j] = c[r][j];
+struct VPlain {
+    struct reg {
+        float v[4];
+    };
+    static constexpr int L = 4;
+    static reg zero() { return reg{{0.f, 0.f, 0.f, 0.f}}; }
+    static reg load(const float* p) { return reg{{p[0], p[1], p[2], p[3]}}; }
+    static reg bcast(const float* p) { return reg{{*p, *p, *p, *p}}; }
+    // a*b + c rounded twice, as the scalar code always did (no fused FMA).
+    static reg fma(reg a, reg b, reg c) {
+        reg r;
+        for (int i = 0; i < L; ++i) r.v[i] = a.v[i] * b.v[i] + c.v[i];
+        return r;
+    }
+    static reg add(reg a, reg b) {
+        reg r;
+        for (int i = 0; i < L; ++i) r.v[i] = a.v[i] + b.v[i];
+        return r;
+    }
+    static void store(float* p, reg v) {
+        for (int i = 0; i < L; ++i) p[i] = v.v[i];
+    }
+    static reg load_merge(reg acc, const float* x, std::int64_t off, int lo, int hi) {
+        for (int i = lo; i < hi; ++i) acc.v[i] = x[off + i];
+        return acc;
+    }
+    static void transpose(const float* x, const std::int64_t* off, std::int64_t q, const int* lo, const int* hi,
+                          float* d, std::int64_t ld) {
+        transpose_scalar<L>(x, off, q, lo, hi, d, ld);
     }
 };
+
+using UK = MicroKernel<VPlain, 4, 4>;
 
 }  // namespace
 
 #include "gemm_driver.h"
 
-namespace {
-
-volatile float g_fma_sink;  // keeps the chains observable
-
-double fma_peak_isa(std::int64_t iters, int threads) {
-    double flops = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : flops)
-    {
-        float a[12][4];
-        for (int r = 0; r < 12; ++r)
-            for (int l = 0; l < 4; ++l) a[r][l] = 1.f + omp_get_thread_num() + 1e-3f * (4 * r + l);
-        for (std::int64_t i = 0; i < iters; ++i)
-            for (auto& r : a)
-                for (float& v : r) v = v * 0.999999f + 1e-7f;
-        float t = 0;
-        for (auto& r : a)
-            for (float v : r) t += v;
-        g_fma_sink = t;
-        flops += double(iters) * 12 * 4 * 2;
-    }
-    return flops;
-}
-}  // namespace
-
 namespace sprint {
 namespace gemm {
 namespace detail {
 const Kernels& kernels_generic() {
-    static const Kernels k{UK::MR, UK::NR, 4, fma_peak_isa, sgemm_isa, conv_fwd_isa, conv_dw_isa};
+    static const Kernels k{UK::MR, UK::NR, 4, fma_peak_t<VPlain>, sgemm_isa, conv_fwd_isa, conv_dw_isa};
     return k;
 }
 }  // namespace detail

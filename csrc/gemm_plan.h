@@ -18,6 +18,7 @@ struct Plan {
     int nth, tm, tn, tk;
     i64 mq, nq, kq;       // rows / columns / k per thread (mq a multiple of MR, nq of NR)
     i64 mc, kc, nc;       // cache blocks
+    bool one_b_panel;     // mq <= mc: each B panel serves one row block, so one panel buffer suffices
     float* arena;         // per thread: abuf (a_floats) then bbuf (b_floats), 64-byte aligned;
     i64 a_floats, b_floats;  // bbuf: packed B panels (b_packed floats), then one row pointer per
     i64 b_packed;            // (panel, k) -- the micro-kernel reads B rows through these

@@ -70,7 +70,11 @@ BIG = [((2, 40, 12, 12), (24, 40, 3, 3), (1, 1), (1, 1)),
        ((8, 8, 32, 32), (8, 8, 3, 3), (1, 1), (1, 1)),
        ((1, 70, 9, 7), (33, 70, 1, 1), (1, 1), (0, 0)),
        ((3, 9, 17, 13), (17, 9, 5, 3), (2, 1), (2, 0)),
-       ((1, 5, 11, 11), (7, 5, 3, 3), (1, 1), (4, 4))]
+       ((1, 5, 11, 11), (7, 5, 3, 3), (1, 1), (4, 4)),
+       # rows of 16 and more output pixels: the dW packing's register
+       # transposes, their masked lanes over padding, the scalar tails
+       ((2, 3, 18, 33), (5, 3, 5, 5), (1, 1), (2, 2)),
+       ((1, 4, 20, 18), (6, 4, 3, 3), (2, 1), (1, 0))]
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -144,3 +148,18 @@ def test_net_step_same_under_both_algos():
     assert out["im2col"][0] == pytest.approx(out["implicit"][0], rel=1e-5)
     np.testing.assert_allclose(out["implicit"][1], out["im2col"][1], rtol=1e-4,
                                atol=1e-5 * np.abs(out["im2col"][1]).max())
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_rows_of_a_micro_batch_equal_the_whole_batch_bitwise(isa):
+    """Each output of the forward (and of dX) sums its terms in one order
+    whatever the batch, tile and thread split: a micro-batch reproduces its
+    rows of the whole batch exactly (the pipeline's gpipe equals one process)."""
+    x, w, b = _data((23, 6, 17, 19), (13, 6, 3, 3), True, 7)
+    dy = np.random.default_rng(8).standard_normal((23, 13, 17, 19)).astype(np.float32)
+    with using("implicit", isa):
+        y = ops.conv2d_forward(x, w, b, pad=1, relu=True)
+        dx = ops.conv2d_backward(x, w, dy, pad=1)[0]
+        for lo, hi in ((0, 1), (1, 9), (9, 23)):
+            assert np.array_equal(ops.conv2d_forward(x[lo:hi], w, b, pad=1, relu=True), y[lo:hi]), (lo, hi)
+            assert np.array_equal(ops.conv2d_backward(x[lo:hi], w, dy[lo:hi], pad=1)[0], dx[lo:hi]), (lo, hi)

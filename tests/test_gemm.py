@@ -99,10 +99,11 @@ def _bound(A, B, alpha, beta, c0, k):
     return (k + 2) * 1.2e-7 * (abs(alpha) * absdot + abs(beta) * np.abs(c0)) + 1e-30
 
 
-# m, n, k: 1, primes, around the micro-tiles (8x32, 4x24, 4x16), past the
+# m, n, k: 1, primes, around the micro-tiles (8x48, 4x24, 4x16), past the
 # cache blocks (KC 64..512, MC, NC 4096), k = 0, and sizes that take the
 # threaded and the k-split plans.
 EDGE = [(1, 1, 1), (1, 1, 0), (5, 3, 0), (2, 3, 5), (7, 13, 17), (8, 32, 1), (9, 33, 2), (4, 24, 3), (3, 23, 31),
+        (8, 48, 1), (9, 49, 2), (17, 95, 300),
         (31, 97, 64), (33, 95, 513), (3, 4100, 3), (1031, 5, 3), (64, 100, 600), (5, 7, 20011), (1, 257, 1000),
         (97, 1, 1001)]
 
@@ -172,3 +173,22 @@ def test_engine_sgemm_isa_in_fresh_process():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "generic"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_engine_sgemm_rows_do_not_depend_on_the_shape(isa):
+    """Any block of rows (a micro-batch) or columns gives bitwise the same
+    elements as the whole product: one summation order per element."""
+    ext = _ext()
+    if isa not in ext.gemm_info("")["supported"]:
+        pytest.skip(f"this CPU cannot run {isa}")
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((300, 700)).astype(np.float32)
+    b = rng.standard_normal((700, 211)).astype(np.float32)
+    full = np.empty((300, 211), np.float32)
+    ext.sgemm(a, b, full, False, False, 1.0, 0.0, isa)
+    for r0, r1, c0, c1 in ((0, 1, 0, 211), (1, 12, 0, 211), (12, 300, 0, 211), (5, 77, 3, 50), (0, 300, 100, 101)):
+        part = np.empty((r1 - r0, c1 - c0), np.float32)
+        ext.sgemm(np.ascontiguousarray(a[r0:r1]), np.ascontiguousarray(b[:, c0:c1]), part, False, False, 1.0, 0.0,
+                  isa)
+        assert np.array_equal(part, full[r0:r1, c0:c1]), (r0, r1, c0, c1)

@@ -1,9 +1,9 @@
 """SGEMM with row-major semantics: the one place that handles transposes and
-alpha/beta. CPU: $SPRINT_GEMM=engine runs the engine's own BLIS-style SGEMM
-(csrc/gemm.h; micro-kernel chosen by the CPU's features, $SPRINT_CPU_ISA
-forces one); the default (blas) is NumPy's matmul (OpenBLAS) until the
-pipeline test that compares micro-batched and whole-batch training to 1e-5
-tolerates the engine's FMA rounding (see bench/RESULTS.md section 2).
+alpha/beta. CPU: `gemm_impl()` -- $SPRINT_GEMM=engine|blas, default engine --
+picks the engine's own BLIS-style SGEMM (csrc/gemm.h; micro-kernel chosen by
+the CPU's features, $SPRINT_CPU_ISA forces one) or NumPy's matmul
+(OpenBLAS). The engine's sums each element of C in one order whatever the
+shape, so a micro-batch's rows equal the whole batch's bit for bit.
 GPU: cuBLAS through CuPy."""
 from __future__ import annotations
 
@@ -13,6 +13,18 @@ import numpy as np
 
 from engine.backend import get_backend
 from engine.ops._check import check_array, check_bool, check_float, out_array
+
+
+GEMM_IMPLS = ("engine", "blas")
+DEFAULT_GEMM = "blas"
+
+
+def gemm_impl() -> str:
+    """The CPU SGEMM in force: $SPRINT_GEMM (engine|blas), else DEFAULT_GEMM."""
+    env = os.environ.get("SPRINT_GEMM", "") or DEFAULT_GEMM
+    if env not in GEMM_IMPLS:
+        raise ValueError(f"SPRINT_GEMM must be one of {', '.join(GEMM_IMPLS)}, got {env!r}")
+    return env
 
 
 def gemm(a, b, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
@@ -45,7 +57,7 @@ def gemm(a, b, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
         else:
             out *= np.float32(beta)
         return out
-    if be.kernels == "cpp" and os.environ.get("SPRINT_GEMM", "blas") == "engine":
+    if be.kernels == "cpp" and gemm_impl() == "engine":
         be.ext.sgemm(a, b, out, trans_a, trans_b, alpha, beta)
         return out
     if beta != 0.0 and xp.__name__ == "cupy":

@@ -1,0 +1,99 @@
+// Internal: the micro-kernel and the FMA-peak probe written once over a
+// vector type, instantiated by each ISA translation unit (gemm_avx512.cpp,
+// gemm_avx2.cpp, gemm_generic.cpp) with its own traits `V`:
+//   V::reg, V::L (floats per register), zero(), load(p), bcast(p),
+//   fma(a, b, c) = a*b + c, add(a, b), store(p, v),
+//   load_merge(acc, x, off, lo, hi): acc with lanes lo <= l < hi replaced by
+//     x[off + l] (only those elements are read)
+//   transpose(x, off, q, lo, hi, dst, ld): the L x L block
+//     dst[e*ld + r] = x[off[r] + q + e] for lo[r] <= e < hi[r], else 0
+//     (only those elements are read)
+// so the ISA units only say which instructions and which tile they use.
+// Internal linkage only (see gemm_plan.h): an AVX-512 instance must never be
+// merged with, or serve, a caller of another unit.
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+
+namespace {
+
+// MR x NR tile (NR = NV registers per row) of C in MR*NV accumulators, one
+// FMA chain per accumulator in k order: each element of C sums its k terms
+// in the same order whatever tile, block or thread computes it. B is read
+// through one row pointer per k (a packed panel row, or an image row read in
+// place by the implicit convolution); the tile goes to `t` (MR x NR, row
+// stride NR) for the driver's write-back.
+template <class V, int MR_, int NV>
+struct MicroKernel {
+    using Vec = V;
+    static constexpr int MR = MR_, NR = NV * V::L;
+    static void run(std::int64_t k, const float* __restrict a, const float* const* __restrict brow,
+                    float* __restrict t) {
+        typename V::reg c[MR][NV];
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) c[r][v] = V::zero();
+        for (std::int64_t p = 0; p < k; ++p) {
+            const float* b = brow[p];
+            typename V::reg bv[NV];
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) bv[v] = V::load(b + v * V::L);
+#pragma GCC unroll 32
+            for (int r = 0; r < MR; ++r) {
+                const typename V::reg av = V::bcast(a + r);
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; ++v) c[r][v] = V::fma(av, bv[v], c[r][v]);
+            }
+            a += MR;
+        }
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) V::store(t + r * NR + v * V::L, c[r][v]);
+    }
+};
+
+// The masked L x L transpose done element by element (the traits without a
+// register transpose use it).
+template <int L>
+inline void transpose_scalar(const float* x, const std::int64_t* off, std::int64_t q, const int* lo, const int* hi,
+                             float* dst, std::int64_t ld) {
+    for (int e = 0; e < L; ++e)
+        for (int r = 0; r < L; ++r) dst[e * ld + r] = (e >= lo[r] && e < hi[r]) ? x[off[r] + q + e] : 0.f;
+}
+
+volatile float g_fma_sink;  // keeps the chains observable
+
+// Measured peak: 12 independent FMA chains per thread (enough to cover the
+// FMA latency on two ports); returns the flops executed.
+template <class V>
+double fma_peak_t(std::int64_t iters, int threads) {
+    double flops = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+    {
+        constexpr int kChains = 12;
+        const float one = 0.999999f, tiny = 1e-7f;
+        const typename V::reg b = V::bcast(&one), c = V::bcast(&tiny);
+        typename V::reg a[kChains];
+        for (int i = 0; i < kChains; ++i) {
+            const float s = 1.f + omp_get_thread_num() + 1e-3f * i;
+            a[i] = V::bcast(&s);
+        }
+        for (std::int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+            for (int i = 0; i < kChains; ++i) a[i] = V::fma(a[i], b, c);
+        }
+        typename V::reg s = a[0];
+        for (int i = 1; i < kChains; ++i) s = V::add(s, a[i]);
+        alignas(64) float out[V::L];
+        V::store(out, s);
+        g_fma_sink = out[0];
+        flops += double(iters) * kChains * V::L * 2;
+    }
+    return flops;
+}
+
+}  // namespace
