@@ -60,11 +60,10 @@ def worker(args):
     from engine.parallel.layerwise import LayerwiseExecutor
     comm = MPI.COMM_WORLD
     plan = L.Plan.load(args.plan_file)
-    net = Net(args.model, seed=0)
-    opt = SGD(net, lr=0.01)
-    ex = LayerwiseExecutor(net, plan, comm)
+    ex = LayerwiseExecutor(Net(args.model, seed=0), plan, comm)
+    opt = SGD(ex.params, ex.grads, lr=0.01)
     rng = np.random.default_rng(0)
-    sp = net.spec
+    sp = ex.spec
     x = rng.normal(size=(plan.batch, sp.m0, sp.x0, sp.x0)).astype(np.float32)
     y = rng.integers(0, sp.n_classes, plan.batch)
     times = []

@@ -59,3 +59,51 @@ def test_two_ranks_train_and_the_checkpoint_evaluates_the_same(tmp_path):
                        env=env, timeout=120)
     assert e.returncode == 0, e.stderr
     assert f"{100 * recs[-1]['test_acc']:.2f} %" in e.stdout, (e.stdout, recs[-1])
+
+
+def _lw_run(n, job, timeout=120):
+    from test_parallel_mpi import run_mpi
+    rc, out, dt = run_mpi(n, "layerwise_train.py", json.dumps(job), timeout=timeout)
+    return rc, out, dt
+
+
+def test_a_resumed_two_rank_run_is_the_uninterrupted_one(tmp_path):
+    import numpy as np
+    plan = _plan(tmp_path, "owt", "digits", 2, 32)
+    cfg = {"model": "digits", "batch": 32, "epochs": 2, "seed": 5, "extra": {"plan": str(plan)}}
+    runs = {}
+    for name, more in (("whole", {"out": str(tmp_path / "whole")}),
+                       ("first", {"out": str(tmp_path / "cut"), "stop_after": 1}),
+                       ("resumed", {"resume": str(tmp_path / "cut"), "out": str(tmp_path / "cut")})):
+        save = tmp_path / f"{name}.npy"
+        rc, out, _ = _lw_run(2, {"cfg": dict(cfg, **more), "save": str(save)})
+        assert rc == 0 and "LW RUN " in out, out[-3000:]
+        runs[name] = (json.loads(out.split("LW RUN ", 1)[1].splitlines()[0]), np.load(save))
+    assert runs["first"][0]["epochs"] == 1 and runs["resumed"][0]["epochs"] == 2
+    # weights and velocity after the resumed second epoch are the uninterrupted run's, bit for bit
+    assert np.array_equal(runs["resumed"][1], runs["whole"][1])
+    assert runs["resumed"][0]["history"][-1]["test_acc"] == runs["whole"][0]["history"][-1]["test_acc"]
+    recs = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in recs] == [1, 2]
+    # the checkpoint is a one-process one: a rank held only its slices (the FC layers are split)
+    stats = runs["whole"][0]["stats"]
+    assert max(stats["params_held"]) < stats["n_params"], stats
+
+
+@pytest.mark.parametrize("fault", ["raise", "kill", "freeze"])
+def test_a_failed_killed_or_frozen_rank_ends_the_job_naming_it(tmp_path, fault):
+    import re
+    plan = _plan(tmp_path, "owt", "digits", 2, 32)
+    cfg = {"model": "digits", "batch": 32, "epochs": 1, "timeout": 3, "extra": {"plan": str(plan)}}
+    rc, out, dt = _lw_run(2, {"cfg": cfg, "fault": fault}, timeout=60)
+    assert rc != 0 and dt < 45, (dt, out[-3000:])
+    assert "UNEXPECTED" not in out and "LW RUN" not in out, out[-3000:]
+    if fault == "raise":
+        assert "rank 1 of 2 failed: RuntimeError: injected failure in layer-wise step 3" in out, out[-3000:]
+    elif fault == "freeze":
+        assert re.search(r"sprint: error: rank 1 of 2 stopped answering \(no heartbeat for \d+ s; --timeout 3\)",
+                         out), out[-3000:]
+    else:
+        # a SIGKILLed rank cannot speak: the launcher names its pid, the rank map printed at start its rank
+        pid = re.search(r"PID (\d+) RUNNING", out)
+        assert pid and re.search(rf"rank [01] pid {pid.group(1)}\b", out), out[-3000:]

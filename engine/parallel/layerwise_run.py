@@ -1,24 +1,32 @@
 """``sprint train --parallel layerwise --plan PLAN.json`` under ``mpiexec -n N``:
-the training loop around engine.parallel.layerwise.
+the training loop around engine.parallel.layerwise, on engine.session.Session
+(run folder, watchdog, evaluation, metrics) and under the abort rules every
+MPI strategy shares (comm.run_guarded: a failed rank ends the job naming it).
 
 Every rank reads the same mini-batches (same seed) and runs its part of
 every layer as the plan says; the plan is checked against the net, the
 batch and the number of ranks before any data is read. A partial last
-mini-batch of an epoch is dropped: the plan is for one batch size. At the
-end of each epoch the owners' slices of the weights and the velocity are
-gathered on every rank, rank 0 evaluates and writes the checkpoint (whole
-vectors: ``sprint eval`` reads it like any other, and ``--resume`` loads it
-on every rank: bit-identical to an uninterrupted run in a manual 2-rank
-check, not yet a test).
+mini-batch of an epoch is dropped: the plan is for one batch size.
+
+During training a rank holds only its slices of the weights, gradients and
+velocity. At the end of each epoch the owners' slices are gathered into
+whole vectors (Allgatherv of the weights for the sharded evaluation, Gatherv
+of the velocity to rank 0) and rank 0 writes the one checkpoint.npz of the
+run, in the format of a one-process run, then they are freed. That is
+FSDP's ``FULL_STATE_DICT(rank0_only)`` rather than a sharded checkpoint
+(PyTorch DCP, Megatron): the nets of this family are a few MB, and one
+whole file lets ``sprint eval``, ``--init-from`` and ``--resume`` under any
+other plan or rank count (each rank takes its slices) read it as it is; a
+net that does not fit one host would need the sharded form.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
-from pathlib import Path
 
 from . import comm as _comm
+
+STATS = "layerwise_stats.json"
 
 
 def add_train_options(p):
@@ -46,94 +54,97 @@ def load_checked_plan(cfg, n_ranks):
 
 
 def run(cfg) -> dict:
-    comm = _comm.get_comm()
-    with _comm.abort_on_error(comm):
-        return _run(cfg, comm)
+    return _comm.run_guarded(_run, cfg)
 
 
 def _run(cfg, comm):
-    from engine import backend
-    from engine import checkpoint as ckpt
-    from engine import metrics as _metrics
+    from engine.session import Session
+    plan = load_checked_plan(cfg, comm.size)        # before Session reads any data
+    with Session(cfg, comm) as s:
+        return _train(s, cfg, comm, plan)
+
+
+def _train(s, cfg, comm, plan):
     from engine.data import Loader
-    from engine.spec import get_spec
-    from engine.train import CHECKPOINT, CONFIG, METRICS, build, evaluate, load_state, prepare_data, \
-        setup_device, state_dict
+    from engine.errors import RunError
+    from engine.net import Net
+    from engine.optim import SGD, make_schedule
     from .layerwise import LayerwiseExecutor
-    plan = load_checked_plan(cfg, comm.size)
-    be = setup_device(cfg)
-    if be.name != "cpu":
+    from .runner import ranks_agree_or_refuse
+    if s.gpu:
         raise ValueError("--parallel layerwise runs on the CPU backend for now (--device cpu)")
-    spec = get_spec(cfg.model)
-    train_ds, test_ds, deform = prepare_data(cfg, spec)
-    net, opt = build(cfg, spec)
+    ranks_agree_or_refuse(s, comm, cfg)
+    spec = s.spec
     mpi = getattr(comm, "comm", None)
     if mpi is None:
         from mpi4py import MPI
         mpi = MPI.COMM_SELF
-    ex = LayerwiseExecutor(net, plan, mpi)
-    root = comm.rank == 0
-    run_dir = Path(cfg.out) if cfg.out else None
+    ex = LayerwiseExecutor(Net(spec, seed=cfg.seed), plan, mpi)     # the whole net is dropped here
+    sched = make_schedule(cfg.schedule, cfg.lr, cfg.epochs, cfg.warmup)
+    opt = SGD(ex.params, ex.grads, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, schedule=sched)
+    state = s.load_state()
     start = 0
+    if state is not None:
+        ex.take(state["params"])
     if cfg.resume:
-        start = load_state(net, opt, ckpt.load(Path(cfg.resume) / CHECKPOINT))
-        run_dir = run_dir or Path(cfg.resume)
-    if run_dir is not None and root:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _atomic(run_dir / CONFIG, json.dumps({"train": cfg.to_dict(), "spec": spec.to_dict(),
-                                              "deform": deform.to_dict(), "plan": plan.to_dict()}, indent=2))
-        _metrics.truncate(run_dir / METRICS, start)
-    loader = Loader(train_ds, cfg.batch, shuffle=True, seed=cfg.seed, deform=deform, prefetch=cfg.prefetch,
+        if "optim" not in state:
+            raise RunError("the checkpoint holds no optimizer state to resume layer-wise from", cfg.resume)
+        o = state["optim"]
+        ex.take_into(opt.velocity, o["velocity"])
+        opt.steps, opt.epoch = int(o["steps"]), float(o["epoch"])
+        start = int(state["epoch"])
+    s.start(start)
+    loader = Loader(s.train_ds, cfg.batch, shuffle=True, seed=cfg.seed, deform=s.deform, prefetch=cfg.prefetch,
                     drop_last=True)
     steps = len(loader)
     if steps == 0:
-        raise ValueError(f"--batch {cfg.batch} is larger than the {len(train_ds)} training images")
-    if root and cfg.verbose:
-        print(f"{spec.name}: layer-wise plan on {comm.size} rank(s), batch {cfg.batch}, {steps} steps per epoch: "
-              + ", ".join(f"{k}{tuple(v)}" for k, v in plan.layers.items()), flush=True)
-    history, t0, step_times = [], time.perf_counter(), []
-    for epoch in range(start, cfg.epochs):
+        raise ValueError(f"--batch {cfg.batch} is larger than the {len(s.train_ds)} training images")
+    s.log(f"{spec.name}: layer-wise plan on {comm.size} rank(s), batch {cfg.batch}, {steps} steps per epoch, "
+          f"{ex.params.size:,} of {ex.n_params:,} parameters on rank 0: "
+          + ", ".join(f"{k}{tuple(v)}" for k, v in plan.layers.items()))
+    last = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
+    step_times = []
+    for epoch in range(start, last):
         loader.set_epoch(epoch)
         loss_sum, right, seen, te = 0.0, 0, 0, time.perf_counter()
         for i, (x, y) in enumerate(loader):
             ts = time.perf_counter()
             loss, r = ex.step(x, y)
             if not math.isfinite(loss):
-                raise FloatingPointError(f"loss became {loss} at epoch {epoch + 1}, step {i + 1}: lower --lr")
+                raise s.diverged(loss, epoch + 1, i + 1, opt.lr_at(epoch + i / steps))
             opt.step(epoch + i / steps)
             step_times.append(time.perf_counter() - ts)
             loss_sum, right, seen = loss_sum + loss * len(y), right + r, seen + len(y)
         train_time = time.perf_counter() - te
-        ex.gather_params()
-        ex.sync_vector(opt.velocity)
+        net = _whole_net(ex, spec)
+        test_loss, test_acc = s.evaluate(net)
         rec = {"epoch": epoch + 1, "step": opt.steps, "lr": opt.lr_at(epoch + 1), "train_loss": loss_sum / seen,
-               "train_acc": right / seen, "images_per_s": seen / train_time, "time": time.perf_counter() - t0}
-        if root:
-            rec["test_loss"], rec["test_acc"] = evaluate(net, test_ds, cfg.eval_batch, deform)
-            if run_dir is not None:
-                ckpt.save(run_dir / CHECKPOINT, state_dict(net, opt, epoch + 1, cfg, deform))
-                _metrics.append(run_dir / METRICS, rec)
-            if cfg.verbose:
-                print(f"epoch {epoch + 1:3d}  train_loss {rec['train_loss']:.4f}  test_acc "
-                      f"{100 * rec['test_acc']:6.2f} %  {rec['images_per_s']:,.0f} img/s", flush=True)
-        history.append(rec)
-        if cfg.stop_after is not None and epoch + 1 >= cfg.stop_after:
-            break
-    if root and run_dir is not None:
-        steps_sorted = sorted(step_times)
-        _atomic(run_dir / "layerwise_stats.json", json.dumps(
-            {"ranks": comm.size, "plan": plan.to_dict(), "steps": len(step_times),
-             "step_s_median": steps_sorted[len(steps_sorted) // 2] if steps_sorted else None,
-             "predicted_step_s": plan.predicted.get("step_s")}, indent=1))
-    final = history[-1] if history else {}
-    return {"run_dir": str(run_dir) if run_dir else None, "epochs": len(history) + start, "history": history,
-            "test_acc": final.get("test_acc"), "test_loss": final.get("test_loss"),
-            "train_loss": final.get("train_loss"), "time_s": time.perf_counter() - t0, "n_params": net.n_params,
-            "net": net, "optimizer": opt, "rank": comm.rank, "n_node": comm.size,
-            "step_times": step_times}
+               "train_acc": right / seen, "test_loss": test_loss, "test_acc": test_acc,
+               "images_per_s": seen / train_time, "time": time.perf_counter() - s.t0,
+               "skipped": s.train_ds.skipped + s.test_ds.skipped, "parallel": "layerwise", "n_node": comm.size}
+        velocity = ex.whole(opt.velocity, root=0)
+        s.end_epoch(rec, None if velocity is None else _state(net, opt, velocity, epoch + 1, cfg, s, plan))
+    stats = {"ranks": comm.size, "plan": plan.to_dict(), "steps": len(step_times),
+             "params_held": comm.allgather_obj(int(ex.params.size)), "n_params": ex.n_params,
+             "step_s_median": sorted(step_times)[len(step_times) // 2] if step_times else None,
+             "predicted_step_s": plan.predicted.get("step_s")}
+    s.write_stats(STATS, stats)
+    return s.result(_whole_net(ex, spec), len(s.history), optimizer=opt, executor=ex, rank=comm.rank,
+                    n_node=comm.size, step_times=step_times, stats=stats)
 
 
-def _atomic(path: Path, text: str):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+def _whole_net(ex, spec):
+    """A Net with the gathered whole weights (for evaluation and the result; freed by the caller)."""
+    from engine.net import Net
+    net = Net(spec, dtype=ex.dtype)
+    net.set_flat(ex.whole(ex.params))
+    return net
+
+
+def _state(net, opt, velocity, epoch, cfg, s, plan) -> dict:
+    """A one-process checkpoint (engine.train.state_dict's fields) of the gathered vectors."""
+    o = opt.state_dict()
+    o["velocity"] = velocity
+    return {"params": net.params.copy(), "optim": o, "epoch": int(epoch), "step": int(opt.steps),
+            "rng": {"seed": int(cfg.seed), "next_epoch": int(epoch)}, "spec": s.spec.to_dict(),
+            "spec_hash": s.spec.hash(), "deform": s.deform.to_dict(), "mode": "layerwise", "plan": plan.to_dict()}

@@ -20,7 +20,6 @@ by the performance model's per-layer time), ``max_samples``.
 """
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
@@ -129,27 +128,16 @@ def _train(s, cfg, comm):
     from engine.data import Loader
     from engine.net import Net
     from engine.optim import SGD, make_schedule
-    from .runner import _check_ranks_agree
+    from .runner import ranks_agree_or_refuse
 
     K, D, schedule, M, predict = options(cfg, comm.size)
     be, spec, train_ds, test_ds, deform = s.backend, s.spec, s.train_ds, s.test_ds, s.deform
-    try:
-        _check_ranks_agree(comm, cfg, spec, train_ds, test_ds)
-    except _comm.ConfigMismatch as e:
-        if s.root:
-            print(f"sprint: error: {e}", file=sys.stderr, flush=True)
-        e.reported_by_root = True
-        comm.barrier()
-        raise
+    ranks_agree_or_refuse(s, comm, cfg)
     run = s.run
     # resuming: every rank reads the small manifest, then only its own stage file
     manifest = _ck.on_every_rank(comm, lambda: _ck.read_manifest(run)) if cfg.resume else None
     parts = choose_partition(cfg, spec, K, manifest)
     comm.check_agreement("partition", format_partition(parts))
-    if comm.size > 1:
-        ranks = comm.rank_map()
-        if s.root:
-            print(f"sprint: {ranks}", file=sys.stderr, flush=True)
     k, d = comm.rank % K, comm.rank // K
     if s.gpu and comm.size > 1:
         _comm.select_device(comm)       # one GPU per stage; messages are staged through the host

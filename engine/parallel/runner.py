@@ -139,6 +139,27 @@ def _check_ranks_agree(comm, cfg, spec, train_ds, test_ds):
     comm.check_agreement("data", {"train": _data_summary(train_ds), "test": _data_summary(test_ds)})
 
 
+def ranks_agree_or_refuse(s, comm, cfg):
+    """Every rank of a Session's run has the same options, network and data,
+    or the job refuses to start with rank 0's one line naming what differs.
+    Then rank 0 prints every rank's pid: a launcher reports a killed rank
+    by pid, this turns it into a rank."""
+    try:
+        _check_ranks_agree(comm, cfg, s.spec, s.train_ds, s.test_ds)
+    except _comm.ConfigMismatch as e:
+        # every rank sees the mismatch; make sure rank 0's line is out before
+        # any rank's exit can take the job down, and that it is the only one
+        if s.root:
+            print(f"sprint: error: {e}", file=sys.stderr, flush=True)
+        e.reported_by_root = True
+        comm.barrier()
+        raise
+    if comm.size > 1:
+        ranks = comm.rank_map()
+        if s.root:
+            print(f"sprint: {ranks}", file=sys.stderr, flush=True)
+
+
 def _evaluate_sharded(comm, net, test_ds, cfg, deform):
     """(loss, accuracy) over the whole test set, each rank a shard (for strategies
     not on engine.session.Session yet)."""
@@ -181,21 +202,7 @@ def _train(s, cfg, comm):
         # allreduce by polling with sleeps, not by MPICH's busy loop.
         comm.poll_interval = float(extra.get("mpi_poll", 0.0 if gpu else CPU_MPI_POLL))
     train_ds, test_ds, deform = s.train_ds, s.test_ds, s.deform
-    root = s.root
-    try:
-        _check_ranks_agree(comm, cfg, spec, train_ds, test_ds)
-    except _comm.ConfigMismatch as e:
-        # every rank sees the mismatch; make sure rank 0's line is out before
-        # any rank's exit can take the job down, and that it is the only one
-        if root:
-            print(f"sprint: error: {e}", file=sys.stderr, flush=True)
-        e.reported_by_root = True
-        comm.barrier()
-        raise
-    if comm.size > 1:
-        ranks = comm.rank_map()
-        if root:
-            print(f"sprint: {ranks}", file=sys.stderr, flush=True)
+    ranks_agree_or_refuse(s, comm, cfg)
 
     W, world = cfg.workers, comm.size * cfg.workers
     n_file = len(train_ds)
