@@ -89,9 +89,10 @@ void conv_forward(py::handle x_, py::handle w_, py::object bias_, py::handle y_,
     raise_if(err);
 }
 
-// dw (overwritten) and, if dx is not None (stride 1 only), dx.
+// dw (overwritten, or accumulated: dw's chains continued) and, if dx is not
+// None (stride 1 only), dx.
 void conv_backward(py::handle x_, py::handle w_, py::handle dy_, py::handle dw_, py::object dx_, i64 sh, i64 sw,
-                   i64 ph, i64 pw, const std::string& isa) {
+                   i64 ph, i64 pw, const std::string& isa, bool accumulate) {
     py::array x = check_array<float>(x_, "x", 4);
     py::array w = check_array<float>(w_, "w", 4);
     py::array dy = check_array<float>(dy_, "dy", 4);
@@ -118,7 +119,7 @@ void conv_backward(py::handle x_, py::handle w_, py::handle dy_, py::handle dw_,
     const char* err;
     {
         py::gil_scoped_release nogil;
-        err = G::conv_backward_w(i, g, xp, dyp, dwp);
+        err = G::conv_backward_w(i, g, xp, dyp, dwp, accumulate);
         if (!err && dxp) err = G::conv_backward_x(i, g, wp, dyp, dxp);
     }
     raise_if(err);
@@ -148,13 +149,14 @@ py::dict gemm_info(const std::string& isa) {
 void bind_gemm(py::module_& m) {
     m.def("sgemm", &sgemm, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("trans_a") = false,
           py::arg("trans_b") = false, py::arg("alpha") = 1.0, py::arg("beta") = 0.0, py::arg("isa") = "",
-          "out = alpha * op(a) @ op(b) + beta * out (row-major; beta 0 overwrites).");
+          "out = beta * out + (alpha op(a)) @ op(b) (row-major; beta 0 overwrites; each element one FMA chain "
+          "over k from beta * out).");
     m.def("conv2d_implicit_forward", &conv_forward, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("y"),
           py::arg("sh"), py::arg("sw"), py::arg("ph"), py::arg("pw"), py::arg("relu") = false,
           py::arg("isa") = "", "y = conv(x, w) + bias [ReLU]: implicit GEMM, no column matrix.");
     m.def("conv2d_implicit_backward", &conv_backward, py::arg("x"), py::arg("w"), py::arg("dy"), py::arg("dw"),
-          py::arg("dx"), py::arg("sh"), py::arg("sw"), py::arg("ph"), py::arg("pw"), py::arg("isa") = "",
-          "dw (and dx if given, stride 1) of conv(x, w): implicit GEMMs, no column matrix.");
+          py::arg("dx"), py::arg("sh"), py::arg("sw"), py::arg("ph"), py::arg("pw"), py::arg("isa") = "", py::arg("accumulate") = false,
+          "dw (and dx if given, stride 1) of conv(x, w): implicit GEMMs, no column matrix; accumulate adds to dw.");
     m.def("fma_peak", [](i64 iters, int threads, const std::string& isa) {
         check_int(iters, "iters", 1, i64(1) << 24);  // a benchmark, not a way to hang the process
         check_int(threads, "threads", 1, 4096);

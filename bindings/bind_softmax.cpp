@@ -18,7 +18,7 @@ void check_labels(const py::array& labels, int64_t K) {
 }
 
 double softmax_xent(py::handle logits_, py::handle labels_, py::handle probs_, py::handle dlogits_,
-                    py::handle row_loss_) {
+                    py::handle row_loss_, double grad_scale) {
     py::array logits = check_array<float>(logits_, "logits", 2);
     const int64_t N = logits.shape(0), K = logits.shape(1);
     if (N < 1) value_error("logits must hold at least one row, got shape " + shape_str(logits));
@@ -48,7 +48,8 @@ double softmax_xent(py::handle logits_, py::handle labels_, py::handle probs_, p
     float* pp = mptr<float>(probs);
     float* dp = mptr<float>(dlogits);
     float* rp = mptr<float>(row_loss);
-    const float inv_n = float(1.0 / double(N));
+    // grad_scale < 0: 1/N, the gradient of the mean; a micro-batch passes 1/(its mini-batch)
+    const float inv_n = grad_scale < 0 ? float(1.0 / double(N)) : finite_f32(grad_scale, "grad_scale");
     const void* lab = labels.data();
     py::gil_scoped_release nogil;
     return is64 ? cpu::softmax_xent_f32(lp, static_cast<const int64_t*>(lab), pp, dp, rp, N, int(K), inv_n)
@@ -59,7 +60,8 @@ double softmax_xent(py::handle logits_, py::handle labels_, py::handle probs_, p
 
 void bind_softmax(py::module_& m) {
     m.def("softmax_xent", &softmax_xent, py::arg("logits"), py::arg("labels"), py::arg("probs"),
-          py::arg("dlogits"), py::arg("row_loss"),
-          "probs = softmax(logits), dlogits = (probs - onehot(labels)) / N, row_loss = -log probs[label]; "
+          py::arg("dlogits"), py::arg("row_loss"), py::arg("grad_scale") = -1.0,
+          "probs = softmax(logits), dlogits = (probs - onehot(labels)) * grad_scale (default 1/N), "
+          "row_loss = -log probs[label]; "
           "returns the mean loss. logits (N,K) float32, labels (N,) int32|int64 in 0..K-1.");
 }

@@ -122,7 +122,7 @@ bool mul_ok(i64 a, i64 b, i64& out) {
     return true;
 }
 
-// Scratch: packing buffers (and partial products) per OpenMP thread. Kept
+// Scratch: packing buffers per OpenMP thread. Kept
 // per calling thread and only grown: a fresh allocation per call would pay
 // page faults and zero-filling on every GEMM. Nothing reads it unwritten.
 struct Scratch {
@@ -138,44 +138,36 @@ struct Scratch {
         return mem.get() + ((64 - addr % 64) % 64) / sizeof(float);
     }
 };
-thread_local Scratch t_arena, t_partial;
+thread_local Scratch t_arena, t_padded;
 
 // Drops a calling thread's scratch after a call that grew it past 64 MiB
 // (an odd huge GEMM must not pin its buffers for the life of the thread).
 struct TrimScratch {
     ~TrimScratch() {
-        for (Scratch* s : {&t_arena, &t_partial})
+        for (Scratch* s : {&t_arena, &t_padded})
             if (s->cap > (i64(1) << 24)) s->mem.reset(), s->cap = 0;
     }
 };
 
-// Picks the thread grid: the fewest per-thread FMA cycles plus packing
-// (B once per k block, A once per column block) plus the k-split sum.
-Plan plan(const Kernels& kr, const Blocking& bl, i64 m, i64 n, i64 k, bool allow_ksplit) {
+// Picks the thread grid: the fewest per-thread FMA cycles plus packing (B
+// once per k block, A once per column block). k is never split: that would
+// cut each element's single chain of FMAs (gemm_driver.h).
+Plan plan(const Kernels& kr, const Blocking& bl, i64 m, i64 n, i64 k) {
     Plan best{};
-    const int maxth = omp_get_max_threads();
     const double work = double(m) * double(n) * double(k) / kr.lanes;
-    const int nth_cap = work < 1.0e5 ? 1 : maxth;  // waking a sleeping team costs ~10-40 us
+    const int nth = work < 1.0e5 ? 1 : omp_get_max_threads();  // waking a sleeping team costs ~10-40 us
     double best_cost = std::numeric_limits<double>::infinity();
-    const int nth = nth_cap;
-    for (int tk = 1; tk <= (allow_ksplit ? nth : 1); ++tk) {
-            if (nth % tk) continue;
-            for (int tm = 1; tm <= nth / tk; ++tm) {
-                if ((nth / tk) % tm) continue;
-                const int tn = nth / tk / tm;
-                const i64 mq = cdiv(cdiv(m, kr.mr), tm) * kr.mr, nq = cdiv(cdiv(n, kr.nr), tn) * kr.nr;
-                const i64 kq = cdiv(k, tk);
-                const double fma = double(mq) * double(nq) * double(kq) / kr.lanes;
-                const double pack = double(kq) * (double(nq) + double(mq) * double(cdiv(nq, bl.nc)));
-                const double sum = tk > 1 ? double(m) * double(n) * tk / nth : 0.0;
-                const double cost = fma + pack + sum;
-                if (cost < best_cost) {
-                    best_cost = cost;
-                    best = Plan{nth, tm, tn, tk, mq, nq, kq, bl.mc, bl.kc, bl.nc, mq <= bl.mc, nullptr, 0, 0, 0,
-                                nullptr};
-                }
-            }
+    for (int tm = 1; tm <= nth; ++tm) {
+        if (nth % tm) continue;
+        const int tn = nth / tm;
+        const i64 mq = cdiv(cdiv(m, kr.mr), tm) * kr.mr, nq = cdiv(cdiv(n, kr.nr), tn) * kr.nr;
+        const double fma = double(mq) * double(nq) * double(k) / kr.lanes;
+        const double pack = double(k) * (double(nq) + double(mq) * double(cdiv(nq, bl.nc)));
+        if (fma + pack < best_cost) {
+            best_cost = fma + pack;
+            best = Plan{nth, tm, tn, mq, nq, bl.mc, bl.kc, bl.nc, mq <= bl.mc, nullptr, 0, 0, 0};
         }
+    }
     best.a_floats = cdiv(clamp(best.mq, 1, bl.mc) * bl.kc, 16) * 16 + 16;
     const i64 bcols = best.one_b_panel ? kr.nr : clamp(best.nq, 1, bl.nc);  // a multiple of NR
     best.b_packed = cdiv(bcols * bl.kc, 16) * 16;
@@ -184,13 +176,11 @@ Plan plan(const Kernels& kr, const Blocking& bl, i64 m, i64 n, i64 k, bool allow
 }
 
 // Allocates the plan's scratch; false on overflow or allocation failure.
-bool allocate(Plan& p, i64 m, i64 n, Scratch& arena, Scratch& partial) {
-    i64 per = 0, total = 0, part = 0;
+bool allocate(Plan& p, Scratch& arena) {
+    i64 per = 0, total = 0;
     if (!mul_ok(p.a_floats + p.b_floats, 1, per) || !mul_ok(per, p.nth, total)) return false;
-    if (p.tk > 1 && (!mul_ok(m, n, part) || !mul_ok(part, p.tk - 1, part))) return false;
     try {
         p.arena = arena.aligned(total);
-        if (p.tk > 1) p.partial = partial.aligned(part);
     } catch (const std::bad_alloc&) {
         return false;
     } catch (const std::length_error&) {
@@ -254,13 +244,9 @@ const char* sgemm(Isa isa, bool trans_a, bool trans_b, i64 m, i64 n, i64 k, floa
         return nullptr;
     }
     const Kernels& kr = kernels(isa);
-    // No k-split here: each element of C then sums its k terms in one fixed
-    // order whatever m, n and the thread grid, so a row of a forward pass is
-    // bitwise the same in a micro-batch as in the whole batch (a ReLU flipped
-    // by a rounding difference would otherwise make the two runs drift apart).
-    Plan p = plan(kr, blocking_cached(isa), m, n, k, false);
+    Plan p = plan(kr, blocking_cached(isa), m, n, k);
     TrimScratch trim;
-    if (!allocate(p, m, n, t_arena, t_partial)) return kAlloc;
+    if (!allocate(p, t_arena)) return kAlloc;
     kr.sgemm(p, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
     return nullptr;
 }
@@ -271,6 +257,47 @@ bool conv_sizes_ok(const Conv& g) {
     return mul_ok(g.B, g.C, t) && mul_ok(t, g.H, t) && mul_ok(t, g.W, t) && mul_ok(g.B, g.M, t) &&
            mul_ok(t, g.P(), t) && mul_ok(g.M, g.K(), t) && g.OH > 0 && g.OW > 0;
 }
+
+// A unit-stride convolution with padding runs on a zero-bordered copy of x
+// (about x's size, kept per calling thread like the packing buffers: fresh
+// pages each call cost more than the copy): the packings then read whole
+// unmasked runs of image rows (gemm_driver.h). Returns false when x needs no
+// copy (gp = g, xp = x) and sets `err` if the copy could not be made.
+bool padded(const Conv& g, const float* x, int nth, Conv& gp, Scratch& buf, const float*& xp, const char*& err) {
+    gp = g;
+    xp = x;
+    err = nullptr;
+    if (g.sw != 1 || g.ph < 0 || g.pw < 0 || (g.ph == 0 && g.pw == 0)) return false;
+    const i64 Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw;
+    i64 n = 0;
+    if (!mul_ok(g.B * g.C, Hp, n) || !mul_ok(n, Wp, n)) {
+        err = "conv: sizes overflow";
+        return false;
+    }
+    float* d0 = nullptr;
+    try {
+        d0 = buf.aligned(n);
+    } catch (const std::bad_alloc&) {
+        err = kAlloc;
+        return false;
+    }
+#pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1 && n > (1 << 16))
+    for (i64 plane = 0; plane < g.B * g.C; ++plane) {
+        const float* s = x + plane * g.H * g.W;
+        float* d = d0 + plane * Hp * Wp;
+        std::memset(d, 0, sizeof(float) * size_t(g.ph * Wp));
+        for (i64 h = 0; h < g.H; ++h) {
+            float* row = d + (h + g.ph) * Wp;
+            std::memset(row, 0, sizeof(float) * size_t(g.pw));
+            std::memcpy(row + g.pw, s + h * g.W, sizeof(float) * size_t(g.W));
+            std::memset(row + g.pw + g.W, 0, sizeof(float) * size_t(g.pw));
+        }
+        std::memset(d + (g.ph + g.H) * Wp, 0, sizeof(float) * size_t(g.ph * Wp));
+    }
+    gp = Conv{g.B, g.C, Hp, Wp, g.M, g.kh, g.kw, g.sh, 1, 0, 0, g.OH, g.OW};
+    xp = d0;
+    return true;
+}
 }  // namespace
 
 const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w, const float* bias, bool relu,
@@ -278,24 +305,35 @@ const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w,
     if (!conv_sizes_ok(g)) return "conv: sizes overflow";
     if (g.B == 0) return nullptr;
     const Kernels& kr = kernels(isa);
-    Plan p = plan(kr, blocking_cached(isa), g.M, g.B * g.P(), g.K(), false);
+    Plan p = plan(kr, blocking_cached(isa), g.M, g.B * g.P(), g.K());
     TrimScratch trim;
-    if (!allocate(p, g.M, g.B * g.P(), t_arena, t_partial)) return kAlloc;
-    kr.conv_fwd(p, g, x, w, bias, relu, y);
+    if (!allocate(p, t_arena)) return kAlloc;
+    Conv gp;
+    const float* xp;
+    const char* err;
+    padded(g, x, p.nth, gp, t_padded, xp, err);
+    if (err) return err;
+    kr.conv_fwd(p, gp, xp, w, bias, relu, y);
     return nullptr;
 }
 
-const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw) {
+const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw, bool accumulate) {
     if (!conv_sizes_ok(g)) return "conv: sizes overflow";
     if (g.B == 0) {
-        for (i64 i = 0; i < g.M * g.K(); ++i) dw[i] = 0.f;
+        if (!accumulate)
+            for (i64 i = 0; i < g.M * g.K(); ++i) dw[i] = 0.f;
         return nullptr;
     }
     const Kernels& kr = kernels(isa);
-    Plan p = plan(kr, blocking_cached(isa), g.M, g.K(), g.B * g.P(), true);
+    Plan p = plan(kr, blocking_cached(isa), g.M, g.K(), g.B * g.P());
     TrimScratch trim;
-    if (!allocate(p, g.M, g.K(), t_arena, t_partial)) return kAlloc;
-    kr.conv_dw(p, g, x, dy, dw);
+    if (!allocate(p, t_arena)) return kAlloc;
+    Conv gp;
+    const float* xp;
+    const char* err;
+    padded(g, x, p.nth, gp, t_padded, xp, err);
+    if (err) return err;
+    kr.conv_dw(p, gp, xp, dy, dw, accumulate);
     return nullptr;
 }
 

@@ -14,13 +14,18 @@
 // a thread's rows fit one MC block (the conv GEMMs: M = channels), B panels
 // are used once and share one panel buffer that never leaves L1.
 //
-// Threads: C is cut into a tm x tn grid (and, for long-k GEMMs such as dW, tk
-// slices of k whose partial products are summed afterwards); every thread runs
-// the five loops on its own part with private packing buffers allocated before
-// the parallel region, so no barrier sits inside a GEMM. The grid minimises
-// per-thread micro-tiles plus redundant packing (gemm.cpp, plan()). Without a
-// k split (sgemm, the convolution forward) each element of C sums its k
-// terms in one order whatever m, n, the tile and the thread grid.
+// Threads: C is cut into a tm x tn grid; every thread runs the five loops on
+// its own part with private packing buffers allocated before the parallel
+// region, so no barrier sits inside a GEMM. The grid minimises per-thread
+// micro-tiles plus redundant packing (gemm.cpp, plan()).
+//
+// Determinism: each element of C is one chain of FMAs over k in order,
+// started from 0 or beta*C (alpha is folded into A), whatever m, n, the
+// blocking, the tile and the thread grid. So a row of a forward pass is the
+// same in a micro-batch as in the whole batch, and beta = 1 continues C's
+// chains: gradients summed micro-batch by micro-batch equal the whole
+// batch's bit for bit (a ReLU flipped by a rounding difference would
+// otherwise make pipelined and single-process training drift apart).
 //
 // ISA: micro-kernels for AVX-512 (8 x 48), AVX2+FMA (4 x 24) and portable C++
 // (4 x 16), one template (gemm_simd.h) instantiated in a translation unit per
@@ -52,7 +57,7 @@ struct Blocking {
 };
 Blocking blocking(Isa isa);
 
-// C (m x n, ldc) = alpha * op(A) @ op(B) + beta * C; op(X) = X^T if trans.
+// C (m x n, ldc) = beta * C + (alpha op(A)) @ op(B); op(X) = X^T if trans.
 // A is m x k (lda) or, transposed, k x m; B is k x n (ldb) or n x k.
 // beta == 0 overwrites C (NaN in C does not propagate); k == 0 gives beta*C.
 // Returns nullptr or an error message (size overflow, allocation failure).
@@ -85,8 +90,10 @@ struct Conv {
 const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w, const float* bias,
                          bool relu, float* y);
 
-// dw (M, K) = dy (B, M, P) @ im2col(x)^T (overwritten); dy read in NCHW.
-const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw);
+// dw (M, K) = dy (B, M, P) @ im2col(x)^T, overwritten or (accumulate) added
+// by continuing dw's chains, k = (image, pixel) in order: calls on
+// consecutive micro-batches give the whole batch's dw bit for bit.
+const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw, bool accumulate);
 
 // dx (B, C, H, W) = col2im(W^T @ dy), for stride 1 computed as the forward
 // convolution of dy with the flipped, transposed filters (pad kh-1-ph):

@@ -1,15 +1,23 @@
-// The BLIS loops, the packers and the write-backs, included once by each ISA
-// translation unit after it defines its micro-kernel `struct UK { MR, NR,
-// run(k, a, b, tile) }`, so packing and write-back get that unit's vector
-// instructions too. Everything here has internal linkage (see gemm_plan.h).
+// The BLIS loops, the packers and the tile loads/stores, included once by
+// each ISA translation unit after it defines its micro-kernel `UK` (a
+// MicroKernel of gemm_simd.h), so packing and tile moves get that unit's
+// vector instructions too. Everything here has internal linkage (see
+// gemm_plan.h).
 //
 // Packed layouts: an A panel is kc x MR (a[kk*MR + r]), a B panel kc x NR
 // (b[kk*NR + j]), rows/columns past the matrix edge zero. The micro-kernel
 // reads B through one row pointer per k: into the packed panel, or -- for an
 // implicit-GEMM panel whose NR columns are one unpadded run of an image row
-// -- straight into the image, which then needs no copy at all. The micro-kernel
-// leaves its MR x NR tile in a stack buffer; the write-back functor moves it
-// into C (plain, or scattered to NCHW with bias and ReLU on the last k block).
+// -- straight into the image, which then needs no copy at all.
+//
+// Summation order: every element of C is ONE chain of FMAs in k order. The
+// tile functor loads the running sums into the micro-kernel's tile (zero or
+// beta*C before the first k block, C's partial sums after), the kernel
+// continues the chains, the functor stores them back (NCHW scatter, bias and
+// ReLU after the last block). So a result does not depend on KC, the tiles or
+// the thread grid, and a GEMM with beta = 1 continues C's chains exactly:
+// gradients accumulated micro-batch by micro-batch (k = samples) equal the
+// whole batch's bit for bit.
 #pragma once
 
 #include <omp.h>
@@ -64,8 +72,10 @@ void run_part(const Plan& p, float* abuf, float* bbuf, i64 m0, i64 m1, i64 n0, i
                         tick(t_pack);
                     }
                     for (i64 i = 0; i < mc; i += MR) {
+                        const int mr = int(lo_(MR, mc - i));
+                        wb.load(ic + i, jc + j, mr, nr, tile, first);
                         UK::run(kc, abuf + i * kc, bp, tile);
-                        wb(ic + i, jc + j, int(lo_(MR, mc - i)), nr, tile, first, last);
+                        wb.store(ic + i, jc + j, mr, nr, tile, last);
                     }
                 }
                 tick(t_kern);
@@ -79,53 +89,52 @@ void run_part(const Plan& p, float* abuf, float* bbuf, i64 m0, i64 m1, i64 n0, i
     }
 }
 
-// Every thread of the plan runs its grid cell; k slices past the first write
-// plain partial products that a second pass adds into C.
-template <class PA, class PB, class WB, class WBP>
-void run_plan(const Plan& p, i64 m, i64 n, i64 k, PA pack_a, PB pack_b, WB wb, WBP wb_partial) {
+// Every thread of the plan runs its cell of the grid (no k split: that
+// would cut the chains).
+template <class PA, class PB, class WB>
+void run_plan(const Plan& p, i64 m, i64 n, i64 k, PA pack_a, PB pack_b, WB wb) {
 #pragma omp parallel num_threads(p.nth) if (p.nth > 1)
     {
         for (int t = omp_get_thread_num(); t < p.nth; t += omp_get_num_threads()) {
-            const int in = t % p.tn, im = (t / p.tn) % p.tm, ik = t / (p.tn * p.tm);
-            const i64 m0 = im * p.mq, n0 = in * p.nq, k0 = ik * p.kq;
-            const i64 m1 = lo_(m, m0 + p.mq), n1 = lo_(n, n0 + p.nq), k1 = lo_(k, k0 + p.kq);
+            const int in = t % p.tn, im = t / p.tn;
+            const i64 m0 = im * p.mq, n0 = in * p.nq;
+            const i64 m1 = lo_(m, m0 + p.mq), n1 = lo_(n, n0 + p.nq);
             if (m0 >= m1 || n0 >= n1) continue;
             float* abuf = p.arena + t * (p.a_floats + p.b_floats);
-            float* bbuf = abuf + p.a_floats;
-            if (ik == 0) {
-                run_part(p, abuf, bbuf, m0, m1, n0, n1, k0, k1, pack_a, pack_b, wb);
-            } else {
-                float* part = p.partial + (ik - 1) * m * n;
-                if (k0 >= k1) {  // an empty k slice still owes zeros to the sum
-                    for (i64 i = m0; i < m1; ++i) std::memset(part + i * n + n0, 0, sizeof(float) * (n1 - n0));
-                    continue;
-                }
-                auto w = wb_partial(part);
-                run_part(p, abuf, bbuf, m0, m1, n0, n1, k0, k1, pack_a, pack_b, w);
-            }
+            run_part(p, abuf, abuf + p.a_floats, m0, m1, n0, n1, 0, k, pack_a, pack_b, wb);
         }
     }
 }
 
 // ---- plain matrices ------------------------------------------------------------
-struct PackA {  // op(A) m x k; A is m x k (lda) or, transposed, k x m
+struct PackA {  // alpha * op(A) m x k; A is m x k (lda) or, transposed, k x m
     const float* A;
     i64 lda;
     bool trans;
+    float alpha;  // folded into A, so C's chains can start from beta*C
     void operator()(float* dst, i64 i0, i64 mr, i64 p0, i64 kc) const {
         constexpr int MR = UK::MR;
+        const float al = alpha;
         if (trans) {
             for (i64 kk = 0; kk < kc; ++kk) {
                 const float* s = A + (p0 + kk) * lda + i0;
                 float* d = dst + kk * MR;
-                for (i64 r = 0; r < mr; ++r) d[r] = s[r];
+                if (al == 1.f) {
+                    for (i64 r = 0; r < mr; ++r) d[r] = s[r];
+                } else {
+                    for (i64 r = 0; r < mr; ++r) d[r] = al * s[r];
+                }
                 for (i64 r = mr; r < MR; ++r) d[r] = 0.f;
             }
             return;
         }
         for (i64 r = 0; r < mr; ++r) {
             const float* s = A + (i0 + r) * lda + p0;
-            for (i64 kk = 0; kk < kc; ++kk) dst[kk * MR + r] = s[kk];
+            if (al == 1.f) {
+                for (i64 kk = 0; kk < kc; ++kk) dst[kk * MR + r] = s[kk];
+            } else {
+                for (i64 kk = 0; kk < kc; ++kk) dst[kk * MR + r] = al * s[kk];
+            }
         }
         for (i64 r = mr; r < MR; ++r)
             for (i64 kk = 0; kk < kc; ++kk) dst[kk * MR + r] = 0.f;
@@ -157,41 +166,39 @@ struct PackB {  // op(B) k x n; B is k x n (ldb) or, transposed, n x k
     }
 };
 
-struct WritePlain {  // C = alpha*tile + beta*C on the first k block, += after
+inline void zero_tile(float* t) {
+    for (int q = 0; q < UK::MR * UK::NR; ++q) t[q] = 0.f;
+}
+
+struct TilePlain {  // C (ldc): chains start from beta*C (beta 0: from zero, NaN in C ignored)
     float* C;
     i64 ldc;
-    float alpha, beta;
-    void operator()(i64 i0, i64 j0, int mr, int nr, const float* tile, bool first, bool) const {
+    float beta;
+    void load(i64 i0, i64 j0, int mr, int nr, float* t, bool first) const {
+        if (first && beta == 0.f) return zero_tile(t);
+        if (mr < UK::MR || nr < UK::NR) zero_tile(t);
+        for (int r = 0; r < mr; ++r) {
+            const float* c = C + (i0 + r) * ldc + j0;
+            float* d = t + r * UK::NR;
+            if (!first || beta == 1.f) {
+                for (int j = 0; j < nr; ++j) d[j] = c[j];
+            } else {
+                for (int j = 0; j < nr; ++j) d[j] = beta * c[j];
+            }
+        }
+    }
+    void store(i64 i0, i64 j0, int mr, int nr, const float* t, bool) const {
         for (int r = 0; r < mr; ++r) {
             float* c = C + (i0 + r) * ldc + j0;
-            const float* t = tile + r * UK::NR;
-            if (!first) {
-                for (int j = 0; j < nr; ++j) c[j] += alpha * t[j];
-            } else if (beta == 0.f) {  // overwrite: NaN already in C must not survive
-                for (int j = 0; j < nr; ++j) c[j] = alpha * t[j];
-            } else {
-                for (int j = 0; j < nr; ++j) c[j] = alpha * t[j] + beta * c[j];
-            }
+            const float* s = t + r * UK::NR;
+            for (int j = 0; j < nr; ++j) c[j] = s[j];
         }
     }
 };
 
-void add_partials(const Plan& p, i64 m, i64 n, float* C, i64 ldc) {
-#pragma omp parallel for schedule(static) num_threads(p.nth) if (p.nth > 1)
-    for (i64 i = 0; i < m; ++i) {
-        float* c = C + i * ldc;
-        for (int s = 0; s < p.tk - 1; ++s) {
-            const float* q = p.partial + s * m * n + i * n;
-            for (i64 j = 0; j < n; ++j) c[j] += q[j];
-        }
-    }
-}
-
 void sgemm_isa(const Plan& p, bool ta, bool tb, i64 m, i64 n, i64 k, float alpha, const float* A, i64 lda,
                const float* B, i64 ldb, float beta, float* C, i64 ldc) {
-    auto partial = [&](float* part) { return WritePlain{part, n, alpha, 0.f}; };
-    run_plan(p, m, n, k, PackA{A, lda, ta}, PackB{B, ldb, tb}, WritePlain{C, ldc, alpha, beta}, partial);
-    if (p.tk > 1) add_partials(p, m, n, C, ldc);
+    run_plan(p, m, n, k, PackA{A, lda, ta, alpha}, PackB{B, ldb, tb}, TilePlain{C, ldc, beta});
 }
 
 // ---- implicit-GEMM convolution -------------------------------------------------
@@ -208,6 +215,51 @@ struct Run {
 struct PackIm2col {
     const Conv* g;
     const float* x;
+    // Unit stride, no padding (conv_forward pads x once for this): every
+    // element of a run is inside the image, so lane l of an L-lane group
+    // reads x[base + l + (c*HW + i*W + j)] -- one plain vector load per
+    // group within an output row, masked loads only where runs meet.
+    void unpadded_unit_stride(float* dst, const float** rows, i64 nr, i64 kc, i64 p0, const Run* runs,
+                              int nrun) const {
+        using V = typename UK::Vec;
+        constexpr int NR = UK::NR, L = V::L, NG = NR / L;
+        const Conv& G = *g;
+        const i64 HW = G.H * G.W, khw = G.kh * G.kw;
+        struct Seg {
+            int a, e;
+            i64 base;
+        };
+        Seg seg[NG][L];
+        int nseg[NG] = {};
+        for (int r = 0; r < nrun; ++r) {
+            const Run& R = runs[r];
+            for (int gi = R.col / L; gi < NG && gi * L < R.col + R.len; ++gi) {
+                const int a = int(hi_(R.col, gi * L)) - gi * L, e = int(lo_(R.col + R.len, (gi + 1) * L)) - gi * L;
+                seg[gi][nseg[gi]++] = Seg{a, e, R.img + R.ih0 * G.W + R.iw0 - R.col + gi * L};
+            }
+        }
+        (void)nr;
+        i64 c = p0 / khw, i = (p0 % khw) / G.kw, j = p0 % G.kw;
+        for (i64 kk = 0; kk < kc; ++kk) {
+            float* d = dst + kk * NR;
+            rows[kk] = d;
+            const i64 off = c * HW + i * G.W + j;
+            for (int gi = 0; gi < NG; ++gi) {
+                if (nseg[gi] == 1 && seg[gi][0].a == 0 && seg[gi][0].e == L) {
+                    V::store(d + gi * L, V::load(x + seg[gi][0].base + off));
+                    continue;
+                }
+                typename V::reg acc = V::zero();
+                for (int q = 0; q < nseg[gi]; ++q)
+                    acc = V::load_merge(acc, x, seg[gi][q].base + off, seg[gi][q].a, seg[gi][q].e);
+                V::store(d + gi * L, acc);
+            }
+            if (++j == G.kw) {
+                j = 0;
+                if (++i == G.kh) i = 0, ++c;
+            }
+        }
+    }
     void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
         constexpr int NR = UK::NR;
         const Conv& G = *g;
@@ -227,6 +279,7 @@ struct PackIm2col {
         }
         const i64 khw = G.kh * G.kw;
         const bool one_run = nrun == 1 && nr == NR && G.sw == 1;
+        if (!one_run && G.sw == 1 && G.ph == 0 && G.pw == 0) return unpadded_unit_stride(dst, rows, nr, kc, p0, runs, nrun);
         i64 c = p0 / khw, i = (p0 % khw) / G.kw, j = p0 % G.kw;
         for (i64 kk = 0; kk < kc; ++kk) {
             float* d = dst + kk * NR;
@@ -297,47 +350,55 @@ struct PackIm2col {
     }
 };
 
-// Tile column n = (img, p) goes to y[img, m, p]; the last k block adds the
-// bias and applies ReLU.
-struct WriteNCHW {
+// Tile column n = (img, p) is y[img, m, p]; chains start from zero, and
+// after the last k block the bias is added and ReLU applied.
+struct TileNCHW {
     const Conv* g;
     float* y;
     const float* bias;
     bool relu;
-    void operator()(i64 i0, i64 j0, int mr, int nr, const float* tile, bool first, bool last) const {
+    template <class F>
+    void runs(i64 i0, i64 j0, int mr, int nr, F f) const {  // f(row of y, tile offset, length, r)
         const i64 P = g->P(), M = g->M;
         i64 img = j0 / P, pp = j0 % P;
         for (int col = 0; col < nr;) {
             const int len = int(lo_(nr - col, P - pp));
-            for (int r = 0; r < mr; ++r) {
-                float* c = y + (img * M + i0 + r) * P + pp;
-                const float* t = tile + r * UK::NR + col;
-                if (first) {
-                    for (int q = 0; q < len; ++q) c[q] = t[q];
-                } else {
-                    for (int q = 0; q < len; ++q) c[q] += t[q];
-                }
-                if (last) {
-                    const float b = bias ? bias[i0 + r] : 0.f;
-                    if (relu) {
-                        for (int q = 0; q < len; ++q) c[q] = c[q] + b > 0.f ? c[q] + b : 0.f;
-                    } else if (bias) {
-                        for (int q = 0; q < len; ++q) c[q] += b;
-                    }
-                }
-            }
+            for (int r = 0; r < mr; ++r) f(y + (img * M + i0 + r) * P + pp, r * UK::NR + col, len, r);
             col += len;
             pp = 0;
             ++img;
         }
     }
+    void load(i64 i0, i64 j0, int mr, int nr, float* t, bool first) const {
+        zero_tile(t);
+        if (first) return;
+        runs(i0, j0, mr, nr, [&](const float* c, int o, int len, int) {
+            for (int q = 0; q < len; ++q) t[o + q] = c[q];
+        });
+    }
+    void store(i64 i0, i64 j0, int mr, int nr, const float* t, bool last) const {
+        runs(i0, j0, mr, nr, [&](float* c, int o, int len, int r) {
+            const float* s = t + o;
+            if (!last) {
+                for (int q = 0; q < len; ++q) c[q] = s[q];
+                return;
+            }
+            const float b = bias ? bias[i0 + r] : 0.f;
+            if (relu) {
+                for (int q = 0; q < len; ++q) c[q] = s[q] + b > 0.f ? s[q] + b : 0.f;
+            } else if (bias) {
+                for (int q = 0; q < len; ++q) c[q] = s[q] + b;
+            } else {
+                for (int q = 0; q < len; ++q) c[q] = s[q];
+            }
+        });
+    }
 };
 
 void conv_fwd_isa(const Plan& p, const Conv& g, const float* x, const float* w, const float* bias, bool relu,
                   float* y) {
-    auto no_partial = [&](float* part) { return WriteNCHW{&g, part, nullptr, false}; };  // plan has tk == 1
-    run_plan(p, g.M, g.B * g.P(), g.K(), PackA{w, g.K(), false}, PackIm2col{&g, x},
-             WriteNCHW{&g, y, bias, relu}, no_partial);
+    run_plan(p, g.M, g.B * g.P(), g.K(), PackA{w, g.K(), false, 1.f}, PackIm2col{&g, x},
+             TileNCHW{&g, y, bias, relu});
 }
 
 // dW = dy (M x B*P, read from NCHW) @ im2col(x)^T.
@@ -448,11 +509,8 @@ struct PackIm2colT {
     }
 };
 
-void conv_dw_isa(const Plan& p, const Conv& g, const float* x, const float* dy, float* dw) {
-    const i64 K = g.K();
-    auto partial = [&](float* part) { return WritePlain{part, K, 1.f, 0.f}; };
-    run_plan(p, g.M, K, g.B * g.P(), PackDy{&g, dy}, PackIm2colT{&g, x}, WritePlain{dw, K, 1.f, 0.f}, partial);
-    if (p.tk > 1) add_partials(p, g.M, K, dw, K);
+void conv_dw_isa(const Plan& p, const Conv& g, const float* x, const float* dy, float* dw, bool accumulate) {
+    run_plan(p, g.M, g.K(), g.B * g.P(), PackDy{&g, dy}, PackIm2colT{&g, x}, TilePlain{dw, g.K(), accumulate ? 1.f : 0.f});
 }
 
 }  // namespace

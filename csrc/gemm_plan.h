@@ -12,17 +12,16 @@ namespace gemm {
 namespace detail {
 
 // How one GEMM is cut over threads and where each thread packs. Thread t
-// (0 <= t < nth) owns grid cell (ik, im, in) with t = (ik*tm + im)*tn + in:
-// rows [im*mq, ...), columns [in*nq, ...), k [ik*kq, ...) (clipped).
+// (0 <= t < nth) owns grid cell (im, in) with t = im*tn + in: rows
+// [im*mq, ...), columns [in*nq, ...) (clipped), and all of k.
 struct Plan {
-    int nth, tm, tn, tk;
-    i64 mq, nq, kq;       // rows / columns / k per thread (mq a multiple of MR, nq of NR)
+    int nth, tm, tn;
+    i64 mq, nq;           // rows / columns per thread (mq a multiple of MR, nq of NR)
     i64 mc, kc, nc;       // cache blocks
     bool one_b_panel;     // mq <= mc: each B panel serves one row block, so one panel buffer suffices
     float* arena;         // per thread: abuf (a_floats) then bbuf (b_floats), 64-byte aligned;
     i64 a_floats, b_floats;  // bbuf: packed B panels (b_packed floats), then one row pointer per
     i64 b_packed;            // (panel, k) -- the micro-kernel reads B rows through these
-    float* partial;       // tk > 1: (tk-1) partial products m x n (k slices 1..tk-1)
 };
 
 // Time profile of the GEMMs (off unless set_profiling(true)): seconds per
@@ -45,7 +44,7 @@ struct Kernels {
                   const float* B, i64 ldb, float beta, float* C, i64 ldc);
     void (*conv_fwd)(const Plan&, const Conv&, const float* x, const float* w, const float* bias, bool relu,
                      float* y);
-    void (*conv_dw)(const Plan&, const Conv&, const float* x, const float* dy, float* dw);
+    void (*conv_dw)(const Plan&, const Conv&, const float* x, const float* dy, float* dw, bool accumulate);
 };
 
 const Kernels& kernels_generic();

@@ -19,12 +19,12 @@
 
 namespace {
 
-// MR x NR tile (NR = NV registers per row) of C in MR*NV accumulators, one
-// FMA chain per accumulator in k order: each element of C sums its k terms
-// in the same order whatever tile, block or thread computes it. B is read
-// through one row pointer per k (a packed panel row, or an image row read in
-// place by the implicit convolution); the tile goes to `t` (MR x NR, row
-// stride NR) for the driver's write-back.
+// MR x NR tile (NR = NV registers per row) of C in MR*NV accumulators: each
+// continues the FMA chain of its element of C from `t` (MR x NR, row stride
+// NR; the running sums the driver loaded) over this k block, in k order,
+// and leaves the sums in `t` for the driver to store. B is read through one
+// row pointer per k (a packed panel row, or an image row read in place by
+// the implicit convolution).
 template <class V, int MR_, int NV>
 struct MicroKernel {
     using Vec = V;
@@ -35,7 +35,7 @@ struct MicroKernel {
 #pragma GCC unroll 32
         for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) c[r][v] = V::zero();
+            for (int v = 0; v < NV; ++v) c[r][v] = V::load(t + r * NR + v * V::L);
         for (std::int64_t p = 0; p < k; ++p) {
             const float* b = brow[p];
             typename V::reg bv[NV];

@@ -304,6 +304,9 @@ void cnhw_to_nchw(const float* yt, const float* bias, float* y, i64 B, i64 M, i6
 
 namespace {
 
+// One sample's sum; the bias gradient then adds the samples one by one in
+// order onto db (accumulate: onto db's value), so sums over consecutive
+// micro-batches equal the whole batch's bit for bit.
 inline float row_sum(const float* r, i64 P) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -325,13 +328,13 @@ void nchw_to_cnhw(const float* y, float* out, float* db, bool accumulate, i64 B,
     if (empty_sums(db, accumulate, B, M, P)) return;
 #pragma omp parallel for schedule(static) if (B * M * P > kParallelMin)
     for (i64 m = 0; m < M; ++m) {
-        double s = 0.0;
+        float s = db && accumulate ? db[m] : 0.0f;
         for (i64 n = 0; n < B; ++n) {
             const float* src = y + (n * M + m) * P;
             std::memcpy(out + m * B * P + n * P, src, sizeof(float) * P);
             if (db) s += row_sum(src, P);
         }
-        if (db) db[m] = float(accumulate ? db[m] + s : s);
+        if (db) db[m] = s;
     }
 }
 
@@ -339,9 +342,9 @@ void channel_sum(const float* y, float* db, bool accumulate, i64 B, i64 M, i64 P
     if (empty_sums(db, accumulate, B, M, P)) return;
 #pragma omp parallel for schedule(static) if (B * M * P > kParallelMin)
     for (i64 m = 0; m < M; ++m) {
-        double s = 0.0;
+        float s = accumulate ? db[m] : 0.0f;
         for (i64 n = 0; n < B; ++n) s += row_sum(y + (n * M + m) * P, P);
-        db[m] = float(accumulate ? db[m] + s : s);
+        db[m] = s;
     }
 }
 

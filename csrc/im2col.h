@@ -60,7 +60,8 @@ void cnhw_to_nchw(const float* yt, const float* bias, float* y, i64 B, i64 M, i6
 // db[m] (+)= sum over (n, p) of y[n, m, p] (accumulate: add to db).
 void nchw_to_cnhw(const float* y, float* out, float* db, bool accumulate, i64 B, i64 M, i64 P);
 
-// db[m] (+)= sum over (n, p) of y[n, m, p]   (bias gradient, float64 sums).
+// db[m] (+)= sum over (n, p) of y[n, m, p] (bias gradient): each sample summed,
+// then added onto db one by one in order (micro-batches chain exactly).
 void channel_sum(const float* y, float* db, bool accumulate, i64 B, i64 M, i64 P);
 
 // y[n, m, p] += bias[m], in place.

@@ -41,7 +41,9 @@ class Conv:
         self._cache = (x, w, y, argmax, conv_shape) if train else None
         return y
 
-    def backward(self, dy, dw_out, db_out, need_dx=True):
+    def backward(self, dy, dw_out, db_out, need_dx=True, accumulate=False):
+        """dx (or None); dw_out/db_out receive the gradients (accumulate: added
+        to, continuing their sums -- see ops.conv2d_backward)."""
         if self._cache is None:
             raise RuntimeError(f"{self.name}: backward() needs a forward(train=True) first")
         x, w, y, argmax, conv_shape = self._cache
@@ -49,8 +51,8 @@ class Conv:
         d = ops.relu_backward(y, dy, out=dy)   # dy comes from the layer above: ours
         if self.pool > 1:
             d = ops.maxpool_backward(d, argmax, conv_shape, self.pool)
-        dx, _, _ = ops.conv2d_backward(x, w, d, stride=1, pad=self.pad,
-                                       dw_out=dw_out, db_out=db_out, need_dx=need_dx)
+        dx, _, _ = ops.conv2d_backward(x, w, d, stride=1, pad=self.pad, dw_out=dw_out, db_out=db_out,
+                                       need_dx=need_dx, **({"accumulate": True} if accumulate else {}))
         self._cache = None
         return dx
 
@@ -75,14 +77,14 @@ class FC:
         self._cache = (x, x2, w, y) if train else None
         return y
 
-    def backward(self, dy, dw_out, db_out, need_dx=True):
+    def backward(self, dy, dw_out, db_out, need_dx=True, accumulate=False):
         if self._cache is None:
             raise RuntimeError(f"{self.name}: backward() needs a forward(train=True) first")
         x, x2, w, y = self._cache
         if self.relu:
             dy = self.ops.relu_backward(y, dy, out=dy)
-        dx, _, _ = self.ops.linear_backward(x2, w, dy, dw_out=dw_out, db_out=db_out,
-                                            need_dx=need_dx)
+        dx, _, _ = self.ops.linear_backward(x2, w, dy, dw_out=dw_out, db_out=db_out, need_dx=need_dx,
+                                            **({"accumulate": True} if accumulate else {}))
         self._cache = None
         return None if dx is None else dx.reshape(x.shape)
 

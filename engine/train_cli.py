@@ -68,7 +68,7 @@ def register(sub):
                    help="CPU threads for the kernels (default: 1 for nets under 20 MFLOP per image, else all)")
     p.add_argument("--conv-algo", choices=["implicit", "im2col"], default=None,
                    help="CPU convolution: implicit GEMM or explicit im2col + SGEMM (default $SPRINT_CONV_ALGO, "
-                        "else im2col)")
+                        "else implicit)")
     p.add_argument("--crop-pad", type=int, default=None, help=f"random crop padding in pixels (default {d.crop_pad})")
     p.add_argument("--flip", action="store_true", default=None, help="random horizontal flips")
     p.add_argument("--scale-jitter", type=float, default=None, help="random zoom in [1-j, 1+j] (default 0)")

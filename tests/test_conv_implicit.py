@@ -119,7 +119,7 @@ def test_implicit_forms_no_column_matrix(monkeypatch):
 
 def test_conv_algo_selection(monkeypatch):
     monkeypatch.delenv("SPRINT_CONV_ALGO", raising=False)
-    assert conv.conv_algo() == "im2col"
+    assert conv.conv_algo() == "implicit"
     monkeypatch.setenv("SPRINT_CONV_ALGO", "im2col")
     assert conv.conv_algo() == "im2col"
     with using("implicit"):
@@ -163,3 +163,30 @@ def test_rows_of_a_micro_batch_equal_the_whole_batch_bitwise(isa):
         for lo, hi in ((0, 1), (1, 9), (9, 23)):
             assert np.array_equal(ops.conv2d_forward(x[lo:hi], w, b, pad=1, relu=True), y[lo:hi]), (lo, hi)
             assert np.array_equal(ops.conv2d_backward(x[lo:hi], w, dy[lo:hi], pad=1)[0], dx[lo:hi]), (lo, hi)
+
+
+@pytest.mark.parametrize("algo,isa", [("implicit", i) for i in ISAS] + [("im2col", None)])
+def test_gradients_accumulated_over_micro_batches_equal_the_whole_batch(algo, isa, monkeypatch):
+    """conv2d_backward / linear_backward with accumulate on consecutive
+    micro-batches give the whole batch's dw and db bit for bit (the engine
+    SGEMM continues each sum; the pipeline's gpipe relies on it)."""
+    monkeypatch.setenv("SPRINT_GEMM", "engine")
+    x, w, b = _data((13, 5, 11, 10), (7, 5, 3, 3), True, 9)
+    dy = np.random.default_rng(10).standard_normal((13, 7, 11, 10)).astype(np.float32)
+    with using(algo, isa):
+        _, dw, db = ops.conv2d_backward(x, w, dy, pad=1, need_dx=False)
+        gw, gb = poison(w.shape), poison(7)
+        for i, (lo, hi) in enumerate(((0, 4), (4, 5), (5, 13))):
+            ops.conv2d_backward(x[lo:hi], w, dy[lo:hi], pad=1, need_dx=False, dw_out=gw, db_out=gb,
+                                accumulate=i > 0)
+    assert np.array_equal(gw, dw) and np.array_equal(gb, db)
+    xf = x.reshape(13, -1)
+    wf = np.random.default_rng(11).standard_normal((6, xf.shape[1])).astype(np.float32)
+    d6 = dy.reshape(13, -1)[:, :6].copy()
+    _, dw, db = ops.linear_backward(xf, wf, d6, need_dx=False)
+    gw, gb = poison(wf.shape), poison(6)
+    for i, (lo, hi) in enumerate(((0, 1), (1, 8), (8, 13))):
+        ops.linear_backward(xf[lo:hi], wf, d6[lo:hi], need_dx=False, dw_out=gw, db_out=gb, accumulate=i > 0)
+    assert np.array_equal(gw, dw) and np.array_equal(gb, db)
+    with pytest.raises(ValueError, match="accumulate needs dw_out"):
+        ops.conv2d_backward(x, w, dy, pad=1, accumulate=True)

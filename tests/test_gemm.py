@@ -192,3 +192,28 @@ def test_engine_sgemm_rows_do_not_depend_on_the_shape(isa):
         ext.sgemm(np.ascontiguousarray(a[r0:r1]), np.ascontiguousarray(b[:, c0:c1]), part, False, False, 1.0, 0.0,
                   isa)
         assert np.array_equal(part, full[r0:r1, c0:c1]), (r0, r1, c0, c1)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_engine_sgemm_beta_one_continues_the_sums_exactly(isa):
+    """C = A[:, :k1] @ B[:k1], then C += A[:, k1:] @ B[k1:] with beta = 1, is
+    the whole product bit for bit (k = samples: gradients summed micro-batch
+    by micro-batch equal the whole batch's), for k cut inside and across the
+    cache blocks and for transposed operands."""
+    ext = _ext()
+    if isa not in ext.gemm_info("")["supported"]:
+        pytest.skip(f"this CPU cannot run {isa}")
+    rng = np.random.default_rng(6)
+    m, n, k = 37, 101, 1000
+    at = rng.standard_normal((k, m)).astype(np.float32)   # stored k x m (trans_a), as dW = dy^T @ x
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    full = np.full((m, n), np.nan, np.float32)
+    ext.sgemm(at, b, full, True, False, 1.0, 0.0, isa)
+    for cuts in ((1,), (11, 500), (193, 194, 777)):
+        got = np.full((m, n), np.nan, np.float32)
+        lo = 0
+        for hi in cuts + (k,):
+            ext.sgemm(np.ascontiguousarray(at[lo:hi]), np.ascontiguousarray(b[lo:hi]), got, True, False, 1.0,
+                      0.0 if lo == 0 else 1.0, isa)
+            lo = hi
+        assert np.array_equal(got, full), cuts

@@ -2,8 +2,7 @@
 backward (SPEC §2).
 
 Two algorithms (`conv_algo()`: set_conv_algo / `--conv-algo`, else
-$SPRINT_CONV_ALGO, else im2col -- implicit is the faster one measured, the
-default once the pipeline test tolerates its FMA rounding, RESULTS.md §2):
+$SPRINT_CONV_ALGO, else implicit -- the faster one measured, RESULTS.md §2):
 
   implicit  (CPU) the engine's SGEMM packs its B panels straight from the
             image (csrc/gemm_driver.h): no column matrix; the write-back adds
@@ -51,10 +50,10 @@ def set_conv_algo(algo: str | None) -> None:
 
 
 def conv_algo() -> str:
-    """The CPU convolution algorithm in force: set_conv_algo, $SPRINT_CONV_ALGO, im2col."""
+    """The CPU convolution algorithm in force: set_conv_algo, $SPRINT_CONV_ALGO, implicit."""
     if _algo is not None:
         return _algo
-    env = os.environ.get("SPRINT_CONV_ALGO", "") or "im2col"
+    env = os.environ.get("SPRINT_CONV_ALGO", "") or "implicit"
     if env not in CONV_ALGOS:
         raise ValueError(f"conv algo must be one of {', '.join(CONV_ALGOS)}, got {env!r} (SPRINT_CONV_ALGO)")
     return env
@@ -288,12 +287,18 @@ def _explicit_forward(be, x, w, b, y, g: Geom, ws: int):
 
 
 def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx=True,
-                    workspace_bytes=None, dx_out=None):
+                    workspace_bytes=None, dx_out=None, accumulate=False):
     """Gradients of conv2d_forward given dy (N,M,OH,OW): (dx or None, dw, db).
-    dw_out/db_out/dx_out, when given, are overwritten (not accumulated)."""
+    dw_out/db_out/dx_out, when given, are overwritten; with accumulate the
+    gradients are added to dw_out/db_out (both required) by continuing their
+    sums sample by sample -- with the engine's SGEMM, calls on consecutive
+    micro-batches give the whole batch's dw and db bit for bit."""
     be = get_backend()
     g, ws = _check_conv(x, w, stride, pad, workspace_bytes)
     need_dx = check_bool("need_dx", need_dx)
+    accumulate = check_bool("accumulate", accumulate)
+    if accumulate and (dw_out is None or db_out is None):
+        raise ValueError("accumulate needs dw_out and db_out (the sums to add to)")
     M = w.shape[0]
     check_array("dy", dy, shape=(g.B, M, g.OH, g.OW))
     dw = out_array("dw_out", dw_out, w.shape)
@@ -307,17 +312,19 @@ def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx
     check_no_alias("dx_out", dx, "db_out", db)
     if _implicit(be):
         implicit_dx = need_dx and g.sh == g.sw == 1
-        be.ext.conv2d_implicit_backward(x, w, dy, dw, dx if implicit_dx else None, g.sh, g.sw, g.ph, g.pw)
-        _k_channel_sum(be, dy.reshape(g.B, M, g.P), db, False)
+        be.ext.conv2d_implicit_backward(x, w, dy, dw, dx if implicit_dx else None, g.sh, g.sw, g.ph, g.pw,
+                                        accumulate=accumulate)
+        _k_channel_sum(be, dy.reshape(g.B, M, g.P), db, accumulate)
         if need_dx and not implicit_dx:  # strided: explicit W^T @ dy + col2im
             _explicit_backward(be, x, w, dy, None, None, dx, g, ws)
         return dx, dw, db
-    _explicit_backward(be, x, w, dy, dw, db, dx, g, ws)
+    _explicit_backward(be, x, w, dy, dw, db, dx, g, ws, accumulate)
     return dx, dw, db
 
 
-def _explicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int):
-    """dw, db (when not None) and dx (when not None) by im2col + SGEMM + col2im."""
+def _explicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate=False):
+    """dw, db (when not None; accumulate: added to) and dx (when not None) by
+    im2col + SGEMM + col2im."""
     M = w.shape[0]
     need_dx = dx is not None
     w2 = w.reshape(M, g.K)
@@ -329,7 +336,7 @@ def _explicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int):
     for n0 in range(0, g.B, step):
         n1 = min(g.B, n0 + step)
         gc = g.with_batch(n1 - n0)
-        first = n0 == 0
+        first = n0 == 0 and not accumulate  # later chunks continue the sums
         cols = be.workspace("conv_cols", gc.K * gc.B * gc.P).reshape(gc.K, gc.B * gc.P)
         if dw is None:  # dx only: cols is just the dcols buffer
             pass
@@ -368,19 +375,30 @@ def linear_forward(x, w, b=None, out=None):
     return y
 
 
-def linear_backward(x, w, dy, dw_out=None, db_out=None, need_dx=True, dx_out=None):
-    """Gradients of linear_forward: (dx or None, dw, db); outputs overwritten."""
-    xp = get_backend().xp
+def linear_backward(x, w, dy, dw_out=None, db_out=None, need_dx=True, dx_out=None, accumulate=False):
+    """Gradients of linear_forward: (dx or None, dw, db); outputs overwritten,
+    or with accumulate dw and db added to dw_out/db_out (both required) by
+    continuing their sums row by row, as conv2d_backward does."""
+    be = get_backend()
+    xp = be.xp
     _check_linear(x, w)
     need_dx = check_bool("need_dx", need_dx)
+    accumulate = check_bool("accumulate", accumulate)
+    if accumulate and (dw_out is None or db_out is None):
+        raise ValueError("accumulate needs dw_out and db_out (the sums to add to)")
     check_array("dy", dy, shape=(x.shape[0], w.shape[0]))
     dw = out_array("dw_out", dw_out, w.shape)
     db = out_array("db_out", db_out, (w.shape[0],))
     for name, o in (("dw_out", dw), ("db_out", db)):
         for iname, i in (("x", x), ("w", w), ("dy", dy)):
             check_no_alias(name, o, iname, i)
-    gemm(dy, x, trans_a=True, out=dw)
-    xp.sum(dy, axis=0, out=db)
+    gemm(dy, x, trans_a=True, out=dw, beta=1.0 if accumulate else 0.0)
+    if be.kernels == "cpp":  # row by row onto db, so micro-batches chain exactly
+        _k_channel_sum(be, dy.reshape(dy.shape[0], dy.shape[1], 1), db, accumulate)
+    elif accumulate:
+        db += xp.sum(dy, axis=0)
+    else:
+        xp.sum(dy, axis=0, out=db)
     dx = None
     if need_dx:
         dx = out_array("dx_out", dx_out, x.shape)

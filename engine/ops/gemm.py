@@ -1,10 +1,12 @@
 """SGEMM with row-major semantics: the one place that handles transposes and
-alpha/beta. CPU: `gemm_impl()` -- $SPRINT_GEMM=engine|blas, default engine --
-picks the engine's own BLIS-style SGEMM (csrc/gemm.h; micro-kernel chosen by
-the CPU's features, $SPRINT_CPU_ISA forces one) or NumPy's matmul
-(OpenBLAS). The engine's sums each element of C in one order whatever the
-shape, so a micro-batch's rows equal the whole batch's bit for bit.
-GPU: cuBLAS through CuPy."""
+alpha/beta. CPU: `gemm_impl()` -- $SPRINT_GEMM=engine|blas, default engine
+(the faster one measured, RESULTS.md section 2) -- picks the engine's own
+BLIS-style SGEMM (csrc/gemm.h; micro-kernel chosen by the CPU's features,
+$SPRINT_CPU_ISA forces one) or NumPy's matmul (OpenBLAS). The engine sums
+each element of C as one chain in k order whatever the shape, and beta = 1
+continues it: a micro-batch's rows equal the whole batch's, and gradients
+accumulated micro-batch by micro-batch equal the whole batch's, bit for bit
+(OpenBLAS gives neither). GPU: cuBLAS through CuPy."""
 from __future__ import annotations
 
 import os
@@ -16,7 +18,7 @@ from engine.ops._check import check_array, check_bool, check_float, out_array
 
 
 GEMM_IMPLS = ("engine", "blas")
-DEFAULT_GEMM = "blas"
+DEFAULT_GEMM = "engine"
 
 
 def gemm_impl() -> str:

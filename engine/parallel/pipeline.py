@@ -144,6 +144,7 @@ class StageExecutor:
         self._pool = None
         self.keep_grads = False            # tests: keep each update's gradient
         self.grad_log = []
+        self._fresh = True                 # the next backward starts the stage's gradient sums anew
         self.reset_window()
 
     # ---- bookkeeping --------------------------------------------------------
@@ -249,9 +250,8 @@ class StageExecutor:
             t0 = _now()
             c = ctx.pop(i)
             g = group_of[i]
-            scale = sizes[i] / total_of[g]
             if st.last:
-                loss, correct, dy = st.loss_grad(outs.pop(i), dy_or_y, scale)
+                loss, correct, dy = st.loss_grad(outs.pop(i), dy_or_y, total_of[g])
                 if not np.isfinite(loss):
                     raise FloatingPointError(f"loss became {loss} at micro-batch {i} of the stream: lower --lr")
                 self.loss_sum += loss * sizes[i]
@@ -266,8 +266,12 @@ class StageExecutor:
                     c.weights += s_b * self.opt.velocity
             if self.trace_on:
                 rec[i]["sum_bwd"] = float((st.params if c.weights is None else c.weights).sum())
-            dx = st.backward(c, dy)
-            self.acc += st.grads
+            # the stage's gradient sums continue micro-batch after micro-batch
+            # (k = samples in order): acc equals one process's whole-batch
+            # gradient bit for bit with the engine's SGEMM
+            dx = st.backward(c, dy, accumulate=not self._fresh)
+            self._fresh = False
+            self.acc[...] = st.grads
             r, v = rec[i], self.version - v0
             r.update(v_bwd=v, s_bwd=s_b, w_bwd={"none": v, "stash": r["w_fwd"]}.get(self.predict, v + s_b))
             T.add("bwd", _now() - t0)
@@ -354,6 +358,7 @@ class StageExecutor:
                     del self.trace[:TRACE_KEEP]
         self.opt.step(epoch_at(u) if epoch_at is not None else None)
         self.acc[...] = 0
+        self._fresh = True
         self.version += 1
         self.timers.add("update", _now() - t0)
         if on_update is not None:

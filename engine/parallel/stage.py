@@ -134,22 +134,26 @@ class Stage:
             h = layer.forward(h, views[(layer.name, "W")], views[(layer.name, "b")], train)
         return h, Context(layers, w, int(x.shape[0]))
 
-    def backward(self, ctx: Context, dy):
-        """Fill ``grads`` with this stage's gradient; return d(loss)/d(input)
-        (None on the first stage)."""
+    def backward(self, ctx: Context, dy, accumulate=False):
+        """Fill ``grads`` with this stage's gradient (accumulate: add it,
+        continuing the sums, so consecutive micro-batches give the whole
+        batch's gradient bit for bit); return d(loss)/d(input) (None on the
+        first stage)."""
         d = self.xp.ascontiguousarray(self.xp.asarray(dy, dtype=self.dtype))
+        acc = {"accumulate": True} if accumulate else {}
         for i in range(len(ctx.layers) - 1, -1, -1):
             layer = ctx.layers[i]
             d = layer.backward(d, self.grad_views[(layer.name, "W")], self.grad_views[(layer.name, "b")],
-                               need_dx=i > 0 or not self.first)
+                               need_dx=i > 0 or not self.first, **acc)
         return d
 
-    def loss_grad(self, logits, y, scale=1.0):
-        """(mean loss, n correct, d(scale * loss)/d(logits)) on the last stage."""
+    def loss_grad(self, logits, y, batch=None):
+        """(mean loss, n correct, dlogits) on the last stage: dlogits of the
+        mean loss over ``batch`` samples (default: these), i.e. (probs -
+        onehot) / batch, rounded as one process's whole batch rounds it."""
         y = self.xp.asarray(y)
-        loss, dlogits, _ = self.ops.softmax_xent(logits, y)
-        if scale != 1.0:
-            dlogits *= scale
+        kw = {} if batch is None else {"grad_scale": 1.0 / batch}
+        loss, dlogits, _ = self.ops.softmax_xent(logits, y, **kw)
         return float(loss), int((logits.argmax(axis=1) == y).sum()), dlogits
 
     def describe(self) -> str:
