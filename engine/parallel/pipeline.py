@@ -107,6 +107,13 @@ class P2P:
             if self.poll > 0:
                 time.sleep(self.poll)
 
+    def progress(self):
+        """Let MPI move this rank's pending sends: a message above the eager
+        size leaves only when its sender calls into MPI again, which a stage
+        busy with its next pass would otherwise do only at its next receive."""
+        if self.sends:
+            self.sends = [(r, b) for r, b in self.sends if not r.Test()]
+
     def flush(self):
         for r, _ in self.sends:
             self.wait(r, "a send to complete", "a neighbour")
@@ -307,6 +314,8 @@ class StageExecutor:
         for j, op in enumerate(ops):
             if j + LOOKAHEAD < len(ops):
                 post(ops[j + LOOKAHEAD])
+            if self.p2p is not None:
+                self.p2p.progress()
             if op.kind == "F":
                 x = get_input(op.mb)
                 emit_fwd(op.mb, forward(op.mb, x))
