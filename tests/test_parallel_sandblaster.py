@@ -185,7 +185,7 @@ def test_killed_server_or_replica_ends_the_job(tmp_path, rank):
     rc, out, dt = run_mpi(3, "ps_train.py", "sandblaster", json.dumps(
         {"model": str(tmp_path / "softreg.json"), "epochs": 500, "batch": 2000, "crop_pad": 0, "progress": False,
          "verbose": False, "extra": {"servers": 1, "slice": 64}}), timeout=60,
-        env={"SPRINT_TEST_KILL": f"{rank}:40"})
+        env={"SPRINT_TEST_FAULT": f"{rank}:40:kill"})
     assert rc != 0 and dt < 50, out[-3000:]
     pid = re.search(r"PID (\d+) RUNNING", out)
     assert pid and "signal 9" in out, out[-3000:]

@@ -150,6 +150,7 @@ class DownpourServer:
         tiny = np.zeros(1, np.float32)
         serving = True
         while serving:
+            ps.alive()
             msgs = []
             # Drain what has arrived, in arrival order: the count of pushes
             # taken in one sweep is the server's queue length.
@@ -216,44 +217,28 @@ class DownpourReplica:
         self.T = StepTimers()
         self.steps = self.pushes = self.fetches = 0
         self.discarded_grads = 0
-        self._host = isinstance(src.weights, np.ndarray)
-        self._staging = None if self._host else np.zeros(self.n, np.float32)
+        self._staging = None if isinstance(src.weights, np.ndarray) else np.zeros(self.n, np.float32)
 
     def fetch(self) -> bool:
         """All shards into the source's weights; True when a server says stop."""
-        MPI, comm, poll = self.MPI, self.comm, self.cfg.poll
         t0 = _now()
-        tiny = np.zeros(1, np.float32)
-        reqs = []
-        for s in range(self.S):
-            reqs.append(comm.Irecv([self.inbox[s], MPI.FLOAT], source=s, tag=ps.WEIGHTS))
-            reqs.append(comm.Isend([tiny, MPI.FLOAT], dest=s, tag=ps.FETCH))
-        ps.wait_all(reqs, poll)
-        dst = self.src.weights if self._host else self._staging
+        ps.fetch_all(self.comm, self.inbox, [np.zeros(1, np.float32), self.MPI.FLOAT], self.cfg.poll)
         stop = False
-        for s, (lo, hi) in enumerate(self.bounds):
-            h = ps.header(self.inbox[s])
+        for s, buf in enumerate(self.inbox):
+            h = ps.header(buf)
             self.versions[s] = int(h[0])
             stop = stop or h[1] > 0
-            dst[lo:hi] = ps.body(self.inbox[s])
-        if not self._host:
-            self.src.weights[...] = _to_device_like(self.src.weights, self._staging)
+        ps.assemble_into(self.src.weights, self.bounds, self.inbox, self._staging)
         self.fetches += 1
         self.T.add("Fetch", _now() - t0)
         return stop
 
     def push(self):
-        MPI, comm = self.MPI, self.comm
         t0 = _now()
         self.T.add("Wait", ps.wait_all(self.push_reqs, self.cfg.poll))
         t1 = _now()
-        for s, (lo, hi) in enumerate(self.bounds):
-            buf = self.outbox[s]
-            h = ps.header(buf)
-            h[:] = 0
-            h[0], h[1], h[2], h[3], h[4] = self.versions[s], self.n_acc, self.k, self.loss, self.correct
-            ps.body(buf)[:] = self.acc[lo:hi]
-            self.push_reqs[s] = comm.Isend([buf, MPI.FLOAT], dest=s, tag=ps.PUSH)
+        heads = [(v, self.n_acc, self.k, self.loss, self.correct) for v in self.versions]
+        self.push_reqs = ps.push_all(self.comm, self.bounds, self.outbox, self.acc, heads)
         self.acc[:] = 0
         self.k = self.n_acc = self.correct = 0
         self.loss = 0.0
@@ -268,6 +253,7 @@ class DownpourReplica:
             setup()
         t_start = _now()
         while True:
+            ps.alive()
             if self.steps % cfg.fetch_every == 0 and self.fetch():
                 break
             t0 = _now()
@@ -299,11 +285,6 @@ class DownpourReplica:
         return {"replica": self.index, "steps": self.steps, "pushes": self.pushes, "fetches": self.fetches,
                 "grads_discarded_at_stop": self.discarded_grads, "wall_s": getattr(self, "wall", 0.0),
                 "slow_factor": self.cfg.slow_factor, "timers": self.T.summary()}
-
-
-def _to_device_like(ref, host):
-    from ._xp import array_module
-    return array_module(ref).asarray(host, dtype=ref.dtype)
 
 
 # ---- the engine's run: TrainConfig -> servers and replicas --------------------
@@ -357,9 +338,10 @@ def _run(job):
                              start_samples=job.start_samples, start_version=int(versions[rank]))
         if rank == 0:
             srv.on_epoch = lambda s, epoch: job.end_epoch(epoch, *_assemble(s.gather(), kind), s.take_window())
-        srv.run()
-        if rank == 0:
-            w_final = _assemble(srv.gather(final=True), kind)[0]
+        with job.serving():
+            srv.run()
+            if rank == 0:
+                w_final = _assemble(srv.gather(final=True), kind)[0]
         mine = srv.stats()
     else:
         net = job.net()
@@ -367,7 +349,8 @@ def _run(job):
         loader = Loader(job.train_ds, cfg.batch, shuffle=True, seed=cfg.seed, deform=job.deform, prefetch=0,
                         rank=rank - S, world=R)
         src = NetSource(net, loader, epoch=job.start_epoch)
-        mine = DownpourReplica(mc, job.bounds, src, dcfg, index=rank - S).run().stats()
+        with job.serving():
+            mine = DownpourReplica(mc, job.bounds, src, dcfg, index=rank - S).run().stats()
     allst = comm.allgather_obj(mine)
     stats = summarize_stats(allst[:S], allst[S:], {
         "model": job.spec.name, "n_param": job.n_param, "n_subbatch": int(cfg.batch), "n_file": job.n_file,

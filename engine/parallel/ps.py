@@ -15,6 +15,7 @@ sleep between tests instead of spinning on cores the workers need.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -55,6 +56,25 @@ def body(buf: np.ndarray) -> np.ndarray:
     return buf[2 * HDR:]
 
 
+# The watchdog this rank's polling loops feed while it serves or trains
+# (PSJob.serving): a replica waiting on a frozen server still ticks, so only
+# a main thread that stopped looping is taken for stuck.
+_WATCHDOG = [None]
+
+
+def alive():
+    """The main thread's sign of life (every polling loop calls it)."""
+    w = _WATCHDOG[0]
+    if w is not None:
+        w.tick()
+
+
+def nap(poll: float = POLL):
+    """A polling loop's sleep, leaving the core to the workers."""
+    time.sleep(poll)
+    alive()
+
+
 def wait_all(reqs, poll: float = POLL) -> float:
     """Wait for mpi4py requests by polling with sleeps; returns seconds waited."""
     from mpi4py import MPI
@@ -66,8 +86,46 @@ def wait_all(reqs, poll: float = POLL) -> float:
         MPI.Request.Waitall(reqs)
     else:
         while not MPI.Request.Testall(reqs):
-            time.sleep(poll)
+            nap(poll)
     return time.perf_counter() - t0
+
+
+def fetch_all(comm, inbox, request, poll: float = POLL) -> None:
+    """Ask every shard for its slice (``request``: an mpi4py buffer spec)
+    and wait for shard s's packed reply in ``inbox[s]``."""
+    from mpi4py import MPI
+    reqs = []
+    for s, buf in enumerate(inbox):
+        reqs.append(comm.Irecv([buf, MPI.FLOAT], source=s, tag=WEIGHTS))
+        reqs.append(comm.Isend(request, dest=s, tag=FETCH))
+    wait_all(reqs, poll)
+
+
+def assemble_into(weights, bounds, inbox, staging=None) -> None:
+    """Every shard's reply body into the full vector ``weights``; a device
+    vector is filled through the host vector ``staging``."""
+    host = weights if isinstance(weights, np.ndarray) else (
+        staging if staging is not None else np.empty(weights.shape, np.float32))
+    for (lo, hi), buf in zip(bounds, inbox):
+        host[lo:hi] = body(buf)
+    if host is not weights:
+        from ._xp import array_module
+        weights[...] = array_module(weights).asarray(host, dtype=weights.dtype)
+
+
+def push_all(comm, bounds, outbox, vec, heads) -> list:
+    """Send shard s its part of ``vec`` behind the header values
+    ``heads[s]``; returns the send requests."""
+    from mpi4py import MPI
+    reqs = []
+    for s, (lo, hi) in enumerate(bounds):
+        buf = outbox[s]
+        h = header(buf)
+        h[:] = 0
+        h[:len(heads[s])] = heads[s]
+        body(buf)[:] = vec[lo:hi]
+        reqs.append(comm.Isend([buf, MPI.FLOAT], dest=s, tag=PUSH))
+    return reqs
 
 
 def pump(comm, handlers: dict) -> bool:
@@ -87,7 +145,7 @@ def recv_poll(comm, source, tag, poll: float = POLL):
     from mpi4py import MPI
     st = MPI.Status()
     while not comm.Iprobe(source=source, tag=tag, status=st):
-        time.sleep(poll)
+        nap(poll)
     return comm.recv(source=st.Get_source(), tag=tag)
 
 
@@ -148,11 +206,15 @@ def make_server_opt(kind, n, momentum=0.9, weight_decay=0.0):
     raise ValueError(f"server optimizer must be one of {sorted(SERVER_OPTS)}, got {kind!r} (--server-opt)")
 
 
+def role_name(rank: int, servers: int) -> str:
+    return f"server {rank}" if rank < servers else f"replica {rank - servers}"
+
+
 def role_map(servers: int, size: int, bounds) -> str:
     """One line naming every rank's role (a killed rank is reported by pid;
     with the rank map this says which server or replica it was)."""
     parts = [f"rank {s}: server {s} [{lo}, {hi})" for s, (lo, hi) in enumerate(bounds)]
-    parts += [f"rank {r}: replica {r - servers}" for r in range(servers, size)]
+    parts += [f"rank {r}: {role_name(r, servers)}" for r in range(servers, size)]
     return "; ".join(parts)
 
 
@@ -209,12 +271,12 @@ def launch(cfg, mode, body):
     """``body(job)`` on every rank of a Downpour or Sandblaster job, inside the
     engine's session (device, data, run folder, watchdog) and abort rules."""
     from engine.session import Session
-    from .comm import abort_on_error, get_comm, install_abort_hooks
-    comm = get_comm()
-    install_abort_hooks(comm)
-    with abort_on_error(comm):
+    from .comm import run_guarded
+
+    def in_session(cfg, comm):
         with Session(cfg, comm) as s:
             return body(PSJob(s, cfg, mode, comm))
+    return run_guarded(in_session, cfg)
 
 
 class PSJob:
@@ -252,6 +314,7 @@ class PSJob:
         self.n_param = int(net0.n_params)
         self.bounds = shard_bounds(self.n_param, self.S)
         pids = comm.rank_map()
+        s.watchdog.roles = {r: role_name(r, self.S) for r in range(comm.size)}
         if self.rank == 0:
             print(f"sprint: {pids}\nsprint: {mode} roles: {role_map(self.S, comm.size, self.bounds)}",
                   file=sys.stderr, flush=True)
@@ -271,6 +334,19 @@ class PSJob:
         self.run_dir = s.run
         self._t_epoch = time.perf_counter()
         self._eval_net = None
+
+    @contextlib.contextmanager
+    def serving(self):
+        """This rank's role loop (serve or train) under the watchdog's
+        progress check: a main thread that stops polling for --timeout
+        seconds names itself and ends the job. Left before the closing
+        collectives, where ranks wait for each other without ticking."""
+        _WATCHDOG[0] = self.s.watchdog
+        try:
+            with self.s.watchdog.progress():
+                yield
+        finally:
+            _WATCHDOG[0] = None
 
     def net(self):
         from engine.net import Net

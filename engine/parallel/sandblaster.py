@@ -164,6 +164,7 @@ class SandShard:
 
     def serve(self):
         while self.serving:
+            ps.alive()
             if not ps.pump(self.comm, self.handlers):
                 time.sleep(self.cfg.poll)
         ps.wait_all([r for _, r in self._out.values()], self.cfg.poll)
@@ -251,6 +252,7 @@ class Coordinator:
 
     def wait(self, done):
         while not done():
+            ps.alive()
             got = ps.pump(self.comm, self.handlers)
             self._dispatch()
             if not got:

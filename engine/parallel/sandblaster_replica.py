@@ -51,22 +51,10 @@ class SandReplica:
     def fetch(self, e) -> bool:
         """The point of evaluation e from every shard; False when a shard has
         already moved past e (the task is a late copy: skip it)."""
-        MPI, comm = self.MPI, self.comm
-        want = np.array([e], np.float64)
-        reqs = []
-        for s in range(self.S):
-            reqs.append(comm.Irecv([self.inbox[s], MPI.FLOAT], source=s, tag=ps.WEIGHTS))
-            reqs.append(comm.Isend([want, MPI.DOUBLE], dest=s, tag=ps.FETCH))
-        ps.wait_all(reqs, self.cfg.poll)
+        ps.fetch_all(self.comm, self.inbox, [np.array([e], np.float64), self.MPI.DOUBLE], self.cfg.poll)
         if any(int(ps.header(b)[0]) != e for b in self.inbox):
             return False
-        w = self.src.weights
-        host = w if isinstance(w, np.ndarray) else np.empty(w.shape, np.float32)
-        for (lo, hi), b in zip(self.bounds, self.inbox):
-            host[lo:hi] = ps.body(b)
-        if host is not w:
-            from ._xp import array_module
-            w[...] = array_module(w).asarray(host)
+        ps.assemble_into(self.src.weights, self.bounds, self.inbox)
         self.e = e
         return True
 
@@ -75,6 +63,7 @@ class SandReplica:
         task, tiny = np.zeros(6, np.float64), np.zeros(1, np.float32)
         t_start = _now()
         while True:
+            ps.alive()
             t0 = _now()
             r = comm.Irecv([task, MPI.DOUBLE], source=0, tag=ps.TASK)
             ps.wait_all([r, comm.Isend([tiny, MPI.FLOAT], dest=0, tag=ps.REQ)], cfg.poll)
@@ -96,11 +85,7 @@ class SandReplica:
             T.add("Compute", _now() - t0)
             t0 = _now()
             T.add("Wait", ps.wait_all(self.push_reqs + [self.done_req], cfg.poll))
-            for s, (a, b) in enumerate(self.bounds):
-                buf = self.outbox[s]
-                ps.header(buf)[:5] = (e, sid, n, loss, correct)
-                ps.body(buf)[:] = g[a:b]
-                self.push_reqs[s] = comm.Isend([buf, MPI.FLOAT], dest=s, tag=ps.PUSH)
+            self.push_reqs = ps.push_all(comm, self.bounds, self.outbox, g, [(e, sid, n, loss, correct)] * self.S)
             self.done_buf[:] = (e, sid, n, loss, correct, dt)
             self.done_req = comm.Isend([self.done_buf, MPI.DOUBLE], dest=0, tag=ps.SLICE)
             T.add("Push", _now() - t0)
@@ -154,15 +139,18 @@ def _run(job):
                 return job.end_epoch(epoch, snap["x"], {"kind": "lbfgs", **snap}, counters, c.take_window())
 
             coord.on_epoch = on_epoch
-            final = coord.run()
+            with job.serving():
+                final = coord.run()
             mine = {**shard.stats(), "coordinator": coord.stats()}
         else:
-            shard.serve()
+            with job.serving():
+                shard.serve()
             mine = shard.stats()
     else:
         net = job.net()
         loader = Loader(job.train_ds, 1, shuffle=False, deform=job.deform, prefetch=0)
-        mine = SandReplica(mc, job.bounds, SliceSource(net, loader, cfg.seed), scfg, index=rank - S).run().stats()
+        with job.serving():
+            mine = SandReplica(mc, job.bounds, SliceSource(net, loader, cfg.seed), scfg, index=rank - S).run().stats()
     allst = comm.allgather_obj(mine)
     stats = summarize_sandblaster(allst[:S], allst[S:], {
         "model": job.spec.name, "n_param": job.n_param, "n_subbatch": scfg.batch, "slice": scfg.slice,

@@ -13,6 +13,7 @@ not detected (its peers wait in the next collective).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -27,8 +28,11 @@ class Watchdog:
         self.timeout = float(timeout)
         self.interval = interval or max(0.05, min(1.0, self.timeout / 5))
         self.active = False
+        self.roles: dict = {}
         self._stop = threading.Event()
         self._th = None
+        self._watch = False          # inside progress(): the main thread promises ticks
+        self._tick = time.monotonic()
         if comm.size <= 1 or not hasattr(comm, "comm"):
             return
         MPI = comm.MPI
@@ -65,7 +69,15 @@ class Watchdog:
                 mc.Recv([inbox, MPI.BYTE], source=src, tag=_TAG)
                 last[src] = time.monotonic()
             now = time.monotonic()
-            silent = sorted(r for r in self.peers if now - last[r] > self.timeout)
+            if self._watch and now - self._tick > self.timeout and not self._stop.is_set():
+                self._fire_stuck(now - self._tick)
+                return
+            # While this rank's own loop is stalled it judges nobody: peers'
+            # heartbeats to it can queue behind their messages it no longer
+            # receives (one transport per pair of ranks), so they would look
+            # silent to it alone; the others still judge them.
+            stalled = self._watch and now - self._tick > 2 * self.interval
+            silent = [] if stalled else sorted(r for r in self.peers if now - last[r] > self.timeout)
             if silent and not self._stop.is_set():
                 self._fire(silent, now - min(last[r] for r in silent))
                 return
@@ -73,11 +85,10 @@ class Watchdog:
 
     def _fire(self, silent, quiet_for):
         answering = [r for r in range(self.size) if r not in silent]
-        who = (f"rank {silent[0]}" if len(silent) == 1 else
-               "ranks " + ", ".join(map(str, silent)))
+        who = self._name(silent)
         if self.rank == answering[0]:
             from engine.parallel.comm import say_before_abort
-            say_before_abort(f"sprint: error: {who} of {self.size} stopped answering (no heartbeat for "
+            say_before_abort(f"sprint: error: {who} stopped answering (no heartbeat for "
                              f"{quiet_for:.0f} s; --timeout {self.timeout:g}); ending the job\n")
             time.sleep(0.5)
         else:
@@ -87,6 +98,43 @@ class Watchdog:
             self.comm.comm.Abort(1)
         finally:
             os._exit(1)
+
+    def _name(self, ranks) -> str:
+        """'rank 2 of 3 (replica 1)', 'ranks 1, 2 of 3 (server 1, replica 0)'."""
+        roles = [self.roles[r] for r in ranks if r in self.roles]
+        return (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} of {self.size}"
+                + (f" ({', '.join(roles)})" if roles else ""))
+
+    def _fire_stuck(self, quiet_for):
+        """This rank's main thread stopped ticking while its process runs:
+        only this rank knows, so it names itself (its peers still see its
+        heartbeats and stay quiet) and ends the job."""
+        from engine.parallel.comm import say_before_abort
+        say_before_abort(f"sprint: error: {self._name([self.rank])} made no progress for "
+                         f"{quiet_for:.0f} s although its process runs (its main loop is stuck; --timeout "
+                         f"{self.timeout:g}); ending the job\n")
+        time.sleep(0.5)
+        try:
+            self.comm.comm.Abort(1)
+        finally:
+            os._exit(1)
+
+    def tick(self):
+        """The main thread's sign of life inside :meth:`progress`."""
+        self._tick = time.monotonic()
+
+    @contextlib.contextmanager
+    def progress(self):
+        """Within: the main thread runs a loop that calls ``tick()`` at least
+        every few seconds (waits included); ``timeout`` seconds without one
+        end the job naming this rank. Leave it before any blocking
+        collective, where a rank legitimately waits without ticking."""
+        self._tick = time.monotonic()
+        self._watch = self.active
+        try:
+            yield self
+        finally:
+            self._watch = False
 
     def _kill_local(self, silent):
         """A frozen process ignores the launcher's SIGTERM until continued:

@@ -18,19 +18,32 @@ if os.environ.get("SPRINT_TEST_OVERRIDE"):
     rank, more = os.environ["SPRINT_TEST_OVERRIDE"].split(":", 1)
     if MPI.COMM_WORLD.Get_rank() == int(rank):
         d.update(json.loads(more))
-if os.environ.get("SPRINT_TEST_KILL"):
-    # "RANK:N": that rank SIGKILLs itself at its N-th slice gradient or slice push (fault tests)
+if os.environ.get("SPRINT_TEST_FAULT"):
+    # "RANK:N:HOW": at its N-th step (a replica's gradient, a server's push)
+    # that rank SIGKILLs itself (kill), freezes with SIGSTOP (stop), or its
+    # main thread sleeps forever while its threads run (hang)
+    import time
     from mpi4py import MPI
-    from engine.parallel import sandblaster, sandblaster_replica
-    rank, after = map(int, os.environ["SPRINT_TEST_KILL"].split(":"))
+    from engine.parallel import downpour, runner, sandblaster, sandblaster_replica
+    rank, after, how = os.environ["SPRINT_TEST_FAULT"].split(":")
+    rank, after = int(rank), int(after)
+
+    def fault():
+        print(f"FAULT {how} PID {os.getpid()}", flush=True)
+        if how == "hang":
+            time.sleep(1e6)
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+
     if MPI.COMM_WORLD.Get_rank() == rank:
-        for cls, name in ((sandblaster_replica.SliceSource, "__call__"), (sandblaster.SandShard, "_on_push")):
-            def killer(self, *a, _f=getattr(cls, name), _n=[0]):
-                _n[0] += 1
-                if _n[0] == after:
-                    os.kill(os.getpid(), signal.SIGKILL)
+        count = [0]
+        for cls, name in ((sandblaster_replica.SliceSource, "__call__"), (sandblaster.SandShard, "_on_push"),
+                          (runner.NetSource, "compute"), (downpour.DownpourServer, "_apply")):
+            def hooked(self, *a, _f=getattr(cls, name)):
+                count[0] += 1
+                if count[0] == after:
+                    fault()
                 return _f(self, *a)
-            setattr(cls, name, killer)
+            setattr(cls, name, hooked)
 mod = {"downpour": "downpour", "sandblaster": "sandblaster_replica"}[strategy]
 d.setdefault("parallel", strategy)
 res = importlib.import_module(f"engine.parallel.{mod}").run(TrainConfig(**d))
