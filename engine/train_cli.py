@@ -35,7 +35,8 @@ def register(sub):
                    help=f"epochs in all (default {d.epochs}; asgd {asgd.field_default('epochs')}); with "
                         "--resume of a finished run: continue to this many")
     p.add_argument("--batch", type=int, default=None,
-                   help=f"minibatch size; per worker in parallel runs (default {d.batch})")
+                   help=f"minibatch size; per worker in parallel runs (default {d.batch}; sandblaster: the "
+                        f"L-BFGS batch, default {registry.get_strategy('sandblaster').field_default('batch')})")
     p.add_argument("--lr", type=float, default=None,
                    help=f"learning rate eta, finite and > 0 (default {d.lr}; asgd {asgd.field_default('lr')})")
     p.add_argument("--momentum", type=float, default=None,

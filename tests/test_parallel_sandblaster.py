@@ -86,6 +86,15 @@ def test_backtracking_step_is_the_clamped_quadratic_minimiser():
     assert lbfgs.backtrack(1.0, 0.0, -1.0, float("nan")) == 0.5
 
 
+def test_sandblaster_has_its_own_default_batch():
+    from engine.train import TrainConfig
+    assert TrainConfig(parallel="sandblaster").batch == 256          # the L-BFGS batch
+    assert TrainConfig().batch == TrainConfig(parallel="downpour").batch == 32
+    assert TrainConfig(parallel="sandblaster", batch=64).batch == 64
+    with pytest.raises(ValueError, match="batch"):
+        TrainConfig(parallel="sandblaster", batch=0)
+
+
 def _train(n, cfg, timeout=120, env=None):
     rc, out, _ = run_mpi(n, "ps_train.py", "sandblaster", json.dumps(cfg), timeout=timeout, env=env)
     assert rc == 0, out[-3000:]

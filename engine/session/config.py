@@ -36,7 +36,7 @@ class TrainConfig:
     data: str = "digits"             # 'digits' (embedded) or a path
     fmt: str | None = None           # tree | mnist | cifar | npz (guessed when None)
     epochs: int | None = None        # None: the strategy's default (10; ASGD 12)
-    batch: int = 32
+    batch: int | None = None         # None: the strategy's default (32; sandblaster 256)
     lr: float | None = None          # None: the strategy's default (0.05; ASGD 0.02)
     momentum: float | None = None    # None: the strategy's default (0.9; ASGD 0)
     weight_decay: float = 5e-4
@@ -66,7 +66,7 @@ class TrainConfig:
 
     def __post_init__(self):
         strat = registry.get_strategy(self.parallel)
-        for k in ("epochs", "lr", "momentum"):
+        for k in ("epochs", "lr", "momentum", "batch"):
             if getattr(self, k) is None:
                 setattr(self, k, strat.field_default(k))
         if self.workers is None:
