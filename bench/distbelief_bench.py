@@ -8,8 +8,11 @@
     python bench/distbelief_bench.py downpour   [--epochs 4]
         Downpour's measured throughput and staleness (1 server, 1-3 replicas)
         against engine.perf.downpour's prediction, the host's current load
-        calibrated by a single-process step probe; then the model's
-        server-bound regime for 16-256 replicas against SPRINT's allreduce.
+        calibrated by a single-process step probe and the polling round
+        trip by bench/ps_probe.py.
+    python bench/distbelief_bench.py regime [--model cifar] [--steps 20]
+        The server-bound regime for 16-256 replicas, simulated
+        (engine.perf.downpour.simulate) against SPRINT ASGD's simulator.
     python bench/distbelief_bench.py sandblaster [--epochs 3]
         Sandblaster's batch time with one of 3 replicas slowed 1x/2x/4x:
         slices on request with backup tasks vs a static 1/R split, measured
@@ -121,15 +124,27 @@ def _probe_step(batch=32, steps=60):
     return (time.perf_counter() - t0) / steps
 
 
+def roundtrip(busy, n=400):
+    """Seconds of a polling request's round trip with ``busy`` processes
+    computing beside it (bench/ps_probe.py)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "mpi4py", str(ROOT / "bench" / "ps_probe.py"),
+                        "--n", str(n), "--busy", str(busy)], capture_output=True, text=True, env=env, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"ps_probe failed:\n{(p.stdout + p.stderr)[-2000:]}")
+    return json.loads(p.stdout.split("ROUNDTRIP ", 1)[1].splitlines()[0])
+
+
 def cmd_downpour(args):
     from engine.parallel.threads import limit_this_thread
     from engine.perf import downpour as model
-    from engine.perf.model import predict as sprint_predict
     from engine.perf.profile import Profile
     limit_this_thread(1)
     prof = Profile.load()
     rows = []
-    for R in (1, 2, 3):
+    for R in args.replicas:
+        # a fetch waits for two wake-ups while the other R - 1 replicas compute
+        rt = roundtrip(R - 1)
         before = _probe_step()
         res = train("downpour", 1 + R, {"epochs": args.epochs, "lr": 0.05, "momentum": 0.0,
                                         "extra": {"servers": 1, "server_opt": "adagrad"}})
@@ -138,50 +153,77 @@ def cmd_downpour(args):
         quiet = model.predict("digits", 1, 1, 32, prof, ranks_per_host=1).replica["ComputeGradient"]
         load = 0.5 * (before + after) / quiet
         prof.host_factor = {"*": load}
-        p = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"])
+        p0 = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"])
+        p = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"], round_trip=rt["mean"])
         prof.host_factor = None
         ips = st["samples"] / st["wall_s"]
         step = np.mean([sum(r["timers"][k]["total"] for k in ("Fetch", "Compute", "PushTotal")) / r["steps"]
                         for r in st["replicas"]])
         fetch = np.mean([r["timers"]["Fetch"]["total"] / r["steps"] for r in st["replicas"]])
-        rows.append({"replicas": R, "host_load": load, "images_per_s": ips, "pred_images_per_s": p.images_per_s,
+        rows.append({"replicas": R, "host_load": load, "roundtrip_ms": 1e3 * rt["mean"],
+                     "images_per_s": ips, "pred_images_per_s": p.images_per_s,
+                     "pred_idle_images_per_s": p0.images_per_s,
                      "step_ms": 1e3 * step, "pred_step_ms": 1e3 * p.t_step, "fetch_ms": 1e3 * fetch,
                      "pred_fetch_ms": 1e3 * p.replica["Fetch"], "rho": p.rho,
                      "staleness": st["staleness_mean"], "pred_staleness": p.staleness,
                      "compute_ms": 1e3 * np.mean([r["timers"]["ComputeGradient"]["mean"] for r in st["replicas"]]),
                      "pred_compute_ms": 1e3 * p.replica["ComputeGradient"]})
         print(rows[-1], file=sys.stderr, flush=True)
-    print("\nDownpour on digits, 1 server, fetch/push every step, Adagrad: measured vs engine.perf.downpour\n")
-    print("| replicas | host load | images/s (wall) | predicted | err | replica step ms | predicted | err | "
-          "of which fetch ms | predicted | ComputeGradient ms | predicted | staleness | predicted |\n"
-          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\nDownpour on digits, 1 server, fetch/push every step, Adagrad: measured vs engine.perf.downpour "
+          "(round trip probed with R-1 replicas' worth of busy processes)\n")
+    print("| replicas | host load | round trip ms | images/s (wall) | predicted | err | idle-host model err | "
+          "replica step ms | predicted | err | of which fetch ms | predicted | ComputeGradient ms | predicted | "
+          "staleness | predicted |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         err = r["pred_images_per_s"] / r["images_per_s"] - 1
+        err0 = r["pred_idle_images_per_s"] / r["images_per_s"] - 1
         serr = r["pred_step_ms"] / r["step_ms"] - 1
-        print(f"| {r['replicas']} | {r['host_load']:.2f} | {r['images_per_s']:,.0f} | {r['pred_images_per_s']:,.0f} | "
-              f"{100 * err:+.1f} % | {r['step_ms']:.2f} | {r['pred_step_ms']:.2f} | {100 * serr:+.1f} % | "
-              f"{r['fetch_ms']:.2f} | {r['pred_fetch_ms']:.2f} | {r['compute_ms']:.2f} | {r['pred_compute_ms']:.2f} | "
-              f"{r['staleness']:.2f} | {r['pred_staleness']:.2f} |")
-    scale = []
-    print("\nModel only (one replica per host, shipped profile, cifar net, N_Subbatch 32): Downpour's servers "
-          "against SPRINT ASGD's allreduce\n")
-    print("| replicas | downpour S=1 img/s | util | S=4 img/s | util | S=16 img/s | SPRINT ASGD img/s |\n"
-          "|---:|---:|---:|---:|---:|---:|---:|")
+        print(f"| {r['replicas']} | {r['host_load']:.2f} | {r['roundtrip_ms']:.3f} | {r['images_per_s']:,.0f} | "
+              f"{r['pred_images_per_s']:,.0f} | {100 * err:+.1f} % | {100 * err0:+.1f} % | {r['step_ms']:.2f} | "
+              f"{r['pred_step_ms']:.2f} | {100 * serr:+.1f} % | {r['fetch_ms']:.2f} | {r['pred_fetch_ms']:.2f} | "
+              f"{r['compute_ms']:.2f} | {r['pred_compute_ms']:.2f} | {r['staleness']:.2f} | "
+              f"{r['pred_staleness']:.2f} |")
+    return {"measured": rows}
+
+
+def cmd_regime(args):
+    """The server-bound regime, simulated: Downpour's replicas and shard
+    queues (engine.perf.downpour.simulate) against SPRINT ASGD's simulator
+    (engine.perf.simulate), one replica or node per host, shipped profile."""
+    from engine.perf import downpour as model
+    from engine.perf.model import predict as sprint_predict
+    from engine.perf.profile import Profile
+    from engine.perf.simulate import simulate as sprint_simulate
+    prof = Profile.load()
+    rows = []
+    print(f"\nSimulated, {args.model} net, N_Subbatch 32, one replica per host, shipped profile: Downpour "
+          "(simulated / closed form) against SPRINT ASGD (simulated / closed form)\n")
+    print("| replicas | S=1 img/s | util | S=4 img/s | util | S=16 img/s | util | staleness | SPRINT img/s | "
+          "SPRINT staleness |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for R in (16, 32, 64, 128, 256):
-        ps = [model.predict("cifar", R, 1, 32, prof, servers=S) for S in (1, 4, 16)]
-        sp = sprint_predict("cifar", R, 1, 32, prof)
-        sprint_ips = R * 32 / sp.t_gpu
-        scale.append({"replicas": R, "downpour": [p.images_per_s for p in ps], "rho": [p.rho for p in ps],
-                      "sprint": sprint_ips})
-        print(f"| {R} | {ps[0].images_per_s:,.0f} | {ps[0].rho:.2f} | {ps[1].images_per_s:,.0f} | {ps[1].rho:.2f} | "
-              f"{ps[2].images_per_s:,.0f} | {sprint_ips:,.0f} |")
-    return {"measured": rows, "scaling": scale}
+        sims = [model.simulate(args.model, R, 1, 32, prof, servers=S, steps=args.steps) for S in (1, 4, 16)]
+        sp = sprint_predict(args.model, R, 1, 32, prof)
+        ss = sprint_simulate(args.model, R, 1, 32, prof, n_updates=400, seed=0)
+        s_ips = ss.worker_steps * 32 / ss.sim_time
+        rows.append({"replicas": R, "downpour": [s["images_per_s"] for s in sims],
+                     "downpour_closed": [s["prediction"].images_per_s for s in sims],
+                     "util": [s["utilisation"] for s in sims], "staleness": sims[0]["staleness"],
+                     "sprint": s_ips, "sprint_closed": R * 32 / sp.t_gpu, "sprint_staleness": sp.staleness})
+        cell = lambda s: f"{s['images_per_s']:,.0f} / {s['prediction'].images_per_s:,.0f}"
+        print(f"| {R} | {cell(sims[0])} | {sims[0]['utilisation']:.2f} | {cell(sims[1])} | "
+              f"{sims[1]['utilisation']:.2f} | {cell(sims[2])} | {sims[2]['utilisation']:.2f} | "
+              f"{sims[0]['staleness']:.1f} | {s_ips:,.0f} / {R * 32 / sp.t_gpu:,.0f} | {sp.staleness:.2f} |")
+    return {"regime": rows}
 
 
 def cmd_sandblaster(args):
-    from engine.perf.downpour import simulate_sandblaster
+    from engine.perf import sandblaster as model
+    from engine.perf.profile import Profile
+    prof = Profile.load()
     rows = []
     R, batch = 3, 384
+    quiet = model.predict("digits", 1, 1, 32, prof).replica["ComputeGradient"]
     for factor in (1, 2, 4):
         for mode in ("slices", "static"):
             extra = {"servers": 1, "slice": 16, "slow_rank": 1 + R - 1, "slow_factor": float(factor)} \
@@ -189,36 +231,50 @@ def cmd_sandblaster(args):
                                           "slow_rank": 1 + R - 1, "slow_factor": float(factor)}
             if factor == 1:
                 extra.pop("slow_rank")
+            load = _probe_step() / quiet
             res = train("sandblaster", 1 + R, {"epochs": args.epochs, "batch": batch, "extra": extra})
             st = res["stats"]
+            trials = float(np.mean(st["coordinator"]["trials"]))
+            prof.host_factor = {"*": load}
+            p = model.predict("digits", R, 1, 16, prof, batch=batch, static=mode == "static", trials=trials,
+                              slow_rank=R if factor > 1 else None, slow_factor=float(factor), ranks_per_host=R,
+                              n_file=st["n_file"])
+            prof.host_factor = None
             rows.append({"slow": factor, "mode": mode, "batch_ms": 1e3 * st["batch_time_median"],
+                         "pred_batch_ms": 1e3 * p.t_batch, "host_load": load, "trials": trials,
                          "slices": [r["slices"] for r in st["replicas"]], "duplicates": st["duplicates"]})
             print(rows[-1], file=sys.stderr, flush=True)
-    sim = {f: (simulate_sandblaster(batch // 16, 1.0, [1, 1, f])["time"],
-               simulate_sandblaster(R, batch / R / 16, [1, 1, f], static=True)["time"]) for f in (1, 2, 4)}
     print(f"\nSandblaster on digits, 1 server + {R} replicas, L-BFGS batch {batch}: median batch time with "
-          f"replica {R - 1} slowed\n")
-    print("| slowed | slices of 16 + backup: batch ms | x of 1x | static 1/R split: batch ms | x of 1x | "
-          "simulated x (slices / static) |\n|---:|---:|---:|---:|---:|---:|")
-    base = {m: next(r["batch_ms"] for r in rows if r["slow"] == 1 and r["mode"] == m) for m in ("slices", "static")}
+          f"replica {R - 1} slowed, against engine.perf.sandblaster (host load from a step probe, measured "
+          f"line-search trials)\n")
+    print("| slowed | slices of 16 + backup: batch ms | predicted | x of 1x | predicted x | static 1/R split: "
+          "batch ms | predicted | x of 1x | predicted x | slices per replica |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    pick = lambda f, m: next(r for r in rows if r["slow"] == f and r["mode"] == m)
     for f in (1, 2, 4):
-        a = next(r for r in rows if r["slow"] == f and r["mode"] == "slices")
-        b = next(r for r in rows if r["slow"] == f and r["mode"] == "static")
-        print(f"| {f}x | {a['batch_ms']:.0f} | {a['batch_ms'] / base['slices']:.2f} | {b['batch_ms']:.0f} | "
-              f"{b['batch_ms'] / base['static']:.2f} | {sim[f][0] / sim[1][0]:.2f} / {sim[f][1] / sim[1][1]:.2f} |")
-    return {"rows": rows, "simulated": sim}
+        a, b = pick(f, "slices"), pick(f, "static")
+        a1, b1 = pick(1, "slices"), pick(1, "static")
+        print(f"| {f}x | {a['batch_ms']:.0f} | {a['pred_batch_ms']:.0f} | {a['batch_ms'] / a1['batch_ms']:.2f} | "
+              f"{a['pred_batch_ms'] / a1['pred_batch_ms']:.2f} | {b['batch_ms']:.0f} | {b['pred_batch_ms']:.0f} | "
+              f"{b['batch_ms'] / b1['batch_ms']:.2f} | {b['pred_batch_ms'] / b1['pred_batch_ms']:.2f} | "
+              f"{a['slices']} |")
+    return {"rows": rows}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["budget", "downpour", "sandblaster"])
+    ap.add_argument("what", choices=["budget", "downpour", "regime", "sandblaster"])
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--ranks", type=int, default=3)
     ap.add_argument("--data", choices=["digits", "mnist"], default="digits")
     ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 3], help="downpour: replica counts")
+    ap.add_argument("--model", default="cifar", help="regime: the net")
+    ap.add_argument("--steps", type=int, default=20, help="regime: simulated steps per replica")
     ap.add_argument("--out", default=None, help="JSON file for the numbers")
     args = ap.parse_args()
-    out = {"budget": cmd_budget, "downpour": cmd_downpour, "sandblaster": cmd_sandblaster}[args.what](args)
+    out = {"budget": cmd_budget, "downpour": cmd_downpour, "regime": cmd_regime,
+           "sandblaster": cmd_sandblaster}[args.what](args)
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1, default=float))
 

@@ -161,7 +161,7 @@ def test_cost_model_staleness_gap_and_server_bound_regime():
 
 
 def test_sandblaster_model_closed_form_and_simulation_agree():
-    from engine.perf.downpour import sandblaster_eval_time, simulate_sandblaster
+    from engine.perf.sandblaster import eval_time as sandblaster_eval_time, simulate_eval as simulate_sandblaster
     for f in (1, 2, 4):
         sim = simulate_sandblaster(60, 1.0, [1, 1, f])
         closed = sandblaster_eval_time(60, 1.0, [1, 1, f])

@@ -7,7 +7,9 @@ included), plus every ``fetch_every`` steps a fetch (each server copies its
 shard out, the message crosses shared memory -- two copies -- and the
 replica copies it in) and every ``push_every`` steps a push (pack, send;
 the server receives it and applies SGD or Adagrad to its shard). A server
-is a single queue: its busy time per replica step is
+is a single queue (a fetch right after the replica's own push waits for
+that push's apply: one sender's messages stay in order); its busy time per
+replica step is
 
     b = (recv + apply) / push_every + (copy out + send) / fetch_every
 
@@ -19,11 +21,14 @@ Staleness of a push: the other R-1 replicas push ``1/push_every`` times per
 step, during the steps between the push's last fetch and its apply (``gap``,
 averaged over the fetch/push cycle): ``(R - 1) gap / push_every``.
 
-Sandblaster (closed form and simulation). An evaluation of a batch of K
-slices on replicas slowed by factors f_i takes ``K t / sum(1/f_i)`` when
-slices are handed out on request (plus the last slice's tail, cut by a
-backup copy on the fastest idle replica), and ``max_i f_i ceil(K/R) t`` with
-a static 1/R split; :func:`simulate_sandblaster` plays the dispatch out.
+The fetch's round trip ``round_trip`` (request to reply, both sides
+polling) is half a polling interval at each end on an idle host; on a host
+with more runnable processes than cores each waking side first waits for a
+core, which ``bench/distbelief_bench.py`` measures with a ping-pong probe of
+the same polling loops and passes in. :func:`simulate` plays R replicas and
+one shard queue out event by event (the shards are symmetric).
+
+Sandblaster's model is :mod:`engine.perf.sandblaster`.
 """
 from __future__ import annotations
 
@@ -68,42 +73,74 @@ def _gap(fetch_every, push_every):
     return sum(gaps) / len(gaps)
 
 
+def positive_ints(**kw):
+    for name, v in kw.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name.replace('_', ' ')} must be a positive int, got {v!r} "
+                             f"(--{name.replace('_', '-')})")
+
+
+class Prices:
+    """What both DistBelief models price the same way: a replica's gradient
+    of ``n_subbatch`` samples (an ASGD worker's LoadImage, DeformImage and
+    ComputeGradient, host sharing included) and the vector moves, where a
+    message crosses shared memory as two copies."""
+
+    def __init__(self, spec, replicas, n_subbatch, profile, ranks_per_host=1):
+        from .model import N_FILE, step_costs
+        self.spec = spec_mod.get_spec(spec)
+        self.profile = profile
+        c = step_costs(self.spec, replicas, 1, n_subbatch, profile, ranks_per_host=ranks_per_host)
+        self.n = spec_mod.n_params(self.spec)
+        self.slow = c["_slowdown"][0]
+        self.gradient = {"LoadImage": c["load"][0], "DeformImage": c["deform"][0],
+                         "ComputeGradient": c["compute_gradient"][0]}
+        self.n_file = N_FILE.get(self.spec.name, 50000)
+
+    def copy(self, m):
+        pr = self.profile
+        return self.slow * pr.term("copy_cold" if pr.has("copy_cold") else "copy", m)
+
+    def vec(self, m, name="axpy"):
+        return self.slow * self.profile.term(name, m)
+
+    def send(self, m):
+        return 2 * self.copy(m)
+
+
 def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=None, servers: int = 1,
             fetch_every: int = 1, push_every: int = 1, server_opt: str = "adagrad", n_file=None,
-            ranks_per_host: int = 1, **_ignored) -> DownpourPrediction:
+            ranks_per_host: int = 1, round_trip: float | None = None, **_ignored) -> DownpourPrediction:
     """Downpour with ``n_node`` replicas (one worker each) and ``servers``
     shards; ``ranks_per_host`` replicas share one host's cores (all of them
-    when validating on one machine)."""
-    from .model import N_FILE, step_costs
+    when validating on one machine); ``round_trip`` seconds from a fetch
+    request to its reply beyond the copies (None: POLL, an idle host)."""
     from .profile import Profile
     if profile is None:
         profile = Profile.load()
-    for name, v in (("servers", servers), ("fetch_every", fetch_every), ("push_every", push_every)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r} (--{name.replace('_', '-')})")
+    positive_ints(servers=servers, fetch_every=fetch_every, push_every=push_every)
     if server_opt not in APPLY_PASSES:
         raise ValueError(f"server optimizer must be one of {sorted(APPLY_PASSES)}, got {server_opt!r}")
-    sp = spec_mod.get_spec(spec)
     R, S = int(n_node), int(servers)
-    c = step_costs(sp, R, 1, n_subbatch, profile, ranks_per_host=ranks_per_host)
-    n = spec_mod.n_params(sp)
+    pr = Prices(spec, R, n_subbatch, profile, ranks_per_host)
+    sp, n, copy, vec, send = pr.spec, pr.n, pr.copy, pr.vec, pr.send
     ns = n / S
-    slow = c["_slowdown"][0]
-    copy = lambda m: slow * profile.term("copy_cold" if profile.has("copy_cold") else "copy", m)
-    vec = lambda m: slow * profile.term("axpy", m)
-    send = lambda m: 2 * copy(m)                      # through shared memory: in and out
-    replica = {"LoadImage": c["load"][0], "DeformImage": c["deform"][0],
-               "ComputeGradient": c["compute_gradient"][0], "Accumulate": profile.term("add", n) * slow}
+    rt = POLL if round_trip is None else float(round_trip)
+    replica = {**pr.gradient, "Accumulate": vec(n, "add")}
     srv = {"ReceivePush": send(ns) / push_every, "Apply": APPLY_PASSES[server_opt] * vec(ns) / push_every,
            "ReplyFetch": (copy(ns) + send(ns)) / fetch_every}
     b = sum(srv.values())
-    t_fixed = sum(replica.values()) + (copy(n) + POLL) / fetch_every + copy(n) / push_every
+    # MPI keeps one sender's messages in order: a fetch right after the
+    # replica's own push is served once that push is applied
+    lcm = fetch_every * push_every // math.gcd(fetch_every, push_every)
+    own = max(0.0, (srv["ReceivePush"] + srv["Apply"]) * push_every - rt / 2) * fetch_every / lcm
+    t_fixed = sum(replica.values()) + (copy(n) + rt + own) / fetch_every + copy(n) / push_every
     bound = R * b >= t_fixed            # offered load >= 1: the servers set the pace
-    wait = lambda t: (R * b / t) * b / (2 * (1 - R * b / t)) + POLL / 2
+    wait = lambda t: (R * b / t) * b / (2 * (1 - R * b / t))
     if bound:
         t = R * b
         rho = R * b / t_fixed
-        w = t - t_fixed + POLL / 2
+        w = t - t_fixed
     else:
         # t = t_fixed + wait(t) / fetch_every; the right side falls as t grows: bisect
         lo, hi = max(t_fixed, R * b * (1 + 1e-12)), 2 * max(t_fixed, R * b)
@@ -114,76 +151,163 @@ def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=Non
             lo, hi = (mid, hi) if mid - t_fixed - wait(mid) / fetch_every < 0 else (lo, mid)
         t = hi
         rho, w = R * b / t, wait(t)
-    replica["Fetch"] = (copy(n) + POLL + w) / fetch_every if not bound else \
-        (copy(n) + POLL) / fetch_every + (t - t_fixed)
+    replica["Fetch"] = (copy(n) + rt + own + w) / fetch_every if not bound else \
+        (copy(n) + rt + own) / fetch_every + (t - t_fixed)
     replica["Push"] = copy(n) / push_every
     ips = R * n_subbatch / t
-    n_file = n_file or N_FILE.get(sp.name, 50000)
+    n_file = n_file or pr.n_file
     return DownpourPrediction(model=sp.name, servers=S, replicas=R, n_subbatch=n_subbatch, n_param=n,
                               n_file=n_file, fetch_every=fetch_every, push_every=push_every,
                               server_opt=server_opt, replica=replica, server=srv, t_step=t, rho=rho,
                               images_per_s=ips, staleness=(R - 1) * _gap(fetch_every, push_every) / push_every,
-                              t_epoch=n_file / ips, server_bound=bound, extra={"slowdown": slow})
+                              t_epoch=n_file / ips, server_bound=bound,
+                              extra={"slowdown": pr.slow, "round_trip": rt})
+
+
+def term_lines(title, terms: dict, extra=()) -> list:
+    """A titled block of 'name  x.xxx ms' lines (both models print theirs so)."""
+    return [title] + [f"  {k:<16}{1e3 * v:9.3f} ms" for k, v in terms.items()] + list(extra)
 
 
 def format_prediction(p: DownpourPrediction, per_layer: bool = True, **_ignored) -> str:
     ms = lambda s: f"{1e3 * s:9.3f} ms"
     lines = [f"downpour {p.model}: {p.servers} server(s) x {p.replicas} replica(s), N_Subbatch {p.n_subbatch}, "
              f"N_Param {p.n_param:,}, {p.server_opt}, fetch every {p.fetch_every}, push every {p.push_every}",
-             "replica step (per step):"]
-    lines += [f"  {k:<16}{ms(v)}" for k, v in p.replica.items()]
-    lines.append("one server (busy time per replica step):")
-    lines += [f"  {k:<16}{ms(v)}" for k, v in p.server.items()]
+             *term_lines("replica step (per step):", p.replica),
+             *term_lines("one server (busy time per replica step):", p.server)]
     lines.append(f"T_step {ms(p.t_step)}   server utilisation {p.rho:.2f}"
                  f"{'  (server-bound)' if p.server_bound else ''}   images/s {p.images_per_s:,.0f}   "
                  f"staleness {p.staleness:.2f}   T_Epoch {p.t_epoch:.3g} s")
     return "\n".join(lines)
 
 
-# ---- Sandblaster --------------------------------------------------------------
-def sandblaster_eval_time(n_slices: int, t_slice: float, factors, backup: bool = True, static: bool = False):
-    """Closed form: seconds to evaluate one batch of ``n_slices`` slices on
-    replicas slowed by ``factors`` (1 = nominal speed)."""
-    f = [float(x) for x in factors]
-    if static:
-        return max(f) * math.ceil(n_slices / len(f)) * t_slice
-    rate = sum(1.0 / x for x in f)
-    tail = min(f) * t_slice if backup else max(f) * t_slice
-    return max(n_slices - len(f), 0) * t_slice / rate + tail
 
 
-def simulate_sandblaster(n_slices: int, t_slice: float, factors, backup: bool = True, static: bool = False,
-                         overhead: float = 0.0) -> dict:
-    """Discrete-event play of one evaluation: slices handed to whichever
-    replica is free (each request costing ``overhead``), a late slice copied
-    to an idle replica once out longer than a nominal slice (first copy
-    wins), or a static split of ceil(K/R) slices each."""
-    f = [float(x) for x in factors]
-    R = len(f)
-    if static:
-        per = [len(range(i, n_slices, R)) for i in range(R)]
-        return {"time": max(p * (f[i] * t_slice + overhead) for i, p in enumerate(per)), "duplicates": 0,
-                "slices": per}
-    free = [0.0] * R
-    finish = {}
-    start = {}
-    done_by = [0] * R
-    nxt = 0
-    dup = 0
-    while nxt < n_slices:
-        i = min(range(R), key=lambda j: free[j])
-        start[nxt] = free[i] + overhead
-        free[i] = finish[nxt] = start[nxt] + f[i] * t_slice
-        done_by[i] += 1
-        nxt += 1
-    if backup:
-        for i in sorted(range(R), key=lambda j: free[j]):
-            late = [s for s in finish if finish[s] > free[i] + overhead + f[i] * t_slice
-                    and free[i] - start[s] > t_slice]
-            if late:
-                s = min(late, key=lambda k: start[k])
-                copy_done = free[i] + overhead + f[i] * t_slice
-                finish[s] = min(finish[s], copy_done)
-                free[i] = copy_done
-                dup += 1
-    return {"time": max(finish.values()) if finish else 0.0, "duplicates": dup, "slices": done_by}
+# ---- discrete-event simulation -------------------------------------------------
+class Simulation(dict):
+    """A simulation's numbers, its closed form under ``prediction``."""
+
+    def as_dict(self) -> dict:
+        return {k: (v.as_dict() if hasattr(v, "as_dict") else v) for k, v in self.items()}
+
+
+def simulate(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=None, steps: int = 40,
+             seed: int = 0, cv: float | None = None, **kw) -> Simulation:
+    """R replicas and one shard's FIFO queue played out for ``steps`` steps
+    per replica (the S shards are symmetric: each sees every request with
+    1/S of the vector). A replica's compute varies by ``cv`` (gamma; None:
+    the profile's measured SGEMM spread, 0.1 without one); the
+    server serves in arrival order, so a push's staleness is the pushes that
+    arrived between its fetch's service and its own. Returns images/s,
+    staleness, utilisation and the mean fetch time, beside the closed form."""
+    import heapq
+
+    import numpy as np
+    p = predict(spec, n_node, n_gpu, n_subbatch, profile, **kw)
+    R, fe, pe = p.replicas, p.fetch_every, p.push_every
+    rng = np.random.default_rng(seed)
+    t_grad = sum(v for k, v in p.replica.items() if k not in ("Fetch", "Push"))
+    copy_n = p.replica["Push"] * pe                  # one copy of the whole vector
+    c_fetch, c_push = p.server["ReplyFetch"] * fe, (p.server["ReceivePush"] + p.server["Apply"]) * pe
+    rt = p.extra["round_trip"]
+    if cv is None:
+        from .profile import Profile
+        cv = Profile.resolve(profile).cv("sgemm") or 0.1
+    shape = 1.0 / cv ** 2 if cv > 0 else None
+    draw = (lambda: t_grad * rng.gamma(shape, 1.0 / shape)) if shape else (lambda: t_grad)
+    free, pushes, busy, fetch_wait, n_fetch, t_end = 0.0, 0, 0.0, 0.0, 0, 0.0
+    fetched, asked, stale = [0] * R, [0.0] * R, []
+    events, order = [], [0]
+
+    def at(t, *what):
+        order[0] += 1
+        heapq.heappush(events, (t, order[0], *what))
+
+    def compute(t, i, k):
+        t += draw()
+        if (k + 1) % pe == 0:                        # push: the replica goes on at once
+            t += copy_n
+            at(t, "push", i, k)
+        at(t, "step", i, k + 1)
+
+    for i in range(R):
+        at(0.0, "step", i, 0)
+    while events:
+        t, _, kind, i, k = heapq.heappop(events)
+        if kind == "step":
+            if k == steps:
+                t_end = max(t_end, t)
+            elif k % fe == 0:                        # the request reaches the polling server
+                asked[i] = t
+                at(t + rt / 2, "fetch", i, k)
+            else:
+                compute(t, i, k)
+        elif kind == "fetch":
+            free = max(t, free) + c_fetch
+            busy += c_fetch
+            fetched[i] = pushes
+            done = free + rt / 2 + copy_n
+            fetch_wait += done - asked[i]
+            n_fetch += 1
+            compute(done, i, k)
+        else:
+            free = max(t, free) + c_push
+            busy += c_push
+            stale.append(pushes - fetched[i])
+            pushes += 1
+    t_end = max(t_end, free)
+    return Simulation(replicas=R, servers=p.servers, steps=steps, cv=cv, time=t_end,
+                      images_per_s=R * steps * p.n_subbatch / t_end,
+                      staleness=float(np.mean(stale)) if stale else 0.0, utilisation=busy / t_end,
+                      fetch_s=fetch_wait / max(n_fetch, 1), prediction=p)
+
+
+def format_simulation(sim: dict, explain_terms: bool = False, **_ignored) -> str:
+    p = sim["prediction"]
+    rows = [("images/s", sim["images_per_s"], p.images_per_s, ",.0f"),
+            ("staleness", sim["staleness"], p.staleness, ".2f"),
+            ("server utilisation", sim["utilisation"], min(p.rho, 1.0), ".2f"),
+            ("fetch ms", 1e3 * sim["fetch_s"], 1e3 * p.replica["Fetch"] * p.fetch_every, ".3f")]
+    lines = [f"downpour {p.model}: {p.servers} server(s) x {p.replicas} replica(s), N_Subbatch {p.n_subbatch}: "
+             f"{sim['steps']} steps per replica simulated ({sim['time']:.4g} s)",
+             f"{'':<20}{'simulated':>12}{'closed form':>14}"]
+    lines += [f"{name:<20}{format(a, f):>12}{format(b, f):>14}" for name, a, b, f in rows]
+    return "\n".join(lines)
+
+
+# ---- `sprint predict | simulate --parallel downpour` ----------------------------
+def add_cli_arguments(parser):
+    add_server_arguments(parser)
+    add_once(parser, "--fetch-every", type=int, default=1, help="downpour: replicas fetch every n steps")
+    add_once(parser, "--push-every", type=int, default=1, help="downpour: replicas push every n steps")
+    add_once(parser, "--server-opt", choices=sorted(APPLY_PASSES), default="adagrad",
+             help="downpour: the servers' optimizer")
+
+
+def add_server_arguments(parser):
+    """The options both DistBelief models take."""
+    add_once(parser, "--servers", type=int, default=1, help="downpour, sandblaster: parameter-server ranks S")
+    add_once(parser, "--round-trip", type=float, default=None,
+             help="downpour, sandblaster: seconds from a request to its reply beyond the copies "
+                  "(default: one polling interval, an idle host; bench/distbelief_bench.py measures it)")
+
+
+def add_simulate_arguments(parser):
+    add_once(parser, "--steps", type=int, default=40, help="downpour: simulated steps per replica")
+    add_once(parser, "--seed", type=int, default=0)
+    add_once(parser, "--cv", type=float, default=None, help="spread of every step (default: measured)")
+
+
+def cli_kwargs(args) -> dict:
+    kw = {"servers": args.servers, "fetch_every": args.fetch_every, "push_every": args.push_every,
+          "server_opt": args.server_opt, "round_trip": args.round_trip}
+    if hasattr(args, "steps"):
+        kw.update(steps=args.steps, seed=args.seed, cv=args.cv)
+    return kw
+
+
+def add_once(parser, flag, **kw):
+    """Add ``flag`` unless another strategy's module already did (both
+    DistBelief models take --servers and --round-trip)."""
+    if flag not in getattr(parser, "_option_string_actions", {}):
+        parser.add_argument(flag, **kw)

@@ -27,6 +27,7 @@ STRATEGIES = [
     ("asgd", "engine.perf.plan:asgd_candidates"),
     ("pipeline", "engine.perf.plan:pipeline_candidates"),
     ("downpour", "engine.perf.plan:downpour_candidates"),
+    ("sandblaster", "engine.perf.plan:sandblaster_candidates"),
     ("layerwise", "engine.perf.plan:layerwise_candidates"),
 ]
 
@@ -142,6 +143,23 @@ def downpour_candidates(spec, n_dev, batch, profile):
     comm = 4.0 * 2 * spec_mod.n_params(spec) * batch / p.n_subbatch
     return [Candidate("downpour", f"{S} servers x {R} replicas x {p.n_subbatch}", p.images_per_s,
                       batch / p.images_per_s, comm, f"staleness {p.staleness:.1f}" +
+                      (", server-bound" if p.server_bound else ""))]
+
+
+def sandblaster_candidates(spec, n_dev, batch, profile):
+    """engine.parallel.sandblaster: N/8 (at least one) parameter servers,
+    the other devices replicas taking slices of 32 of the L-BFGS batch on
+    request (one slice per replica when the batch is smaller)."""
+    from .sandblaster import predict
+    S = max(1, n_dev // 8)
+    R = n_dev - S
+    if R < 1:
+        raise ValueError("needs at least 2 devices (a server and a replica)")
+    p = predict(spec, R, 1, min(32, max(1, batch // R)), profile, servers=S, batch=batch)
+    # every slice's gradient goes to the shards, every replica fetches the point once per evaluation
+    comm = 4.0 * spec_mod.n_params(spec) * p.evaluations * (p.n_slices + R)
+    return [Candidate("sandblaster", f"{S} servers x {R} replicas, slices of {p.slice}", p.images_per_s,
+                      p.t_batch, comm, f"L-BFGS, {p.evaluations:g} evaluations/batch" +
                       (", server-bound" if p.server_bound else ""))]
 
 

@@ -37,6 +37,7 @@ COST_MODELS = {
     "asgd": "engine.perf.asgd",
     "pipeline": "engine.perf.pipeline",
     "downpour": "engine.perf.downpour",
+    "sandblaster": "engine.perf.sandblaster",
 }
 
 
