@@ -124,6 +124,32 @@ def test_plan_ranks_sandblaster_beside_the_others(prof):
     assert sand.throughput > 0 and "evaluations/batch" in sand.note and sand.comm_bytes > 0
 
 
+def test_sprint_predict_and_simulate_take_each_models_options(capsys):
+    import json
+    from engine import cli
+    from engine.perf.profile import Profile
+    base = ["--model", "digits", "--nodes", "3", "--no-calibrate", "--json"]
+    assert cli.main(["predict", "--parallel", "downpour", *base, "--subbatch", "32", "--servers", "2",
+                     "--push-every", "2", "--round-trip", "0.001"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = dp.predict("digits", 3, 1, 32, Profile.load(), servers=2, push_every=2, round_trip=0.001)
+    assert got["servers"] == 2 and got["push_every"] == 2 and got["images_per_s"] == pytest.approx(want.images_per_s)
+    assert cli.main(["predict", "--parallel", "sandblaster", *base, "--subbatch", "16", "--batch", "384",
+                     "--slow-rank", "3", "--slow-factor", "4", "--static"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["static"] and got["factors"] == [1.0, 1.0, 4.0] and got["slice"] == 128
+    assert cli.main(["simulate", "--parallel", "sandblaster", *base[:-1], "--subbatch", "16", "--batch", "384",
+                     "--slow-rank", "3", "--slow-factor", "4"]) == 0
+    assert "static split of 128" in capsys.readouterr().out
+    assert cli.main(["simulate", "--parallel", "downpour", *base, "--subbatch", "32", "--steps", "10"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["steps"] == 10 and got["prediction"]["replicas"] == 3
+    # an option of the other model is refused, naming it
+    assert cli.main(["predict", "--parallel", "downpour", *base, "--subbatch", "32", "--slice", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--slice" in err and "--parallel sandblaster" in err
+
+
 def test_both_models_add_their_options_to_one_parser():
     p = argparse.ArgumentParser()
     dp.add_cli_arguments(p)
