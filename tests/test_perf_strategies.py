@@ -174,20 +174,20 @@ def test_an_option_two_strategies_declare_belongs_to_both(monkeypatch, capsys):
     def row(name, default):
         m = types.ModuleType(name)
         m.predict, m.format_prediction = P.predict, P.format_prediction
-        m.add_cli_arguments = lambda p: p.add_argument("--servers", type=int, default=default, help=name)
-        m.cli_kwargs = lambda a: {"n_node": 2, "seen": a.servers}
+        m.add_cli_arguments = lambda p: p.add_argument("--fake-servers", type=int, default=default, help=name)
+        m.cli_kwargs = lambda a: {"n_node": 2, "seen": a.fake_servers}
         monkeypatch.setitem(sys.modules, name, m)
         monkeypatch.setitem(strategies.COST_MODELS, name, name)
     row("fake_a", 1)
     row("fake_b", 3)
     sub, opts = _options("predict")
-    assert opts["owners"]["servers"] == ["fake_a", "fake_b"]
+    assert opts["owners"]["fake_servers"] == ["fake_a", "fake_b"]
     parse = lambda *a: cli.build_parser().parse_args(["predict", *BASE, *a])
     for name, want in (("fake_a", 1), ("fake_b", 3)):      # each with its own default
         args = parse("--parallel", name)
         assert strategies.kwargs_from_args(name, args, args.strategy_options)["seen"] == want
-        args = parse("--parallel", name, "--servers", "5")
+        args = parse("--parallel", name, "--fake-servers", "5")
         assert strategies.kwargs_from_args(name, args, args.strategy_options)["seen"] == 5
-    args = parse("--servers", "5")
+    args = parse("--fake-servers", "5")
     with pytest.raises(RunError, match="applies to --parallel fake_a / fake_b only, not to --parallel asgd"):
         strategies.kwargs_from_args("asgd", args, args.strategy_options)
