@@ -18,7 +18,7 @@ def add_cli_arguments(p):
 
 def add_simulate_arguments(p):
     p.add_argument("--updates", type=int, default=400, help="global updates to simulate")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated step times")
     p.add_argument("--cv", type=float, default=None, help="spread of every step (default: measured)")
 
 

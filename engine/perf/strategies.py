@@ -96,7 +96,10 @@ class _Declarer:
                 raise ValueError(f"strategy {self.name}: option {'/'.join(flags)} clashes with "
                                  f"{'/'.join(action.option_strings)} of another strategy")
             if kw.get("help") and kw["help"] not in (action.help or ""):
-                action.help = f"{action.help}; {self.name}: {kw['help']}"
+                # one help line, each owner's meaning named
+                first = self.options["owners"][action.dest][0]
+                mine = action.help if (action.help or "").startswith(f"{first}: ") else f"{first}: {action.help}"
+                action.help = f"{mine}; {self.name}: {kw['help']}"
         else:
             group = self.groups.get(self.name) or self.parser.add_argument_group(f"--parallel {self.name}")
             self.groups[self.name] = group
