@@ -86,3 +86,17 @@ def test_a_missing_or_corrupt_stage_file_is_an_error_naming_it(tmp_path):
     (run / ck.MANIFEST).unlink()
     with pytest.raises(RunError, match="no pipeline manifest"):
         _local(resume=str(run), epochs=2)
+
+
+@mpi
+@pytest.mark.mpi
+def test_replicas_share_their_stage_file_and_resume_exactly(tmp_path):
+    # 2 stages x 2 replicas on 4 ranks (--stages defaults to ranks / replicas)
+    cfg = dict(CFG, extra=dict(CFG["extra"], replicas=2))
+    run, whole = tmp_path / "run", tmp_path / "whole"
+    _train(4, {"cfg": dict(cfg, out=str(run), stop_after=1)})
+    assert sorted(p.name for p in run.glob("stage*")) == ["stage0-e1.npz", "stage1-e1.npz"]
+    _train(4, {"cfg": dict(cfg, resume=str(run)), "save": str(tmp_path / "resumed.npy")})
+    _train(4, {"cfg": dict(cfg, out=str(whole)), "save": str(tmp_path / "whole.npy")})
+    a, b = np.load(tmp_path / "resumed.npy"), np.load(tmp_path / "whole.npy")
+    assert np.abs(a - b).max() <= 1e-6, np.abs(a - b).max()

@@ -78,8 +78,10 @@ def extra_from_args(args) -> dict:
 def options(cfg, n_ranks):
     """(K, D, schedule, M, predict) from cfg.extra, checked."""
     extra = dict(cfg.extra or {})
-    K = int(extra.get("stages") or n_ranks)
     D = int(extra.get("replicas") or 1)
+    # --stages defaults to the ranks / D, as its help says (n_ranks // D; a
+    # remainder is refused below)
+    K = int(extra.get("stages") or max(1, n_ranks // max(D, 1)))
     if K < 1 or D < 1:
         raise ValueError(f"--stages and --replicas must be >= 1 (got {K} and {D})")
     if K * D != n_ranks:
