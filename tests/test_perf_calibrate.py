@@ -146,3 +146,20 @@ def test_cli_refuses_and_tune_skips_unmeasured_sharing(tmp_path, capsys):
     assert cli.main(["tune", *base, "--target-minibatch", "4", "--tolerance", "0.5", "--max-nodes", "3",
                      "--max-subbatch", "1", "--max-workers", "2", "--ranks-per-host", "4"]) in (0, 1)
     assert "not priced: oversubscribed" in capsys.readouterr().out
+
+
+def test_blas_fingerprint_does_not_depend_on_what_was_imported():
+    # The same machine gave two fingerprints when the BLAS was read from the
+    # libraries loaded in the process: `sprint profile` had SciPy's OpenBLAS
+    # loaded beside NumPy's, `sprint predict` did not.
+    import subprocess
+    import sys
+    code = "{}from engine.perf.calibrate import _blas; print(_blas())"
+    got = {subprocess.run([sys.executable, "-c", code.format(m)], capture_output=True, text=True,
+                          check=True).stdout.strip() for m in ("", "import scipy.linalg; ")}
+    assert len(got) == 1 and ".so" not in got.pop()
+    # A profile written with the old field is not told apart on it alone.
+    here, cal = _now(blas="scipy-openblas 0.3.31")
+    assert calibrate.compare(FP, here, cal).ok
+    here, cal = _now(blas="mkl 2025.1")
+    assert set(calibrate.compare(dict(FP, blas="scipy-openblas 0.3.31"), here, cal).differs) == {"blas"}

@@ -53,8 +53,25 @@ def _mem_gib() -> float:
 
 
 def _blas() -> str:
-    from engine.parallel.threads import _loaded_libs
-    return ",".join(sorted(os.path.basename(p) for p in _loaded_libs("openblas"))) or "unknown"
+    """The BLAS NumPy was built against, name and version. Not the libraries
+    loaded in this process: which of those are there depends on what was
+    imported first (SciPy brings its own OpenBLAS), so the same machine gave
+    two fingerprints."""
+    try:
+        b = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{b.get('name', '?')} {b.get('version', '?')}"
+    except Exception:       # numpy < 1.26 has no mode="dicts"
+        from engine.parallel.threads import _loaded_libs
+        libs = [p for p in _loaded_libs("openblas") if "numpy" in p]
+        return ",".join(sorted(os.path.basename(p) for p in libs)) or "unknown"
+
+
+def _same(key, a, b) -> bool:
+    # Profiles written before the BLAS was read from NumPy's build list the
+    # loaded .so files: not comparable with a name and version, so not told apart.
+    if key == "blas" and (".so" in str(a)) != (".so" in str(b)):
+        return True
+    return a == b
 
 
 def fingerprint() -> dict:
@@ -154,7 +171,7 @@ def compare(stored: dict | None, now: dict | None, calibration: dict | None, sou
         return chk
     if now:
         chk.differs = {k: (stored.get(k), now.get(k)) for k in FINGERPRINT_KEYS
-                       if k in stored and stored.get(k) != now.get(k)}
+                       if k in stored and not _same(k, stored.get(k), now.get(k))}
         if chk.differs:
             what = "; ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in chk.differs.items())
             chk.messages.append(f"{source} was measured on another machine or software ({what}); "
