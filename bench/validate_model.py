@@ -113,24 +113,49 @@ def predicted(model, n_node, n_gpu, sub, prof, n_file, sim=True, host=None):
 
 def layer_times(model, sub, prof, repeats=7):
     """Measured vs modelled forward/backward time of each layer (one thread, in-process)."""
-    from engine.perf.model import compute_gradient_terms
     from engine.perf.sweep import layer_pass_times, set_threads
     from engine.spec import get_spec
     set_threads(1)
     sp = get_spec(model)
     # One thread: its CPU time, the clock of the profile's sweeps.
     got = layer_pass_times(sp, sub, repeats=repeats, clock=time.thread_time)
+    pred = layer_predictions(model, sub, prof)
+    out = []
+    for k, v in got.items():
+        key = (k[0], "forward" if k[1] == "fwd" else "backward")
+        out.append({"model": model, "n_subbatch": sub, "layer": key[0], "pass": key[1],
+                    "measured": v[0], "predicted": pred.get(key, 0.0)})
+    return out
+
+
+def layer_predictions(model, sub, prof) -> dict:
+    """{(layer, "forward"|"backward"): seconds} the model prices for each layer pass."""
+    from engine.perf.model import compute_gradient_terms
+    from engine.spec import get_spec
     pred = {}
-    for name, pas, _, _, t in compute_gradient_terms(sp, sub, prof):
+    for name, pas, _, _, t in compute_gradient_terms(get_spec(model), sub, prof):
         if pas == "loss":          # the softmax runs between the passes, outside every layer
             continue
-        if pas == "fwd+bwd":       # an older profile's per-layer overhead: half each way
-            for k in ("fwd", "bwd"):
-                pred[(name, k)] = pred.get((name, k), 0.0) + t / 2
-            continue
-        pred[(name, pas)] = pred.get((name, pas), 0.0) + t
-    return [{"model": model, "n_subbatch": sub, "layer": k[0], "pass": "forward" if k[1] == "fwd" else "backward",
-             "measured": v[0], "predicted": pred.get(k, 0.0)} for k, v in got.items()]
+        for k in (("fwd", "bwd") if pas == "fwd+bwd" else (pas,)):
+            key = (name, "forward" if k == "fwd" else "backward")
+            # An older profile's per-layer overhead: half each way.
+            pred[key] = pred.get(key, 0.0) + (t / 2 if pas == "fwd+bwd" else t)
+    return pred
+
+
+def repredict(d, profile, sim=True):
+    """Replace the predictions of a saved validation ``d`` by ``profile``'s."""
+    from engine.perf.profile import Profile
+    prof = Profile.load(profile)
+    for r in d["rows"]:
+        n_file = round(r["measured"]["T_Epoch"] * r["measured"]["N_Minibatch_avg"] / r["measured"]["T_Update"])
+        p = predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], prof, n_file, sim=sim)
+        r.pop("simulated", None)
+        if "sim" in p:
+            r["simulated"] = p.pop("sim")
+        r["predicted"] = p
+    for l in d["layers"]:
+        l["predicted"] = layer_predictions(l["model"], l["n_subbatch"], prof).get((l["layer"], l["pass"]), 0.0)
 
 
 def median_runs(ms):
@@ -198,6 +223,9 @@ def main(argv=None):
                          "runs it); its ratio to the profile's is reported beside the errors, never applied "
                          "to the primary numbers")
     ap.add_argument("--rescore", default=None, help="print the report of a saved validation JSON")
+    ap.add_argument("--repredict", action="store_true",
+                    help="with --rescore: predict its measured runs again from --profile (a changed model "
+                         "scored on runs already seen: a development set, not a held-out one)")
     a = ap.parse_args(argv)
     if a.rescore:
         d = json.loads(Path(a.rescore).read_text())
@@ -206,6 +234,8 @@ def main(argv=None):
             if "T_Epoch_wall" not in m:      # written before T_Epoch followed eq. (10)
                 m["T_Epoch_wall"] = m["T_Epoch"]
                 m["T_Epoch"] = N_TRAIN[r["model"]] * m["T_Update"] / m["N_Minibatch_avg"]
+        if a.repredict:
+            repredict(d, a.profile, sim=not a.no_sim)
         print(format_report(d["rows"], d["layers"], d.get("calibration_scale")))
         return 1 if d.get("failed") or not d["rows"] else 0
     from engine.perf.profile import Profile

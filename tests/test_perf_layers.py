@@ -82,24 +82,33 @@ def test_per_step_cost_fitted_beside_layer_terms():
     assert ov["error"]["holdout"]["max"] < 1e-6
 
 
-def test_runner_step_excess_per_call_from_the_one_by_one_runs():
-    def entry(net, r, w, load, slow):
-        return {"source": "runner", "model": net, "ranks": r, "workers": w, "worker_slowdown": slow,
-                "worker": {"LoadImage": load, "DeformImage": 2e-4, "ComputeUpdateVal": 1e-5},
-                "worker_model": {"LoadImage": 1e-5, "DeformImage": 2.5e-4, "ComputeUpdateVal": 4e-6}}
-    es = [entry("tiny", 1, 1, 1e-5 + 1.2 * 30e-6, 1.2), entry("cifar", 1, 1, 1e-5 + 1.0 * 50e-6, 1.0),
-          entry("tiny", 2, 2, 1.0, 3.0)]          # only the 1 x 1 runs count
+def test_runner_step_excess_is_per_call_plus_a_share_of_the_kernel():
+    # Known coefficients: excess = c + r * kernel, per call, one thread.
+    c = {"LoadImage": (40e-6, 0.0), "ComputeUpdateVal": (10e-6, 0.4)}
+
+    def entry(net, ranks, w, kern, slow):
+        meas = {k: slow * (kern[k] + c[k][0] + c[k][1] * kern[k]) for k in c}
+        meas["DeformImage"] = slow * 2e-4                              # faster than its kernel
+        return {"source": "runner", "model": net, "ranks": ranks, "workers": w, "worker_slowdown": slow,
+                "worker": meas, "worker_model": {k: slow * v for k, v in dict(kern, DeformImage=2.5e-4).items()}}
+    es = [entry("tiny", 1, 1, {"LoadImage": 1e-5, "ComputeUpdateVal": 2e-6}, 1.2),
+          entry("cifar", 1, 1, {"LoadImage": 3e-5, "ComputeUpdateVal": 4e-3}, 1.0),
+          entry("tiny", 2, 2, {"LoadImage": 1.0, "ComputeUpdateVal": 1.0}, 3.0)]   # only the 1 x 1 runs count
     exc = fit.runner_step_excess(es)
-    assert exc["LoadImage"] == pytest.approx(40e-6)
-    assert exc["DeformImage"] == 0.0                                  # faster than modelled: no negative cost
-    assert exc["ComputeUpdateVal"] == pytest.approx(np.median([6e-6 / 1.2, 6e-6]))
-    # The model adds them per call, times the host slowdown, on CPU profiles only.
+    for k, (c0, r0) in c.items():
+        assert exc[k]["c"] == pytest.approx(c0, rel=1e-6, abs=1e-12) and exc[k]["r"] == pytest.approx(r0, abs=1e-9)
+    assert exc["DeformImage"] == {"c": 0.0, "r": 0.0}                  # no negative cost
+    # The model adds c per call times the host slowdown, and r of the step's priced kernel.
     prof = Profile.synthetic(backend="cpu")
     base = model.step_costs("tiny", 1, 1, 4, prof)
     prof.data["overhead"] = {"runner_steps": exc}
     got = model.step_costs("tiny", 1, 1, 4, prof)
     slow = got["_slowdown"][0]
     assert got["load"][0] - base["load"][0] == pytest.approx(slow * 40e-6)
+    assert got["update_val"][0] - base["update_val"][0] == pytest.approx(slow * 10e-6 + 0.4 * base["update_val"][0])
+    # Profiles written before kept the constant alone.
+    prof.data["overhead"] = {"runner_steps": {"LoadImage": 40e-6}}
+    assert model.step_costs("tiny", 1, 1, 4, prof)["load"][0] - base["load"][0] == pytest.approx(slow * 40e-6)
     gpu = Profile.synthetic(backend="gpu")
     gpu.data["overhead"] = {"runner_steps": exc}
     assert model.step_costs("tiny", 1, 1, 4, gpu)["load"][0] == pytest.approx(

@@ -335,8 +335,10 @@ def format_errors(prof: dict) -> str:
                          f"{cell(e.get('holdout_kernels_only'))}")
         lines.append(f"{'net step (+overhead)':<22}{cell(e.get('fit'))}  {cell(e.get('holdout'))}")
     if ov.get("runner_steps"):
-        lines.append("runner per-call excess: " + ", ".join(f"{k} {1e6 * v:.1f} us"
-                                                           for k, v in ov["runner_steps"].items()))
+        p = Profile(prof)
+        lines.append("runner excess per call: " + ", ".join(
+            f"{k} {1e6 * c:.1f} us + {100 * r:.0f} % of its kernel"
+            for k, (c, r) in ((k, p.runner_step_terms(k)) for k in ov["runner_steps"])))
     lines.append("held out of each fit (never fitted): " + "; ".join(f"{k}: {v}" for k, v in HOLDOUT.items()))
     return "\n".join(lines)
 

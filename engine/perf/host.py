@@ -92,15 +92,20 @@ def oversubscription(profile, ranks_per_host: int, n_gpu: int, model: str = "", 
     entries = profile._contention()
     measured = sorted({(e["ranks"], e["workers"]) for e in entries})
     entry = profile.contention_entry(ranks_per_host, n_gpu, model)
+    # More processes than cores: the updaters and the allreduce wait for
+    # time slices that no term prices (measured, bench/RESULTS.md section 4).
+    ranks_note = (f"; {ranks_per_host} ranks on {profile.cores} cores: the updaters and the allreduce wait "
+                  f"for time slices the model does not price (T_Update measured 30-50 % longer than "
+                  f"predicted on held-out nets)") if ranks_per_host > profile.cores else ""
     if entry is not None and threads == 1:
         return (f"time-sharing priced from the runner contention sweep's own {ranks_per_host}x{n_gpu} run "
-                f"(net {entry.get('model')}, N_Subbatch {entry.get('n_subbatch')})")
+                f"(net {entry.get('model')}, N_Subbatch {entry.get('n_subbatch')})" + ranks_note)
     # BLAS threads beyond one per worker were never swept: no slowdown prices them.
     same = sorted({(r, w) for r, w in measured if r * w == busy}) if threads == 1 else []
     if same:
         return (f"time-sharing priced from the contention sweep's runs with as many busy threads "
                 f"({', '.join(f'{r}x{w}' for r, w in same)}); this {ranks_per_host}x{n_gpu}x{threads} sharing "
-                f"itself was not measured")
+                f"itself was not measured" + ranks_note)
     raise Oversubscribed(
         f"{ranks_per_host} rank(s) x {n_gpu} worker(s) x {threads} thread(s) = {busy} busy threads on "
         f"{profile.cores} cores: oversubscribed, and the profile ({profile.source}) measured no sharing "

@@ -93,6 +93,18 @@ def kernel_time(profile, kern, size) -> float:
     return profile.term(kern, size)
 
 
+def python_share(spec, n_subbatch, profile) -> float | None:
+    """Share of a ComputeGradient spent in per-call costs (the ``per-call``
+    rows of the layer terms: Python and fixed costs around each kernel);
+    None for profiles without layer terms. It places a net the contention
+    sweep did not run between those it did (``Profile.slowdown``)."""
+    if not profile.data.get("layer_terms"):
+        return None
+    rows = compute_gradient_terms(spec_mod.get_spec(spec), n_subbatch, profile)
+    tot = sum(r[4] for r in rows)
+    return sum(r[4] for r in rows if r[2] == "per-call") / tot if tot > 0 else None
+
+
 def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False):
     """Per layer, pass and kernel: [(layer, pass, kernel, size, seconds)].
 
@@ -211,7 +223,8 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     if slowdown is not None:
         slow = float(slowdown)
     else:
-        slow = profile.slowdown(ranks_per_host, n_gpu, sp.name) if cpu else 1.0
+        slow = profile.slowdown(ranks_per_host, n_gpu, sp.name, python_share(sp, n_subbatch, profile)) \
+            if cpu else 1.0
     pr = profile
     v = lambda name, n: (pr.term(name, n), pr.cv(name))
     # The flat vectors are touched once per step, between kernels that
@@ -226,26 +239,33 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     vs = priced(slow)
     # The updater runs at a higher priority than the (niced) workers: it
     # gets a core when it wants one and shares only the memory bandwidth.
-    uslow = min(slow, pr.updater_slowdown(sp.name)) if cpu else slow
+    uslow = min(slow, pr.updater_slowdown(sp.name, python_share(sp, n_subbatch, pr))) if cpu else slow
     vu = priced(uslow)
     rows = [r[:4] + (slow * r[4],) for r in compute_gradient_terms(sp, n_subbatch, pr)]
     pixels = n_subbatch * sp.m0 * sp.x0 * sp.x0
-    grad = (sum(r[4] for r in rows) + slow * pr.overhead("per_step"), pr.cv("sgemm"))
+    grad = (sum(r[4] for r in rows) + slow * (pr.overhead("per_step") + (pr.runner_compute(n_param) if cpu else 0.0)),
+            pr.cv("sgemm"))
     scale, sub, add = (_cold(pr, k, foot) for k in ("scale", "sub", "add"))
     update_val = (slow * (pr.term(scale, n_param) + (pr.term(scale, n_param) + pr.term(sub, n_param)
                                                        if impl.weight_decay else 0.0)), pr.cv(scale))
     # The runner's own per-call cost of these steps beyond their kernels
     # (fit.runner_step_excess; CPU profiles only).
-    rx = (lambda step: slow * pr.runner_step(step)) if cpu else (lambda step: 0.0)
-    update_val = (update_val[0] + rx("ComputeUpdateVal"), update_val[1])
+    # ``kern`` arrives already scaled by the slowdown, and so does ``r * kern``.
+
+    def rx(step, kern):
+        if not cpu:
+            return 0.0
+        c, r = pr.runner_step_terms(step)
+        return slow * c + r * kern
+    update_val = (update_val[0] + rx("ComputeUpdateVal", update_val[0]), update_val[1])
     parts = [vs("load", pixels), vs("deform", pixels), grad, update_val]
-    parts[0] = (parts[0][0] + rx("LoadImage"), parts[0][1])
-    parts[1] = (parts[1][0] + rx("DeformImage"), parts[1][1])
+    parts[0] = (parts[0][0] + rx("LoadImage", parts[0][0]), parts[0][1])
+    parts[1] = (parts[1][0] + rx("DeformImage", parts[1][0]), parts[1][1])
     sl = n_param / n_node
     swap = impl.handover == "swap"
     hand = v("handover", 1) if pr.has("handover") else (0.0, 0.0)
     c = {
-        "fetch": vs("copy", n_param),
+        "fetch": (vs("copy", n_param)[0] + rx("FetchWeights", vs("copy", n_param)[0]), vs("copy", n_param)[1]),
         "load": parts[0], "deform": parts[1], "compute_gradient": grad, "update_val": update_val,
         "worker_loop": (slow * pr.overhead("worker_loop"), 0.0),
         "deposit_set": hand if swap else vs("copy", n_param),
@@ -397,7 +417,7 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file
         p = _predict(spec, n_node, n_gpu, n_subbatch, profile, **kw)
         p.extra.update(threads=threads, oversubscribed=over)
         return p
-    base = profile.slowdown(ranks_per_host, n_gpu, sp.name)
+    base = profile.slowdown(ranks_per_host, n_gpu, sp.name, python_share(sp, n_subbatch, profile))
     R, cores = ranks_per_host, profile.cores
     # The sweep's own configuration: R ranks of n_gpu workers on this host.
     ref = _predict(spec, R, n_gpu, int(entry["n_subbatch"]), profile, **dict(kw, ranks_per_host=R))

@@ -187,22 +187,28 @@ class Profile:
         return float(np.mean([e["allreduce"] * self.time_scale / self.allreduce_bw(e["ranks"], e["n_param"])
                               for e in es]))
 
-    def updater_slowdown(self, model: str = "") -> float:
+    def updater_slowdown(self, model: str = "", phi: float | None = None) -> float:
         """Factor for the updater's own steps on a shared CPU host: the one
         of an undisturbed (1, 1) run times the memory-bandwidth share of two
         busy processes (the (2, 1) sharing's rel); the updater outranks the
         niced workers for the cores themselves."""
         e = self.contention_entry(2, 1, model)
         bw = max(float(e.get("rel") or 1.0), 1.0) if e else 1.0
-        return self.slowdown(1, 1, model) * bw
+        return self.slowdown(1, 1, model, phi) * bw
 
-    def slowdown(self, ranks_per_host: int, n_gpu: int, model: str = "") -> float:
+    def slowdown(self, ranks_per_host: int, n_gpu: int, model: str = "", phi: float | None = None) -> float:
         """Per-step time factor when ``ranks_per_host`` processes of ``n_gpu``
         worker threads share the host, relative to the profile's own sweeps.
 
         Measured by the contention sweep for (ranks, workers) pairs and
-        nets; the nearest net by name, else the mean over nets; unmeasured
-        pairs scale the nearest measured one by the thread count.
+        nets. A swept net gets its own; another net is placed between the
+        swept ones by ``phi``, the share of its step spent in per-call
+        Python (``model.python_share``): worker threads of one process
+        queue for the GIL in those parts only, so ``tiny`` (phi 0.4) slows
+        2.5x with two workers and ``cifar`` (phi 0.01) 1.2x, and a net in
+        between, or the same net at another N_Subbatch, slows in between.
+        Without ``phi`` (or phi-less entries), the mean over nets.
+        Unmeasured pairs scale the nearest measured one by the thread count.
         """
         entries = self._contention()
         threads = ranks_per_host * n_gpu
@@ -226,6 +232,14 @@ class Profile:
             return e["ratio"]
         same = self._sharing(entries, ranks_per_host, n_gpu, model)
         if same:
+            if phi is not None and all(e.get("model") != model for e in same):
+                # Read in sqrt(phi): the slowdown climbs fastest at small
+                # phi (chosen on the validation's development set, run 1 of
+                # bench/RESULTS.md section 4, and judged on held-out set 2).
+                pts = sorted((math.sqrt(e["phi"]), ratio(e)) for e in same if e.get("phi") is not None)
+                if len({x for x, _ in pts}) >= 2:
+                    xs, ys = zip(*pts)
+                    return float(np.interp(math.sqrt(max(phi, 0.0)), xs, ys))   # clamped to the swept range
             return float(np.mean([ratio(e) for e in same]))
         near = min(entries, key=lambda e: (abs(e["ranks"] * e["workers"] - threads), e.get("model") != model))
         return ratio(near) * max(1.0, threads / max(near["ranks"] * near["workers"], 1))
@@ -251,10 +265,25 @@ class Profile:
                     "allreduce": {"a_log": 4.0 / allreduce_bw, "b": 4.0 / allreduce_bw,
                                   "c_log": allreduce_lat, "d": 0.0}}, source="synthetic")
 
-    def runner_step(self, step) -> float:
-        """Seconds the runner spends on a worker step beyond its kernels
-        (per call, one thread: ``fit.runner_step_excess``); 0 if not fitted."""
-        return self.time_scale * float(self.data.get("overhead", {}).get("runner_steps", {}).get(step, 0.0))
+    def runner_step_terms(self, step) -> tuple:
+        """``(c, r)``: seconds per call and fraction of its kernel that the
+        runner spends on a worker step beyond the kernels that price it, one
+        thread (``fit.runner_step_excess``); (0, 0) if not fitted. Older
+        profiles stored ``c`` alone."""
+        v = self.data.get("overhead", {}).get("runner_steps", {}).get(step, 0.0)
+        c, r = (v.get("c", 0.0), v.get("r", 0.0)) if isinstance(v, dict) else (v, 0.0)
+        return self.time_scale * float(c), float(r)
+
+    def runner_compute(self, n_param: int) -> float:
+        """Seconds per ComputeGradient the runner spends beyond the modelled
+        step (``fit.runner_compute_excess``): ``c + d * n_param``; 0 if not fitted."""
+        v = self.data.get("overhead", {}).get("runner_compute")
+        return self.time_scale * (v["c"] + v["d"] * n_param) if v else 0.0
+
+    def runner_step(self, step, kernel: float = 0.0) -> float:
+        """The excess of ``runner_step_terms`` for a step whose kernels take ``kernel`` s."""
+        c, r = self.runner_step_terms(step)
+        return c + r * kernel
 
     # Overhead entries that are factors, not seconds (not rescaled).
     _FACTORS = ("kernel_factor",)
