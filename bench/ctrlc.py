@@ -22,7 +22,7 @@ def one(run_dir, delay, limit):
     env = dict(os.environ, PYTHONPATH=str(ROOT), SPRINT_DEVICE="cpu")
     p = subprocess.Popen([sys.executable, "-m", "engine.cli", "train", "--out", str(run_dir), "--epochs", "4",
                           "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         cwd=ROOT)
+                         cwd=ROOT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # see tests/test_cli_faults.py
     p.stdout.readline()
     time.sleep(delay)
     p.send_signal(signal.SIGINT)

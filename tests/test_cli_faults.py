@@ -63,8 +63,12 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
 @pytest.mark.parametrize("delay", [0.0, 0.7, 1.9])
 def test_ctrl_c_says_how_to_resume_and_exits_130(tmp_path, delay):
     run = tmp_path / "run"
+    # A shell's background job starts with SIGINT ignored, and Python keeps
+    # an inherited SIG_IGN (as it should: nohup). The suite may run that way
+    # (`.ci/run &`): the child gets the terminal's default back.
     p = subprocess.Popen([sys.executable, "-m", "engine.cli", "train", "--out", str(run), "--no-progress"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     p.stdout.readline()                  # the header: training has begun
     time.sleep(delay)
     p.send_signal(signal.SIGINT)
