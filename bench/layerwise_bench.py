@@ -1,7 +1,7 @@
 """Layer-wise parallelism (OptCNN): measured against the cost model, and
 what ``sprint plan`` says for big nets on an H200 datasheet profile.
 
-    python bench/layerwise_bench.py measure [--model cifar --batch 32 --ranks 2,4 --steps 6]
+    python bench/layerwise_bench.py measure [--model cifar --batch 32 --ranks 2,4 --steps 6] [--tc measured]
     python bench/layerwise_bench.py plans       # cnn-a/b/c x 4/8/16/64 devices, H200 datasheet
     python bench/layerwise_bench.py search      # search time of cnn-c on 16 and 64 devices
 
@@ -80,6 +80,12 @@ def worker(args):
 
 def measure(args):
     prof = Profile.load()
+    if args.tc == "measured":
+        # time the blocks as the ranks run them: one thread each
+        from engine.parallel.threads import limit_this_thread
+        from engine.perf.layerwise_measure import MeasuredCompute
+        limit_this_thread(1)
+        prof = MeasuredCompute(prof, args.model)
     rows = []
     import tempfile
     tmp = Path(tempfile.mkdtemp(prefix="layerwise_plans_"))
@@ -96,14 +102,17 @@ def measure(args):
                 rows.append({"ranks": n, "plan": kind, "error": (p.stdout + p.stderr)[-500:]})
                 continue
             meas = float(np.median(json.loads(line[6:])))
-            pred = L.evaluate(args.model, plan.layers, n, args.batch, prof).step_s
+            ev = L.evaluate(args.model, plan.layers, n, args.batch, prof)
+            pred = ev.step_s
             share = max(1.0, n / prof.cores)
             rows.append({"ranks": n, "plan": kind, "layers": {k: list(v) for k, v in plan.layers.items()},
                          "measured_s": meas, "predicted_s": pred, "predicted_shared_s": pred * share,
-                         "error": (pred * share - meas) / meas})
+                         "error": (pred * share - meas) / meas,
+                         **{k: sum(r[k] for r in ev.rows) for k in ("t_c", "t_x", "t_s")}})
             print(rows[-1]["ranks"], kind, f"measured {meas * 1e3:.1f} ms, predicted {pred * 1e3:.1f} ms "
                   f"(x{share:g} sharing: {pred * share * 1e3:.1f} ms)", flush=True)
-    return {"model": args.model, "batch": args.batch, "profile": prof.source, "load": os.getloadavg(), "rows": rows}
+    return {"model": args.model, "batch": args.batch, "profile": prof.source, "tc": args.tc, "load": os.getloadavg(),
+            "rows": rows}
 
 
 def plans():
@@ -153,6 +162,8 @@ def main():
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--plan-file", default=None)
+    ap.add_argument("--tc", choices=["profile", "measured"], default="profile",
+                    help="t_c from the profile's kernel fits or timed per block here (OptCNN)")
     args = ap.parse_args()
     if args.part == "worker":
         return worker(args)
@@ -163,10 +174,11 @@ def main():
         res["search"] = search()
     if args.part in ("measure", "all"):
         new = measure(args)
+        key = "measure" if args.tc == "profile" else "measure_tc_measured"
         done = {(r["ranks"], r["plan"]) for r in new["rows"]}
-        old = [r for r in res.get("measure", {}).get("rows", []) if (r["ranks"], r["plan"]) not in done]
+        old = [r for r in res.get(key, {}).get("rows", []) if (r["ranks"], r["plan"]) not in done]
         new["rows"] = sorted(old + new["rows"], key=lambda r: r["ranks"])
-        res["measure"] = new
+        res[key] = new
     OUT.parent.mkdir(parents=True, exist_ok=True)
     tmp = OUT.with_name(OUT.name + ".tmp")
     tmp.write_text(json.dumps(res, indent=1))

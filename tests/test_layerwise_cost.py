@@ -132,3 +132,25 @@ def test_one_weird_trick_is_data_parallel_convs_model_parallel_fcs():
     p = L.named_plan("owt", "cifar", 4, 64)
     assert all(p.layers[n] == (4, 1, 1, 1) for n in p.layers if n.startswith("conv"))
     assert p.layers["fc1"] == (1, 4, 1, 1) and p.layers["softmax"] == (4, 1, 1, 1)
+
+
+def test_measured_t_c_times_each_block_shape_once_and_prices_the_plan(monkeypatch):
+    """OptCNN's measured t_c: every configuration's block of digits on 4
+    devices (spatial halos included) runs forward and backward at its
+    sub-shape; blocks of the same sub-shape are timed once; the plan's t_c
+    is what was timed, t_x and t_s stay the profile's."""
+    from engine.perf.layerwise_measure import MeasuredCompute
+    m = MeasuredCompute(PROF, "digits", reps=1)
+    timed = []
+    real = MeasuredCompute._time
+    monkeypatch.setattr(MeasuredCompute, "_time", lambda self, node, *a: timed.append((node.name,) + a) or real(self, node, *a))
+    plan = L.optimize("digits", 4, 8, m)
+    n_cfg = sum(len(L.configs(v, 4, 8)) for v in L.graph_nodes("digits"))
+    assert 0 < len(timed) == len(set(timed)) == len(m.cache) <= n_cfg
+    assert all(t > 0 for t in m.cache.values())
+    ev, ev_prof = L.evaluate("digits", plan.layers, 4, 8, m), L.evaluate("digits", plan.layers, 4, 8, PROF)
+    for v, r, rp in zip(L.graph_nodes("digits"), ev.rows, ev_prof.rows):
+        n, c, h, w = plan.layers[v.name]
+        assert r["t_c"] == m.cache[(v.name, 8 // n, c, h, w)]
+        assert (r["t_x"], r["t_s"]) == (rp["t_x"], rp["t_s"])
+    assert m.source.endswith("+ measured t_c") and len(timed) == len(m.cache)    # evaluate timed nothing new

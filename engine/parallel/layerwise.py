@@ -44,19 +44,26 @@ def _sl(lo, hi):
 
 
 class _Route:
-    """The packed Alltoallv of one redistribution ``src`` blocks -> ``dst`` regions, for one rank."""
+    """The packed Alltoallv of one redistribution ``src`` blocks -> ``dst``
+    regions, for one rank. The part a rank keeps (its own block inside its
+    own region) is copied directly, not through MPI; a route where no rank
+    sends to another (data parallel into data parallel) makes no call at all,
+    and one where my region is exactly my block hands the array on uncopied."""
 
     def __init__(self, src, dst, rank, size):
         (slo, shi), (dlo, dhi), r = src, dst, rank
-        self.sends, self.recvs = [], []              # (box within my block/region, offset, count)
+        self.sends, self.recvs, self.own = [], [], None     # (box within my block/region, offset, count)
         scount, rcount = np.zeros(size, np.int64), np.zeros(size, np.int64)
         for q in range(size):
             lo, hi = np.maximum(slo[r], dlo[q]), np.minimum(shi[r], dhi[q])
             if (hi > lo).all():
+                if q == r:
+                    self.own = (_sl(lo - slo[r], hi - slo[r]), _sl(lo - dlo[r], hi - dlo[r]))
+                    continue
                 scount[q] = np.prod(hi - lo)
                 self.sends.append((_sl(lo - slo[r], hi - slo[r]), q))
             lo, hi = np.maximum(slo[q], dlo[r]), np.minimum(shi[q], dhi[r])
-            if (hi > lo).all():
+            if q != r and (hi > lo).all():
                 rcount[q] = np.prod(hi - lo)
                 self.recvs.append((_sl(lo - dlo[r], hi - dlo[r]), tuple(hi - lo), q))
         sdisp, rdisp = np.concatenate([[0], np.cumsum(scount)]), np.concatenate([[0], np.cumsum(rcount)])
@@ -66,6 +73,18 @@ class _Route:
         self.r_spec = (rcount.astype(np.int32), rdisp[:-1].astype(np.int32))
         self.n_send, self.n_recv = int(sdisp[-1]), int(rdisp[-1])
         self.shape = tuple(dhi[r] - dlo[r]) if (dhi[r] > dlo[r]).all() else None
+        self.identity = (self.shape is not None and not self.recvs and (slo[r] == dlo[r]).all()
+                         and (shi[r] == dhi[r]).all())
+        # every rank's view of every other: does anyone send anything to anyone else?
+        self.silent = True
+        for p in range(size):
+            lo = np.maximum(slo[p][None], dlo)
+            hi = np.minimum(shi[p][None], dhi)
+            moves = (hi > lo).all(axis=1)
+            moves[p] = False
+            if moves.any():
+                self.silent = False
+                break
 
 
 class LayerwiseExecutor:
@@ -94,6 +113,15 @@ class LayerwiseExecutor:
             self.needed.append(L._needed(v, cfg, in4, self.size))
             self.unclipped.append(self._unclipped(v, cfg, in4))
             in4 = (B,) + tuple(v.out)
+        # a block whose zero border is the same on both sides of each axis (no
+        # spatial split) lets the convolution pad it; others get their halo and
+        # border in the input and convolve unpadded
+        self.conv_pads_itself = [False] * len(self.nodes)
+        for i, v in enumerate(self.nodes):
+            if v.kind == "conv" and self._active(i):
+                before, after = self._pads(i)
+                self.conv_pads_itself[i] = bool((before == after).all())
+                self.layers[v.name].pad = (int(before[0]), int(before[1])) if self.conv_pads_itself[i] else 0
         n = len(self.nodes)
         self.fwd = [None] + [_Route(self.blocks[i - 1], self.needed[i], self.rank, self.size) for i in range(1, n)]
         self.bwd = [None] + [_Route(self.needed[i], self.blocks[i - 1], self.rank, self.size) for i in range(1, n)]
@@ -212,15 +240,20 @@ class LayerwiseExecutor:
     def _exchange(self, data, route: _Route, accumulate=False):
         """Send each rank the part of my block its region holds; return my
         region (summing overlaps when ``accumulate``), None when I have none."""
-        send = np.empty(route.n_send, self.dtype)
-        for box, at, n in route.sends:
-            send[at:at + n] = data[box].ravel()
-        recv = np.empty(route.n_recv, self.dtype)
-        self.comm.Alltoallv([send, route.s_spec], [recv, route.r_spec])
+        if not route.silent:
+            send = np.empty(route.n_send, self.dtype)
+            for box, at, n in route.sends:
+                send[at:at + n] = data[box].ravel()
+            recv = np.empty(route.n_recv, self.dtype)
+            self.comm.Alltoallv([send, route.s_spec], [recv, route.r_spec])
         if route.shape is None:
             return None
+        if route.identity:
+            return data
         # forward: the producers' blocks tile my region exactly; backward: halos overlap and add
         out = np.zeros(route.shape, self.dtype) if accumulate else np.empty(route.shape, self.dtype)
+        if route.own is not None:
+            out[route.own[1]] = data[route.own[0]]
         for box, shape, at, n in route.recvs:
             if accumulate:
                 out[box] += recv[at:at + n].reshape(shape)
@@ -239,9 +272,9 @@ class LayerwiseExecutor:
         lay = self.layers[v.name]
         w, b = self.w[(v.name, "W")], self.w[(v.name, "b")]
         if v.kind == "conv":
-            before, after = self._pads(i)
-            x = np.pad(x, ((0, 0), (0, 0), (before[0], after[0]), (before[1], after[1])))
-            lay.pad = 0                      # the halo and the image border are in x already
+            if not self.conv_pads_itself[i]:
+                before, after = self._pads(i)
+                x = np.pad(x, ((0, 0), (0, 0), (before[0], after[0]), (before[1], after[1])))
             return lay.forward(np.ascontiguousarray(x), w, b, train)
         y = lay.forward(np.ascontiguousarray(x), w, b, train)
         return y.reshape(y.shape + (1, 1))
@@ -253,7 +286,7 @@ class LayerwiseExecutor:
         if v.kind == "fc":
             dy = dy.reshape(dy.shape[:2])
         dx = lay.backward(np.ascontiguousarray(dy), gw, gb, need_dx=i > 0)
-        if dx is None or v.kind != "conv":
+        if dx is None or v.kind != "conv" or self.conv_pads_itself[i]:
             return dx
         before, after = self._pads(i)
         H, W = dx.shape[2:]

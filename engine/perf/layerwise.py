@@ -177,6 +177,8 @@ def _sub_geom(node: Node, cfg, batch):
 def t_compute(node: Node, cfg, batch, profile) -> float:
     """Forward + backward seconds of one device's block."""
     from .model import kernel_time, layer_kernels
+    if hasattr(profile, "layer_time"):          # measured blocks (engine.perf.layerwise_measure)
+        return profile.layer_time(node, cfg, batch)
     factor = profile.overhead("kernel_factor") or 1.0
     if node.kind == "softmax":
         return factor * profile.term("softmax", (batch // cfg[0]) * node.out[0])

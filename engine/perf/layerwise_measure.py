@@ -1,0 +1,81 @@
+"""``t_c`` measured on this machine, as OptCNN does it: every (layer,
+configuration) block is run forward and backward a few times at its
+sub-shape and the median kept, instead of pricing its kernels from the
+fitted profile.
+
+Why: the profile's kernel fits age with the kernels (the CPU convolution
+became an implicit GEMM after the shipped profile was swept, and the whole
+cifar step now runs about 1.9x the profile's price), while a block's own
+timing is what the executor will spend on it. Transfers and allreduces keep
+the profile's MPI fits. A block is timed the way engine.parallel.layerwise
+runs it: a convolution on its rows and columns plus the kernel's halo with
+no padding of its own, an FC layer on its output features, the softmax on
+its samples. Blocks with the same sub-shape are timed once.
+
+    prof = MeasuredCompute(Profile.load(), "cifar")     # then any cost function
+    L.evaluate("cifar", plan.layers, 2, 32, prof)
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+
+class MeasuredCompute:
+    """A profile whose ``layer_time`` (read by engine.perf.layerwise.t_compute)
+    is measured; every other attribute is the wrapped profile's."""
+
+    def __init__(self, profile, spec, reps: int = 5, dtype=np.float32):
+        from engine import spec as spec_mod
+        self._profile = profile
+        self.spec = spec_mod.get_spec(spec)
+        self.reps, self.dtype = int(reps), np.dtype(dtype)
+        self.source = f"{profile.source} + measured t_c"
+        self.cache = {}
+
+    def __getattr__(self, name):
+        return getattr(self._profile, name)
+
+    def layer_time(self, node, cfg, batch) -> float:
+        n, c, h, w = cfg
+        key = (node.name, batch // n, c, h, w)
+        if key not in self.cache:
+            self.cache[key] = self._time(node, batch // n, c, h, w)
+        return self.cache[key]
+
+    def _time(self, node, b, c, h, w) -> float:
+        from engine import layers as _layers
+        from engine import ops
+        rng = np.random.default_rng(0)
+        rand = lambda *s: rng.standard_normal(s).astype(self.dtype)
+        if node.kind == "softmax":
+            logits, y = rand(b, node.out[0]), rng.integers(0, node.out[0], b)
+            return self._median(lambda: ops.softmax_xent(logits, y))
+        g = node.geom
+        m = g.w_shape[0] // c
+        wt, bias = rand(m, *g.w_shape[1:]), rand(m)
+        gw, gb = np.empty_like(wt), np.empty_like(bias)
+        sub = dataclasses.replace(g, w_shape=(m,) + tuple(g.w_shape[1:]), b_shape=(m,))
+        lay = _layers.build([sub], ops)[0]
+        if node.kind == "conv":
+            halo = g.w_shape[2] - 1
+            x = rand(b, g.w_shape[1], node.out[1] // h * g.pool + halo, node.out[2] // w * g.pool + halo)
+            lay.pad = 0                              # the halo rows stand for the padding, as in the executor
+        else:
+            x = rand(b, g.w_shape[1])
+
+        def fwd_bwd():
+            y = lay.forward(x, wt, bias, True)
+            lay.backward(np.ones_like(y), gw, gb, need_dx=not node.first)
+        return self._median(fwd_bwd)
+
+    def _median(self, f) -> float:
+        f()                                          # warm caches and workspaces
+        ts = []
+        for _ in range(self.reps):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts))
