@@ -112,6 +112,7 @@ def measure(args):
             print(rows[-1]["ranks"], kind, f"measured {meas * 1e3:.1f} ms, predicted {pred * 1e3:.1f} ms "
                   f"(x{share:g} sharing: {pred * share * 1e3:.1f} ms)", flush=True)
     return {"model": args.model, "batch": args.batch, "profile": prof.source, "tc": args.tc, "load": os.getloadavg(),
+            "step_factor": getattr(prof, "factors", {}).get(args.batch),
             "rows": rows}
 
 

@@ -138,7 +138,8 @@ def test_measured_t_c_times_each_block_shape_once_and_prices_the_plan(monkeypatc
     """OptCNN's measured t_c: every configuration's block of digits on 4
     devices (spatial halos included) runs forward and backward at its
     sub-shape; blocks of the same sub-shape are timed once; the plan's t_c
-    is what was timed, t_x and t_s stay the profile's."""
+    is what was timed times the one step factor of the batch, t_x and t_s
+    stay the profile's."""
     from engine.perf.layerwise_measure import MeasuredCompute
     m = MeasuredCompute(PROF, "digits", reps=1)
     timed = []
@@ -147,10 +148,10 @@ def test_measured_t_c_times_each_block_shape_once_and_prices_the_plan(monkeypatc
     plan = L.optimize("digits", 4, 8, m)
     n_cfg = sum(len(L.configs(v, 4, 8)) for v in L.graph_nodes("digits"))
     assert 0 < len(timed) == len(set(timed)) == len(m.cache) <= n_cfg
-    assert all(t > 0 for t in m.cache.values())
+    assert all(t > 0 for t in m.cache.values()) and m.factors[8] > 0 and list(m.factors) == [8]
     ev, ev_prof = L.evaluate("digits", plan.layers, 4, 8, m), L.evaluate("digits", plan.layers, 4, 8, PROF)
     for v, r, rp in zip(L.graph_nodes("digits"), ev.rows, ev_prof.rows):
         n, c, h, w = plan.layers[v.name]
-        assert r["t_c"] == m.cache[(v.name, 8 // n, c, h, w)]
+        assert r["t_c"] == m.cache[(v.name, 8 // n, c, h, w)] * m.factors[8]
         assert (r["t_x"], r["t_s"]) == (rp["t_x"], rp["t_s"])
     assert m.source.endswith("+ measured t_c") and len(timed) == len(m.cache)    # evaluate timed nothing new

@@ -12,6 +12,13 @@ runs it: a convolution on its rows and columns plus the kernel's halo with
 no padding of its own, an FC layer on its output features, the softmax on
 its samples. Blocks with the same sub-shape are timed once.
 
+A block timed alone, again and again, runs on warm caches; inside a step
+the same kernels run slower. As the profile's ``kernel_factor`` does for its
+kernel sweeps, every block time is scaled by one factor per net and batch:
+a whole one-device step (``Net.loss_and_grad`` + the SGD update) over the
+sum of the one-device blocks. The one-device plan is then the calibration
+point; every split plan is a prediction.
+
     prof = MeasuredCompute(Profile.load(), "cifar")     # then any cost function
     L.evaluate("cifar", plan.layers, 2, 32, prof)
 """
@@ -33,17 +40,37 @@ class MeasuredCompute:
         self.spec = spec_mod.get_spec(spec)
         self.reps, self.dtype = int(reps), np.dtype(dtype)
         self.source = f"{profile.source} + measured t_c"
-        self.cache = {}
+        self.cache, self.factors = {}, {}
 
     def __getattr__(self, name):
         return getattr(self._profile, name)
 
     def layer_time(self, node, cfg, batch) -> float:
+        return self.block_time(node, cfg, batch) * self.step_factor(batch)
+
+    def block_time(self, node, cfg, batch) -> float:
+        """Median seconds of one block's forward + backward, timed alone."""
         n, c, h, w = cfg
         key = (node.name, batch // n, c, h, w)
         if key not in self.cache:
             self.cache[key] = self._time(node, batch // n, c, h, w)
         return self.cache[key]
+
+    def step_factor(self, batch) -> float:
+        """A one-device step of ``batch`` over the sum of its blocks timed alone."""
+        if batch not in self.factors:
+            from engine.net import Net
+            from engine.optim import SGD
+            from .layerwise import graph_nodes
+            net = Net(self.spec, seed=0, dtype=self.dtype)
+            opt = SGD(net, lr=1e-9)
+            rng = np.random.default_rng(1)
+            x = rng.standard_normal((batch,) + tuple(self.spec.input_shape)).astype(self.dtype)
+            y = rng.integers(0, self.spec.n_classes, batch)
+            step = self._median(lambda: (net.loss_and_grad(x, y), opt.step()))
+            blocks = sum(self.block_time(v, (1, 1, 1, 1), batch) for v in graph_nodes(self.spec))
+            self.factors[batch] = step / blocks
+        return self.factors[batch]
 
     def _time(self, node, b, c, h, w) -> float:
         from engine import layers as _layers
