@@ -8,8 +8,9 @@
     python bench/distbelief_bench.py downpour   [--epochs 4]
         Downpour's measured throughput and staleness (1 server, 1-3 replicas)
         against engine.perf.downpour's prediction, the host's current load
-        calibrated by a single-process step probe and the polling round
-        trip by bench/ps_probe.py.
+        calibrated by a single-process step probe, the uncontended fetch,
+        push and server step by bench/ps_probe.py (a real server and replica
+        with a free gradient).
     python bench/distbelief_bench.py regime [--model cifar] [--steps 20]
         The server-bound regime for 16-256 replicas, simulated
         (engine.perf.downpour.simulate) against SPRINT ASGD's simulator.
@@ -124,15 +125,17 @@ def _probe_step(batch=32, steps=60):
     return (time.perf_counter() - t0) / steps
 
 
-def roundtrip(busy, n=400):
-    """Seconds of a polling request's round trip with ``busy`` processes
-    computing beside it (bench/ps_probe.py)."""
+def cycle(busy, floats, steps=300):
+    """An uncontended Downpour fetch, push and server step, measured by a
+    real server and replica whose gradient is free, with ``busy`` processes
+    computing beside them (bench/ps_probe.py)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     p = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "mpi4py", str(ROOT / "bench" / "ps_probe.py"),
-                        "--n", str(n), "--busy", str(busy)], capture_output=True, text=True, env=env, timeout=300)
+                        "--steps", str(steps), "--floats", str(floats), "--busy", str(busy)],
+                       capture_output=True, text=True, env=env, timeout=300)
     if p.returncode != 0:
         raise RuntimeError(f"ps_probe failed:\n{(p.stdout + p.stderr)[-2000:]}")
-    return json.loads(p.stdout.split("ROUNDTRIP ", 1)[1].splitlines()[0])
+    return json.loads(p.stdout.split("CYCLE ", 1)[1].splitlines()[0])
 
 
 def cmd_downpour(args):
@@ -142,9 +145,10 @@ def cmd_downpour(args):
     limit_this_thread(1)
     prof = Profile.load()
     rows = []
+    n_param = model.predict("digits", 1, 1, 32, prof).n_param
     for R in args.replicas:
-        # a fetch waits for two wake-ups while the other R - 1 replicas compute
-        rt = roundtrip(R - 1)
+        # a fetch goes through the polling loops while the other R - 1 replicas compute
+        cyc = cycle(R - 1, n_param)
         before = _probe_step()
         res = train("downpour", 1 + R, {"epochs": args.epochs, "lr": 0.05, "momentum": 0.0,
                                         "extra": {"servers": 1, "server_opt": "adagrad"}})
@@ -154,13 +158,15 @@ def cmd_downpour(args):
         load = 0.5 * (before + after) / quiet
         prof.host_factor = {"*": load}
         p0 = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"])
-        p = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"], round_trip=rt["mean"])
+        p = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"],
+                          **{k: cyc[k] for k in ("fetch_time", "push_time", "server_time")})
         prof.host_factor = None
         ips = st["samples"] / st["wall_s"]
         step = np.mean([sum(r["timers"][k]["total"] for k in ("Fetch", "Compute", "PushTotal")) / r["steps"]
                         for r in st["replicas"]])
         fetch = np.mean([r["timers"]["Fetch"]["total"] / r["steps"] for r in st["replicas"]])
-        rows.append({"replicas": R, "host_load": load, "roundtrip_ms": 1e3 * rt["mean"],
+        rows.append({"replicas": R, "host_load": load, "probe_fetch_ms": 1e3 * cyc["fetch_time"],
+                     "probe_push_ms": 1e3 * cyc["push_time"], "probe_server_ms": 1e3 * cyc["server_time"],
                      "images_per_s": ips, "pred_images_per_s": p.images_per_s,
                      "pred_idle_images_per_s": p0.images_per_s,
                      "step_ms": 1e3 * step, "pred_step_ms": 1e3 * p.t_step, "fetch_ms": 1e3 * fetch,
@@ -170,8 +176,9 @@ def cmd_downpour(args):
                      "pred_compute_ms": 1e3 * p.replica["ComputeGradient"]})
         print(rows[-1], file=sys.stderr, flush=True)
     print("\nDownpour on digits, 1 server, fetch/push every step, Adagrad: measured vs engine.perf.downpour "
-          "(round trip probed with R-1 replicas' worth of busy processes)\n")
-    print("| replicas | host load | round trip ms | images/s (wall) | predicted | err | idle-host model err | "
+          "(fetch, push and server step probed with R-1 replicas' worth of busy processes)\n")
+    print("| replicas | host load | probe fetch / push / server ms | images/s (wall) | predicted | err | "
+          "priced-only model err | "
           "replica step ms | predicted | err | of which fetch ms | predicted | ComputeGradient ms | predicted | "
           "staleness | predicted |\n"
           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -179,7 +186,8 @@ def cmd_downpour(args):
         err = r["pred_images_per_s"] / r["images_per_s"] - 1
         err0 = r["pred_idle_images_per_s"] / r["images_per_s"] - 1
         serr = r["pred_step_ms"] / r["step_ms"] - 1
-        print(f"| {r['replicas']} | {r['host_load']:.2f} | {r['roundtrip_ms']:.3f} | {r['images_per_s']:,.0f} | "
+        print(f"| {r['replicas']} | {r['host_load']:.2f} | {r['probe_fetch_ms']:.2f} / {r['probe_push_ms']:.2f} / "
+              f"{r['probe_server_ms']:.2f} | {r['images_per_s']:,.0f} | "
               f"{r['pred_images_per_s']:,.0f} | {100 * err:+.1f} % | {100 * err0:+.1f} % | {r['step_ms']:.2f} | "
               f"{r['pred_step_ms']:.2f} | {100 * serr:+.1f} % | {r['fetch_ms']:.2f} | {r['pred_fetch_ms']:.2f} | "
               f"{r['compute_ms']:.2f} | {r['pred_compute_ms']:.2f} | {r['staleness']:.2f} | "

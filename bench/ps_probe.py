@@ -1,11 +1,14 @@
-"""The round trip of a parameter-server request under mpiexec -n 2: rank 1
-asks, rank 0 answers, both polling with the engine's sleep-and-test loops
-(engine.parallel.ps), the reply a tiny message, so the time is the two
-wake-ups and the MPI latency without the copies. ``--busy K`` starts K
-processes computing digits gradients beside them (what a Downpour fetch sees:
-the other replicas computing). Prints 'ROUNDTRIP mean median' in seconds.
+"""One Downpour replica's communication without its training, under
+``mpiexec -n 2``: rank 0 is a real DownpourServer (Adagrad on a shard of
+``--floats`` values), rank 1 a real DownpourReplica whose gradient costs
+nothing (a zero vector), so each step is one push and one fetch through the
+engine's polling loops. ``--busy K`` starts K processes computing digits
+gradients beside them (what a fetch sees: the other replicas computing).
+Prints 'CYCLE {...}' with seconds per step of the replica's fetch and push
+and the server's busy time per step (wall - idle), the numbers
+engine.perf.downpour.predict takes as fetch_time, push_time and server_time.
 
-    mpiexec -n 2 python -m mpi4py bench/ps_probe.py [--n 400] [--busy K]
+    mpiexec -n 2 python -m mpi4py bench/ps_probe.py [--steps 300] [--floats 151306] [--busy K]
 """
 import argparse
 import json
@@ -17,13 +20,34 @@ import numpy as np
 from mpi4py import MPI
 
 from engine.parallel import ps
+from engine.parallel.asgd import Step
+from engine.parallel.downpour import DownpourConfig, DownpourReplica, DownpourServer
 
 BUSY = ("from engine.net import Net; import numpy as np; n = Net('digits'); "
         "x = np.random.default_rng(0).normal(size=(32, 1, 8, 8)).astype(np.float32); "
         "y = np.arange(32) % 10\nwhile True: n.loss_and_grad(x, y)")
 
+
+class ZeroSource:
+    """A replica's source whose gradient is free: only the messages cost."""
+
+    def __init__(self, n):
+        self.weights = np.zeros(n, np.float32)
+        self.grad = np.zeros(n, np.float32)
+
+    def load(self):
+        return None
+
+    def deform(self, batch):
+        return batch
+
+    def compute(self, batch):
+        return Step(grad=self.grad, n=32, loss=0.0, correct=0, tag=None)
+
+
 ap = argparse.ArgumentParser()
-ap.add_argument("--n", type=int, default=400)
+ap.add_argument("--steps", type=int, default=300)
+ap.add_argument("--floats", type=int, default=151306)
 ap.add_argument("--busy", type=int, default=0)
 args = ap.parse_args()
 comm = MPI.COMM_WORLD
@@ -31,28 +55,20 @@ rank = comm.Get_rank()
 procs = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(args.busy)] if rank == 0 else []
 comm.Barrier()
 time.sleep(1.0 if args.busy else 0.0)         # let the busy ones start computing
-tiny, reply = np.zeros(1, np.float32), np.zeros(1, np.float32)
-times = []
+bounds = ps.shard_bounds(args.floats, 1)
+cfg = DownpourConfig(lr=0.0, max_samples=32 * args.steps)
 if rank == 0:
-    st = MPI.Status()
-    served = 0
-    while served < args.n:
-        if comm.Iprobe(source=1, tag=ps.FETCH, status=st):
-            comm.Recv([tiny, MPI.FLOAT], source=1, tag=ps.FETCH)
-            comm.Send([reply, MPI.FLOAT], dest=1, tag=ps.WEIGHTS)
-            served += 1
-        else:
-            time.sleep(ps.POLL)
+    srv = DownpourServer(comm, 0, bounds, np.zeros(args.floats, np.float32),
+                         ps.make_server_opt("adagrad", args.floats), [1], cfg).run()
+    st = srv.stats()
+    comm.send((st["wall_s"] - st["idle_s"]) / max(st["applied"], 1), dest=1)
 else:
-    for _ in range(args.n):
-        t0 = time.perf_counter()
-        r = [comm.Irecv([reply, MPI.FLOAT], source=0, tag=ps.WEIGHTS),
-             comm.Isend([tiny, MPI.FLOAT], dest=0, tag=ps.FETCH)]
-        ps.wait_all(r)
-        times.append(time.perf_counter() - t0)
-        time.sleep(np.random.default_rng(len(times)).uniform(0, 2e-3))   # requests at random phases
-    print("ROUNDTRIP " + json.dumps({"mean": float(np.mean(times)), "median": float(np.median(times)),
-                                     "busy": args.busy, "n": args.n}), flush=True)
+    rep = DownpourReplica(comm, bounds, ZeroSource(args.floats), cfg).run()
+    t = rep.stats()["timers"]
+    server = comm.recv(source=0)
+    print("CYCLE " + json.dumps({"fetch_time": t["Fetch"]["total"] / rep.fetches,
+                                 "push_time": t["PushTotal"]["total"] / rep.pushes, "server_time": server,
+                                 "busy": args.busy, "floats": args.floats, "steps": rep.steps}), flush=True)
 for p in procs:
     p.kill()
 comm.Barrier()

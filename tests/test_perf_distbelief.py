@@ -105,6 +105,18 @@ def test_downpour_simulation_matches_the_closed_form(prof, kw):
     assert sim["utilisation"] == pytest.approx(p.rho, rel=0.1)
 
 
+def test_measured_transport_replaces_the_priced_one(prof):
+    kw = dict(fetch_time=2e-3, push_time=1e-4, server_time=1e-3)
+    one = dp.predict("digits", 1, 1, 32, prof, **kw)
+    grad = sum(one.replica[k] for k in ("LoadImage", "DeformImage", "ComputeGradient", "Accumulate"))
+    assert one.t_step == pytest.approx(grad + 2e-3 + 1e-4)       # a single replica never queues
+    assert one.server == {"Measured": 1e-3} and one.replica["Push"] == 1e-4
+    four = dp.predict("digits", 4, 1, 32, prof, **kw)
+    assert four.t_step > grad + 2e-3 + 1e-4 and four.rho == pytest.approx(4e-3 / four.t_step)
+    sim = dp.simulate("digits", 4, 1, 32, prof, steps=60, **kw)
+    assert sim["utilisation"] == pytest.approx(four.rho, rel=0.15)
+
+
 def test_downpour_simulation_shows_the_server_bound_regime(prof):
     one = [dp.simulate("cifar", R, 1, 32, prof, steps=8) for R in (256, 512)]
     # one server saturated: twice the replicas, the same images/s

@@ -14,19 +14,23 @@ replica step is
     b = (recv + apply) / push_every + (copy out + send) / fetch_every
 
 for 1/S of the vector, so with R replicas its utilisation is
-``rho = R b / T_step``; a fetch waits ``rho b / (2 (1 - rho))`` on average
-(M/D/1) plus half a polling interval of the idle server. At ``rho >= 1`` the
+``rho = R b / T_step``; a fetch waits ``(R-1)/R rho b / (2 (1 - rho))``
+on average (M/D/1 behind the other replicas' requests). At ``rho >= 1`` the
 servers bound the job: ``images/s = N_Subbatch / b`` per server-queue.
 Staleness of a push: the other R-1 replicas push ``1/push_every`` times per
 step, during the steps between the push's last fetch and its apply (``gap``,
 averaged over the fetch/push cycle): ``(R - 1) gap / push_every``.
 
-The fetch's round trip ``round_trip`` (request to reply, both sides
-polling) is half a polling interval at each end on an idle host; on a host
-with more runnable processes than cores each waking side first waits for a
-core, which ``bench/distbelief_bench.py`` measures with a ping-pong probe of
-the same polling loops and passes in. :func:`simulate` plays R replicas and
-one shard queue out event by event (the shards are symmetric).
+Priced from copies, an uncontended fetch is far cheaper than it is: a
+message above MPI's eager limit moves in steps that each wait for the other
+side's next poll, and the server's numpy Adagrad costs more than its vector
+passes. ``bench/ps_probe.py`` measures the three transport numbers -- an
+uncontended fetch after the replica's own push, a push, and the server's
+busy time per step -- with a real server and replica whose gradient is
+free, and :func:`predict` takes them (``fetch_time``, ``push_time``,
+``server_time``) in place of the priced ones; the compute and the queueing
+stay the model's. :func:`simulate` plays R replicas and one shard queue out
+event by event (the shards are symmetric).
 
 Sandblaster's model is :mod:`engine.perf.sandblaster`.
 """
@@ -110,11 +114,18 @@ class Prices:
 
 def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=None, servers: int = 1,
             fetch_every: int = 1, push_every: int = 1, server_opt: str = "adagrad", n_file=None,
-            ranks_per_host: int = 1, round_trip: float | None = None, **_ignored) -> DownpourPrediction:
+            ranks_per_host: int = 1, round_trip: float | None = None, fetch_time: float | None = None,
+            push_time: float | None = None, server_time: float | None = None, **_ignored) -> DownpourPrediction:
     """Downpour with ``n_node`` replicas (one worker each) and ``servers``
     shards; ``ranks_per_host`` replicas share one host's cores (all of them
     when validating on one machine); ``round_trip`` seconds from a fetch
-    request to its reply beyond the copies (None: POLL, an idle host)."""
+    request to its reply beyond the copies (None: POLL, an idle host).
+
+    Measured instead of priced, where given (bench/ps_probe.py runs a real
+    server and replica whose gradient is free, at fetch_every = push_every
+    = 1): ``fetch_time`` an uncontended fetch after the replica's push,
+    ``push_time`` a push, ``server_time`` the server's busy seconds per
+    replica step. The queueing of R replicas is still the model's."""
     from .profile import Profile
     if profile is None:
         profile = Profile.load()
@@ -129,14 +140,20 @@ def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=Non
     replica = {**pr.gradient, "Accumulate": vec(n, "add")}
     srv = {"ReceivePush": send(ns) / push_every, "Apply": APPLY_PASSES[server_opt] * vec(ns) / push_every,
            "ReplyFetch": (copy(ns) + send(ns)) / fetch_every}
-    b = sum(srv.values())
     # MPI keeps one sender's messages in order: a fetch right after the
     # replica's own push is served once that push is applied
     lcm = fetch_every * push_every // math.gcd(fetch_every, push_every)
     own = max(0.0, (srv["ReceivePush"] + srv["Apply"]) * push_every - rt / 2) * fetch_every / lcm
-    t_fixed = sum(replica.values()) + (copy(n) + rt + own) / fetch_every + copy(n) / push_every
+    if server_time is not None:
+        srv = {"Measured": float(server_time)}
+    b = sum(srv.values())
+    fetch0 = copy(n) + rt + own if fetch_time is None else float(fetch_time)
+    push0 = copy(n) if push_time is None else float(push_time)
+    t_fixed = sum(replica.values()) + fetch0 / fetch_every + push0 / push_every
     bound = R * b >= t_fixed            # offered load >= 1: the servers set the pace
-    wait = lambda t: (R * b / t) * b / (2 * (1 - R * b / t))
+    # M/D/1 wait of a fetch behind the other R - 1 replicas' requests (its
+    # own push is already in fetch0): a single replica never queues
+    wait = lambda t: (R - 1) / R * (R * b / t) * b / (2 * (1 - R * b / t))
     if bound:
         t = R * b
         rho = R * b / t_fixed
@@ -151,9 +168,8 @@ def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=Non
             lo, hi = (mid, hi) if mid - t_fixed - wait(mid) / fetch_every < 0 else (lo, mid)
         t = hi
         rho, w = R * b / t, wait(t)
-    replica["Fetch"] = (copy(n) + rt + own + w) / fetch_every if not bound else \
-        (copy(n) + rt + own) / fetch_every + (t - t_fixed)
-    replica["Push"] = copy(n) / push_every
+    replica["Fetch"] = (fetch0 + w) / fetch_every if not bound else fetch0 / fetch_every + (t - t_fixed)
+    replica["Push"] = push0 / push_every
     ips = R * n_subbatch / t
     n_file = n_file or pr.n_file
     return DownpourPrediction(model=sp.name, servers=S, replicas=R, n_subbatch=n_subbatch, n_param=n,
@@ -208,7 +224,10 @@ def simulate(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=No
     rng = np.random.default_rng(seed)
     t_grad = sum(v for k, v in p.replica.items() if k not in ("Fetch", "Push"))
     copy_n = p.replica["Push"] * pe                  # one copy of the whole vector
-    c_fetch, c_push = p.server["ReplyFetch"] * fe, (p.server["ReceivePush"] + p.server["Apply"]) * pe
+    if "Measured" in p.server:          # measured per step at fe = pe = 1: one reply and one push
+        c_fetch = c_push = p.server["Measured"] / 2
+    else:
+        c_fetch, c_push = p.server["ReplyFetch"] * fe, (p.server["ReceivePush"] + p.server["Apply"]) * pe
     rt = p.extra["round_trip"]
     if cv is None:
         from .profile import Profile
