@@ -158,8 +158,15 @@ def cmd_downpour(args):
         load = 0.5 * (before + after) / quiet
         prof.host_factor = {"*": load}
         p0 = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"])
-        p = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"],
-                          **{k: cyc[k] for k in ("fetch_time", "push_time", "server_time")})
+        probed = {k: cyc[k] for k in ("fetch_time", "push_time", "server_time")}
+        p = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"], **probed)
+        # the same with the host's load read off the replicas' own ComputeGradient
+        # timer instead of the step probe: what is left is Downpour's own part
+        compute = np.mean([r["timers"]["ComputeGradient"]["mean"] for r in st["replicas"]])
+        prof.host_factor = {"*": 1.0}
+        prof.host_factor = {"*": compute / model.predict("digits", R, 1, 32, prof,
+                                                         ranks_per_host=R).replica["ComputeGradient"]}
+        pc = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"], **probed)
         prof.host_factor = None
         ips = st["samples"] / st["wall_s"]
         step = np.mean([sum(r["timers"][k]["total"] for k in ("Fetch", "Compute", "PushTotal")) / r["steps"]
@@ -168,6 +175,7 @@ def cmd_downpour(args):
         rows.append({"replicas": R, "host_load": load, "probe_fetch_ms": 1e3 * cyc["fetch_time"],
                      "probe_push_ms": 1e3 * cyc["push_time"], "probe_server_ms": 1e3 * cyc["server_time"],
                      "images_per_s": ips, "pred_images_per_s": p.images_per_s,
+                     "pred_incompute_images_per_s": pc.images_per_s, "pred_incompute_fetch_ms": 1e3 * pc.replica["Fetch"],
                      "pred_idle_images_per_s": p0.images_per_s,
                      "step_ms": 1e3 * step, "pred_step_ms": 1e3 * p.t_step, "fetch_ms": 1e3 * fetch,
                      "pred_fetch_ms": 1e3 * p.replica["Fetch"], "rho": p.rho,
@@ -178,17 +186,18 @@ def cmd_downpour(args):
     print("\nDownpour on digits, 1 server, fetch/push every step, Adagrad: measured vs engine.perf.downpour "
           "(fetch, push and server step probed with R-1 replicas' worth of busy processes)\n")
     print("| replicas | host load | probe fetch / push / server ms | images/s (wall) | predicted | err | "
-          "priced-only model err | "
+          "priced-only model err | with in-run compute: err | "
           "replica step ms | predicted | err | of which fetch ms | predicted | ComputeGradient ms | predicted | "
           "staleness | predicted |\n"
-          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         err = r["pred_images_per_s"] / r["images_per_s"] - 1
         err0 = r["pred_idle_images_per_s"] / r["images_per_s"] - 1
         serr = r["pred_step_ms"] / r["step_ms"] - 1
         print(f"| {r['replicas']} | {r['host_load']:.2f} | {r['probe_fetch_ms']:.2f} / {r['probe_push_ms']:.2f} / "
               f"{r['probe_server_ms']:.2f} | {r['images_per_s']:,.0f} | "
-              f"{r['pred_images_per_s']:,.0f} | {100 * err:+.1f} % | {100 * err0:+.1f} % | {r['step_ms']:.2f} | "
+              f"{r['pred_images_per_s']:,.0f} | {100 * err:+.1f} % | {100 * err0:+.1f} % | "
+              f"{100 * (r['pred_incompute_images_per_s'] / r['images_per_s'] - 1):+.1f} % | {r['step_ms']:.2f} | "
               f"{r['pred_step_ms']:.2f} | {100 * serr:+.1f} % | {r['fetch_ms']:.2f} | {r['pred_fetch_ms']:.2f} | "
               f"{r['compute_ms']:.2f} | {r['pred_compute_ms']:.2f} | {r['staleness']:.2f} | "
               f"{r['pred_staleness']:.2f} |")
