@@ -96,6 +96,20 @@ def test_real_calibration_of_an_edited_profile_warns(tmp_path, capsys):
     assert cap.err == "" and json.loads(cap.out)["t_gpu"] < scaled / 3
 
 
+def test_plan_checks_a_measured_profile_but_not_a_datasheet(tmp_path, capsys):
+    prof = Profile.load()
+    prof.data["fingerprint"] = dict(prof.data["fingerprint"], cpu_model="some other CPU")
+    path = tmp_path / "p.json"
+    prof.save(path)
+    args = ["plan", "--model", "digits", "--gpus", "2", "--json", "--calibrate-seconds", "0.3"]
+    assert cli.main(args + ["--profile", str(path)]) == 0
+    assert "some other CPU" in capsys.readouterr().err
+    assert cli.main(args + ["--profile", str(path), "--no-calibrate"]) == 0
+    assert capsys.readouterr().err == ""
+    assert cli.main(args + ["--profile", "h200"]) == 0          # a datasheet is another machine by design
+    assert capsys.readouterr().err == ""
+
+
 # -- oversubscription ---------------------------------------------------------
 
 def _cpu_profile(pairs):

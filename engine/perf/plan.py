@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field, asdict
 
@@ -244,7 +245,16 @@ def format_plan(plan, ev, base, ranked, prof) -> str:
 
 
 def cmd_plan(args) -> int:
-    plan, ev, base, ranked, prof = make_plan(args.model, args.gpus, args.batch, args.profile)
+    prof = load_profile(args.profile)
+    # A measured profile is checked against this machine first, as predict,
+    # tune and simulate do; a datasheet describes another machine by design.
+    if args.calibrate and args.profile not in DATASHEETS:
+        from .calibrate import check
+        if not args.calibrate_seconds > 0:
+            raise ValueError(f"--calibrate-seconds must be > 0, got {args.calibrate_seconds}")
+        for msg in check(prof, seconds=args.calibrate_seconds).messages:
+            print(f"sprint plan: warning: {msg}", file=sys.stderr)
+    plan, ev, base, ranked, prof = make_plan(args.model, args.gpus, args.batch, prof)
     if args.out and args.write != "optimum":
         named = L.named_plan(args.write, args.model, plan.devices, plan.batch)
         ev_named = L.evaluate(args.model, named.layers, plan.devices, plan.batch, prof)
@@ -279,4 +289,8 @@ def register(sub):
                    help="which plan --out writes: the searched optimum (default), pure data parallel, "
                         "Krizhevsky's one weird trick, or pure model parallel")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                   help="skip the few-second calibration that checks a measured profile describes this machine "
+                        "(and rescales it when the machine runs faster or slower now)")
+    p.add_argument("--calibrate-seconds", type=float, default=2.0, help="length of that calibration")
     p.set_defaults(func=cmd_plan)
