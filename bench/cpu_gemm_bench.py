@@ -1,14 +1,16 @@
 """The engine's own SGEMM and implicit-GEMM convolution on this CPU (issue 14):
 
-  peak    measured fp32 FMA peak per ISA (12 independent FMA chains per thread)
+  peak    measured fp32 FMA peak per ISA (12 independent FMA chains per
+          thread), on all threads and on one
   gemm    SGEMM GFLOP/s on the conv GEMM shapes of `cifar` (batch 32) and
-          `cnn-a` (batch 1), and the implicit convolution's three passes on
-          cifar, as a share of the measured peak
-  layers  each cifar conv layer forward + backward: engine implicit, engine
-          im2col, PyTorch (own processes, alternated)
-  step    cifar training step at batch 32 and 128: engine implicit, engine
-          im2col, PyTorch (own processes, alternated), the engine's share of
-          the step outside the micro-kernel loops, and peak memory
+          `cnn-a` (batch 1), on all threads and on one, and the implicit
+          convolution's three passes on cifar, as a share of the measured peak
+  layers  each cifar conv layer forward + backward: engine implicit (the
+          default), explicit im2col + OpenBLAS (the default before issue 14),
+          PyTorch (own processes, alternated)
+  step    cifar training step at batch 32 and 128: the same three, the
+          engine's share of the step outside the micro-kernel loops, and peak
+          memory
 
 Every engine/PyTorch ratio is between runs alternated in the same invocation;
 times are medians of repeats, with the spread (min..max of the per-process
@@ -79,8 +81,9 @@ def peak(reps=40, iters=200_000):
     for isa in ("avx512", "avx2"):
         if isa not in ext.gemm_info("")["supported"]:
             continue
-        fl = ext.fma_peak(iters, THREADS, isa)
-        out[isa] = _cpu_rate(lambda: ext.fma_peak(iters, THREADS, isa), fl, reps)
+        for th, key in ((THREADS, isa), (1, isa + "_1t")):
+            fl = ext.fma_peak(iters, th, isa)
+            out[key] = _cpu_rate(lambda: ext.fma_peak(iters, th, isa), fl, reps)
     return out
 
 
@@ -107,8 +110,13 @@ def gemm_rates(reps=5):
         a = rng.standard_normal((m, k), dtype=np.float32)
         b = rng.standard_normal((k, n), dtype=np.float32)
         c = np.empty((m, n), np.float32)
-        recs.append({"net": net, "layer": name, "pass": p, "m": m, "n": n, "k": k,
-                     **_cpu_rate(lambda: ext.sgemm(a, b, c, False, False, 1.0, 0.0, ""), 2 * m * n * k, reps)})
+        rec = {"net": net, "layer": name, "pass": p, "m": m, "n": n, "k": k,
+               **_cpu_rate(lambda: ext.sgemm(a, b, c, False, False, 1.0, 0.0, ""), 2 * m * n * k, reps)}
+        ext.set_num_threads(1)
+        rec["gflops_best_1t"] = _cpu_rate(lambda: ext.sgemm(a, b, c, False, False, 1.0, 0.0, ""), 2 * m * n * k,
+                                          reps)["gflops_best"]
+        ext.set_num_threads(THREADS)
+        recs.append(rec)
     # the implicit convolution's own passes on cifar (no column matrix)
     for name, C, M, S in CIFAR_LAYERS:
         x = rng.standard_normal((32, C, S, S), dtype=np.float32)
@@ -135,10 +143,7 @@ def layer_times(framework, algo, reps):
         import torch
         torch.set_num_threads(THREADS)
     else:
-        from engine import backend
-        from engine.ops import conv
-        backend.set_backend("cpu")
-        conv.set_conv_algo(algo)
+        _engine_variant(algo)
     for name, C, M, S in CIFAR_LAYERS:
         first = name == "conv1"
         fn, _, flops, arrays = layer_case(C, M, S, first)
@@ -147,6 +152,18 @@ def layer_times(framework, algo, reps):
             fn = torch_case(torch, arrays, first)
         out[name] = {"s": statistics.median(_timeit(fn, reps, warmup=2)), "flops": flops}
     return out
+
+
+def _engine_variant(algo):
+    """implicit: the defaults (engine SGEMM, implicit conv); im2col: explicit
+    im2col with OpenBLAS, the CPU path before issue 14."""
+    from engine import backend
+    from engine.ops import conv
+    if algo == "im2col":
+        os.environ["SPRINT_GEMM"] = "blas"
+    backend.set_backend("cpu")
+    conv.set_conv_algo(algo)
+    return backend.get_backend().ext
 
 
 def layers_bench(procs, reps):
@@ -178,10 +195,7 @@ def step_times(framework, algo, n, rounds):
     _limit_threads()
     if framework == "torch":
         return {"times": _timeit(torch_step_fn(n), rounds, warmup=2)}
-    from engine import backend
-    from engine.ops import conv
-    conv.set_conv_algo(algo)
-    ext = backend.set_backend("cpu").ext
+    ext = _engine_variant(algo)
     step = engine_step_fn(n)
     ts = _timeit(step, rounds, warmup=2)
     ext.gemm_profile(True)
@@ -241,12 +255,13 @@ def main(argv=None):
     if "gemm" in parts:
         out["gemm"] = gemm_rates(args.reps)
         pk = out.get("peak", {}).get("avx512", {})
+        pk1 = out.get("peak", {}).get("avx512_1t", {})
         for r in out["gemm"]:
-            share = (f" = {100 * r['gflops_best'] / pk['gflops_best']:5.1f} % of wall peak, "
-                     f"{100 * r['gflops_cpu'] / pk['gflops_cpu']:5.1f} % per CPU-s" if pk else "")
+            share = f" = {100 * r['gflops_best'] / pk['gflops_best']:5.1f} % of peak" if pk else ""
+            one = r.get("gflops_best_1t")
+            share1 = (f"; 1 thread {one:6.1f} = {100 * one / pk1['gflops_best']:5.1f} %" if one and pk1 else "")
             print(f"{r['net']:6s} {r['layer']:7s} {r['pass']:15s} {r['m']:5d}x{r['n']:6d}x{r['k']:5d} "
-                  f"wall median {r['gflops_median']:6.1f} best {r['gflops_best']:6.1f}, per CPU-s "
-                  f"{r['gflops_cpu']:6.1f} GFLOP/s{share}", flush=True)
+                  f"median {r['gflops_median']:6.1f} best {r['gflops_best']:6.1f} GFLOP/s{share}{share1}", flush=True)
     if "layers" in parts:
         out["layers"] = layers_bench(args.procs, args.reps)
         for name, row in out["layers"].items():

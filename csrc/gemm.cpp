@@ -210,7 +210,10 @@ Blocking blocking(Isa isa) {
     const Kernels& kr = kernels(isa);
     const i64 l1 = cache_bytes(1), l2 = cache_bytes(2);
     Blocking b{kr.mr, kr.nr, 0, 0, 0, l1, l2};
-    b.kc = clamp(l1 * 3 / 4 / (kr.nr * 4) / 8 * 8, 64, 512);      // B micro-panel in 3/4 of L1
+    // B micro-panel in 1/12 of L2 (768 here): measured 5-15 % faster than one
+    // sized for L1 on the conv shapes (fewer passes over C; the panel streams
+    // from L2 fast enough for 24 FMAs per row).
+    b.kc = clamp(l2 / 12 / (kr.nr * 4) / 8 * 8, 64, 768);
     b.mc = clamp(l2 / 2 / (b.kc * 4) / kr.mr * kr.mr, kr.mr, 1024 / kr.mr * kr.mr);  // A block in half of L2
     b.nc = 4096 / kr.nr * kr.nr;
     // SPRINT_GEMM_BLOCKING=kc,mc,nc overrides them (benchmarks of other blockings)

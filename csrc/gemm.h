@@ -7,8 +7,8 @@
 //     ic over m in MC rows       A block MC x KC packed into MR-high panels
 //      jr over NR panels         (sized for the L2)
 //       ir over MR panels        micro-kernel: MR x NR tile of C in registers,
-//                                 the KC x NR B micro-panel stays in L1
-// KC = 3/4 L1d / (NR*4), MC = L2/2 / (KC*4), NC = 4096 (rounded to MR/NR),
+//                                 the KC x NR B micro-panel stays in L1/L2
+// KC = L2/12 / (NR*4) (at most 768), MC = L2/2 / (KC*4), NC = 4096 (rounded to MR/NR),
 // read from the running CPU's caches (sysconf, then /sys) at first use;
 // SPRINT_GEMM_BLOCKING=kc,mc,nc overrides them (for measuring others). When
 // a thread's rows fit one MC block (the conv GEMMs: M = channels), B panels

@@ -170,13 +170,28 @@ inline void zero_tile(float* t) {
     for (int q = 0; q < UK::MR * UK::NR; ++q) t[q] = 0.f;
 }
 
+// Whole MR x NR tiles move with vector loads and stores (a dW GEMM, with its
+// long k, moves every tile once per k block).
+inline void tile_in(float* t, const float* c, i64 ldc) {
+    using V = typename UK::Vec;
+    for (int r = 0; r < UK::MR; ++r)
+        for (int v = 0; v < UK::NR; v += V::L) V::store(t + r * UK::NR + v, V::load(c + r * ldc + v));
+}
+inline void tile_out(float* c, i64 ldc, const float* t) {
+    using V = typename UK::Vec;
+    for (int r = 0; r < UK::MR; ++r)
+        for (int v = 0; v < UK::NR; v += V::L) V::store(c + r * ldc + v, V::load(t + r * UK::NR + v));
+}
+
 struct TilePlain {  // C (ldc): chains start from beta*C (beta 0: from zero, NaN in C ignored)
     float* C;
     i64 ldc;
     float beta;
     void load(i64 i0, i64 j0, int mr, int nr, float* t, bool first) const {
         if (first && beta == 0.f) return zero_tile(t);
-        if (mr < UK::MR || nr < UK::NR) zero_tile(t);
+        const bool whole = mr == UK::MR && nr == UK::NR;
+        if (whole && (!first || beta == 1.f)) return tile_in(t, C + i0 * ldc + j0, ldc);
+        if (!whole) zero_tile(t);
         for (int r = 0; r < mr; ++r) {
             const float* c = C + (i0 + r) * ldc + j0;
             float* d = t + r * UK::NR;
@@ -188,6 +203,7 @@ struct TilePlain {  // C (ldc): chains start from beta*C (beta 0: from zero, NaN
         }
     }
     void store(i64 i0, i64 j0, int mr, int nr, const float* t, bool) const {
+        if (mr == UK::MR && nr == UK::NR) return tile_out(C + i0 * ldc + j0, ldc, t);
         for (int r = 0; r < mr; ++r) {
             float* c = C + (i0 + r) * ldc + j0;
             const float* s = t + r * UK::NR;
