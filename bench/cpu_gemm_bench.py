@@ -14,7 +14,7 @@
 
 Every engine/PyTorch ratio is between runs alternated in the same invocation;
 times are medians of repeats, with the spread (min..max of the per-process
-medians) printed. Results go to bench/results/cpu_gemm.json.
+medians) printed. Results go to --out (bench/results/cpu_gemm*.json).
 
     python bench/cpu_gemm_bench.py [--parts peak,gemm,layers,step] [--procs 3]
 """
@@ -74,7 +74,7 @@ def _stats(ts):
 
 
 # ---- peak -------------------------------------------------------------------------
-def peak(reps=40, iters=200_000):
+def peak(reps=20, iters=1 << 22):  # ~20 ms a call: shorter ones time the waking of the second thread
     from engine import backend
     ext = backend.set_backend("cpu").ext
     out = {}
