@@ -301,14 +301,13 @@ bool padded(const Conv& g, const float* x, int nth, Conv& gp, Scratch& buf, cons
     xp = d0;
     return true;
 }
-}  // namespace
 
-const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w, const float* bias, bool relu,
-                         float* y) {
-    if (!conv_sizes_ok(g)) return "conv: sizes overflow";
-    if (g.B == 0) return nullptr;
+// Plans a convolution's GEMM (m x n, depth k), takes the scratch and the
+// padded copy of x, then runs f(kernels, plan, geometry, x) on them.
+template <class F>
+const char* run_conv(Isa isa, const Conv& g, const float* x, i64 m, i64 n, i64 k, F f) {
     const Kernels& kr = kernels(isa);
-    Plan p = plan(kr, blocking_cached(isa), g.M, g.B * g.P(), g.K());
+    Plan p = plan(kr, blocking_cached(isa), m, n, k);
     TrimScratch trim;
     if (!allocate(p, t_arena)) return kAlloc;
     Conv gp;
@@ -316,8 +315,19 @@ const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w,
     const char* err;
     padded(g, x, p.nth, gp, t_padded, xp, err);
     if (err) return err;
-    kr.conv_fwd(p, gp, xp, w, bias, relu, y);
+    f(kr, p, gp, xp);
     return nullptr;
+}
+}  // namespace
+
+const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w, const float* bias, bool relu,
+                         float* y) {
+    if (!conv_sizes_ok(g)) return "conv: sizes overflow";
+    if (g.B == 0) return nullptr;
+    return run_conv(isa, g, x, g.M, g.B * g.P(), g.K(), [&](const Kernels& kr, const Plan& p, const Conv& gp,
+                                                              const float* xp) {
+        kr.conv_fwd(p, gp, xp, w, bias, relu, y);
+    });
 }
 
 const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw, bool accumulate) {
@@ -327,17 +337,10 @@ const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float*
             for (i64 i = 0; i < g.M * g.K(); ++i) dw[i] = 0.f;
         return nullptr;
     }
-    const Kernels& kr = kernels(isa);
-    Plan p = plan(kr, blocking_cached(isa), g.M, g.K(), g.B * g.P());
-    TrimScratch trim;
-    if (!allocate(p, t_arena)) return kAlloc;
-    Conv gp;
-    const float* xp;
-    const char* err;
-    padded(g, x, p.nth, gp, t_padded, xp, err);
-    if (err) return err;
-    kr.conv_dw(p, gp, xp, dy, dw, accumulate);
-    return nullptr;
+    return run_conv(isa, g, x, g.M, g.K(), g.B * g.P(), [&](const Kernels& kr, const Plan& p, const Conv& gp,
+                                                              const float* xp) {
+        kr.conv_dw(p, gp, xp, dy, dw, accumulate);
+    });
 }
 
 const char* conv_backward_x(Isa isa, const Conv& g, const float* w, const float* dy, float* dx) {

@@ -39,22 +39,7 @@ using UK = MicroKernel<V256, 4, 3>;
 
 #include "gemm_driver.h"
 
-namespace sprint {
-namespace gemm {
-namespace detail {
-const Kernels& kernels_avx2() {
-    static const Kernels k{UK::MR, UK::NR, 16, fma_peak_t<V256>, sgemm_isa, conv_fwd_isa, conv_dw_isa};
-    return k;
-}
-}  // namespace detail
-}  // namespace gemm
-}  // namespace sprint
+SPRINT_GEMM_KERNELS(avx2, V256, 16)
 #else
-namespace sprint {
-namespace gemm {
-namespace detail {
-const Kernels& kernels_avx2() { return kernels_generic(); }
-}  // namespace detail
-}  // namespace gemm
-}  // namespace sprint
+SPRINT_GEMM_FALLBACK(avx2)
 #endif

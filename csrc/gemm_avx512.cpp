@@ -77,22 +77,7 @@ using UK = MicroKernel<V512, SPRINT_AVX512_MR, SPRINT_AVX512_NV>;
 
 #include "gemm_driver.h"
 
-namespace sprint {
-namespace gemm {
-namespace detail {
-const Kernels& kernels_avx512() {
-    static const Kernels k{UK::MR, UK::NR, 32, fma_peak_t<V512>, sgemm_isa, conv_fwd_isa, conv_dw_isa};
-    return k;
-}
-}  // namespace detail
-}  // namespace gemm
-}  // namespace sprint
+SPRINT_GEMM_KERNELS(avx512, V512, 32)
 #else
-namespace sprint {
-namespace gemm {
-namespace detail {
-const Kernels& kernels_avx512() { return kernels_generic(); }
-}  // namespace detail
-}  // namespace gemm
-}  // namespace sprint
+SPRINT_GEMM_FALLBACK(avx512)
 #endif

@@ -44,13 +44,4 @@ using UK = MicroKernel<VPlain, 4, 4>;
 
 #include "gemm_driver.h"
 
-namespace sprint {
-namespace gemm {
-namespace detail {
-const Kernels& kernels_generic() {
-    static const Kernels k{UK::MR, UK::NR, 4, fma_peak_t<VPlain>, sgemm_isa, conv_fwd_isa, conv_dw_isa};
-    return k;
-}
-}  // namespace detail
-}  // namespace gemm
-}  // namespace sprint
+SPRINT_GEMM_KERNELS(generic, VPlain, 4)

@@ -54,3 +54,14 @@ const Kernels& kernels_avx512();
 }  // namespace detail
 }  // namespace gemm
 }  // namespace sprint
+
+// kernels_<name>() = the generic kernels, for an ISA unit built on a target
+// without that ISA.
+#define SPRINT_GEMM_FALLBACK(name)                                        \
+    namespace sprint {                                                    \
+    namespace gemm {                                                      \
+    namespace detail {                                                    \
+    const Kernels& kernels_##name() { return kernels_generic(); }         \
+    }                                                                     \
+    }                                                                     \
+    }

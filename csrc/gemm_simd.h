@@ -97,3 +97,18 @@ double fma_peak_t(std::int64_t iters, int threads) {
 }
 
 }  // namespace
+
+// Defines detail::kernels_<name>() of a unit from its UK, traits V and FMA
+// lanes per cycle (after gemm_driver.h); SPRINT_GEMM_FALLBACK (gemm_plan.h)
+// stands in where the unit's ISA cannot be compiled.
+#define SPRINT_GEMM_KERNELS(name, V, lanes)                                                               \
+    namespace sprint {                                                                                    \
+    namespace gemm {                                                                                      \
+    namespace detail {                                                                                    \
+    const Kernels& kernels_##name() {                                                                     \
+        static const Kernels k{UK::MR, UK::NR, lanes, fma_peak_t<V>, sgemm_isa, conv_fwd_isa, conv_dw_isa}; \
+        return k;                                                                                         \
+    }                                                                                                     \
+    }                                                                                                     \
+    }                                                                                                     \
+    }

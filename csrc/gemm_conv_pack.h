@@ -1,0 +1,322 @@
+// The implicit-GEMM convolution's packers and tiles, included by
+// gemm_driver.h (same translation unit, same ISA, internal linkage): B panels
+// of im2col(x) read from the image (forward, and dX as a forward of dy), the
+// NCHW tile with fused bias and ReLU, and dW's packings of dy and
+// im2col(x)^T.
+#pragma once
+
+namespace {
+
+// ---- implicit-GEMM convolution -------------------------------------------------
+// A run: columns of one B panel that share (image, output row), i.e. that
+// read one input row per (c, i, j).
+struct Run {
+    int col, len;
+    i64 img;       // offset of the image (img*C*H*W)
+    i64 ih0, iw0;  // oh*sh - ph, ow*sw - pw of the run's first column
+};
+
+// B = im2col(x): row kk = (c, i, j), column n = (img, oh, ow); zero by
+// predicate where the window covers padding.
+struct PackIm2col {
+    const Conv* g;
+    const float* x;
+    // Unit stride, no padding (conv_forward pads x once for this): every
+    // element of a run is inside the image, so lane l of an L-lane group
+    // reads x[base + l + (c*HW + i*W + j)] -- one plain vector load per
+    // group within an output row, masked loads only where runs meet.
+    void unpadded_unit_stride(float* dst, const float** rows, i64 nr, i64 kc, i64 p0, const Run* runs,
+                              int nrun) const {
+        using V = typename UK::Vec;
+        constexpr int NR = UK::NR, L = V::L, NG = NR / L;
+        const Conv& G = *g;
+        const i64 HW = G.H * G.W, khw = G.kh * G.kw;
+        struct Seg {
+            int a, e;
+            i64 base;
+        };
+        Seg seg[NG][L];
+        int nseg[NG] = {};
+        for (int r = 0; r < nrun; ++r) {
+            const Run& R = runs[r];
+            for (int gi = R.col / L; gi < NG && gi * L < R.col + R.len; ++gi) {
+                const int a = int(hi_(R.col, gi * L)) - gi * L, e = int(lo_(R.col + R.len, (gi + 1) * L)) - gi * L;
+                seg[gi][nseg[gi]++] = Seg{a, e, R.img + R.ih0 * G.W + R.iw0 - R.col + gi * L};
+            }
+        }
+        (void)nr;
+        i64 c = p0 / khw, i = (p0 % khw) / G.kw, j = p0 % G.kw;
+        for (i64 kk = 0; kk < kc; ++kk) {
+            float* d = dst + kk * NR;
+            rows[kk] = d;
+            const i64 off = c * HW + i * G.W + j;
+            for (int gi = 0; gi < NG; ++gi) {
+                if (nseg[gi] == 1 && seg[gi][0].a == 0 && seg[gi][0].e == L) {
+                    V::store(d + gi * L, V::load(x + seg[gi][0].base + off));
+                    continue;
+                }
+                typename V::reg acc = V::zero();
+                for (int q = 0; q < nseg[gi]; ++q)
+                    acc = V::load_merge(acc, x, seg[gi][q].base + off, seg[gi][q].a, seg[gi][q].e);
+                V::store(d + gi * L, acc);
+            }
+            if (++j == G.kw) {
+                j = 0;
+                if (++i == G.kh) i = 0, ++c;
+            }
+        }
+    }
+    void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
+        constexpr int NR = UK::NR;
+        const Conv& G = *g;
+        const i64 P = G.P(), HW = G.H * G.W;
+        Run runs[NR];
+        int nrun = 0;
+        i64 img = j0 / P, pp = j0 % P, oh = pp / G.OW, ow = pp % G.OW;
+        for (int col = 0; col < nr;) {
+            const int len = int(lo_(nr - col, G.OW - ow));
+            runs[nrun++] = Run{col, len, img * G.C * HW, oh * G.sh - G.ph, ow * G.sw - G.pw};
+            col += len;
+            ow += len;
+            if (ow == G.OW) {
+                ow = 0;
+                if (++oh == G.OH) oh = 0, ++img;
+            }
+        }
+        const i64 khw = G.kh * G.kw;
+        const bool one_run = nrun == 1 && nr == NR && G.sw == 1;
+        if (!one_run && G.sw == 1 && G.ph == 0 && G.pw == 0) return unpadded_unit_stride(dst, rows, nr, kc, p0, runs, nrun);
+        i64 c = p0 / khw, i = (p0 % khw) / G.kw, j = p0 % G.kw;
+        for (i64 kk = 0; kk < kc; ++kk) {
+            float* d = dst + kk * NR;
+            rows[kk] = d;
+            if (one_run) {  // the whole panel row inside the image: read it in place
+                const Run& R = runs[0];
+                const i64 ih = R.ih0 + i, iw0 = R.iw0 + j;
+                if (ih >= 0 && ih < G.H && iw0 >= 0 && iw0 + NR <= G.W) {
+                    rows[kk] = x + R.img + c * HW + ih * G.W + iw0;
+                    if (++j == G.kw) {
+                        j = 0;
+                        if (++i == G.kh) i = 0, ++c;
+                    }
+                    continue;
+                }
+            }
+            if (G.sw == 1) {  // each L-lane group: one masked vector load per run it holds
+                using V = typename UK::Vec;
+                constexpr int L = V::L;
+                for (int r = 0, g0 = 0; g0 < NR; g0 += L) {
+                    typename V::reg acc = V::zero();
+                    for (; r < nrun && runs[r].col < g0 + L; ++r) {
+                        const Run& R = runs[r];
+                        const i64 ih = R.ih0 + i, iw = R.iw0 + j;  // of the run's first column
+                        if (ih < 0 || ih >= G.H) continue;
+                        // lane l of the group reads column iw + (l - (R.col - g0)), where inside the row
+                        const int a = R.col - g0;
+                        const int lo = int(hi_(hi_(a, a - iw), 0)), hi = int(lo_(lo_(a + R.len, a + G.W - iw), L));
+                        if (lo < hi) acc = V::load_merge(acc, x, R.img + c * HW + ih * G.W + iw - a, lo, hi);
+                    }
+                    if (r > 0 && runs[r - 1].col + runs[r - 1].len > g0 + L) --r;  // a run spilling into the next group
+                    V::store(d + g0, acc);
+                }
+                if (++j == G.kw) {
+                    j = 0;
+                    if (++i == G.kh) i = 0, ++c;
+                }
+                continue;
+            }
+            for (int r = 0; r < nrun; ++r) {
+                const Run& R = runs[r];
+                float* dr = d + R.col;
+                const i64 ih = R.ih0 + i;
+                if (ih < 0 || ih >= G.H) {
+                    for (int q = 0; q < R.len; ++q) dr[q] = 0.f;
+                    continue;
+                }
+                const float* row = x + R.img + c * HW + ih * G.W;
+                const i64 iw0 = R.iw0 + j;
+                if (G.sw == 1) {
+                    const int a = int(lo_(R.len, hi_(0, -iw0))), b = int(hi_(a, lo_(R.len, G.W - iw0)));
+                    for (int q = 0; q < a; ++q) dr[q] = 0.f;
+                    for (int q = a; q < b; ++q) dr[q] = row[iw0 + q];
+                    for (int q = b; q < R.len; ++q) dr[q] = 0.f;
+                } else {
+                    for (int q = 0; q < R.len; ++q) {
+                        const i64 iw = iw0 + q * G.sw;
+                        dr[q] = (iw >= 0 && iw < G.W) ? row[iw] : 0.f;
+                    }
+                }
+            }
+            for (i64 q = nr; q < NR; ++q) d[q] = 0.f;
+            if (++j == G.kw) {
+                j = 0;
+                if (++i == G.kh) i = 0, ++c;
+            }
+        }
+    }
+};
+
+// Tile column n = (img, p) is y[img, m, p]; chains start from zero, and
+// after the last k block the bias is added and ReLU applied.
+struct TileNCHW {
+    const Conv* g;
+    float* y;
+    const float* bias;
+    bool relu;
+    template <class F>
+    void runs(i64 i0, i64 j0, int mr, int nr, F f) const {  // f(row of y, tile offset, length, r)
+        const i64 P = g->P(), M = g->M;
+        i64 img = j0 / P, pp = j0 % P;
+        for (int col = 0; col < nr;) {
+            const int len = int(lo_(nr - col, P - pp));
+            for (int r = 0; r < mr; ++r) f(y + (img * M + i0 + r) * P + pp, r * UK::NR + col, len, r);
+            col += len;
+            pp = 0;
+            ++img;
+        }
+    }
+    void load(i64 i0, i64 j0, int mr, int nr, float* t, bool first) const {
+        zero_tile(t);
+        if (first) return;
+        runs(i0, j0, mr, nr, [&](const float* c, int o, int len, int) {
+            for (int q = 0; q < len; ++q) t[o + q] = c[q];
+        });
+    }
+    void store(i64 i0, i64 j0, int mr, int nr, const float* t, bool last) const {
+        runs(i0, j0, mr, nr, [&](float* c, int o, int len, int r) {
+            const float* s = t + o;
+            if (!last) {
+                for (int q = 0; q < len; ++q) c[q] = s[q];
+                return;
+            }
+            const float b = bias ? bias[i0 + r] : 0.f;
+            if (relu) {
+                for (int q = 0; q < len; ++q) c[q] = s[q] + b > 0.f ? s[q] + b : 0.f;
+            } else if (bias) {
+                for (int q = 0; q < len; ++q) c[q] = s[q] + b;
+            } else {
+                for (int q = 0; q < len; ++q) c[q] = s[q];
+            }
+        });
+    }
+};
+
+void conv_fwd_isa(const Plan& p, const Conv& g, const float* x, const float* w, const float* bias, bool relu,
+                  float* y) {
+    run_plan(p, g.M, g.B * g.P(), g.K(), PackA{w, g.K(), false, 1.f}, PackIm2col{&g, x},
+             TileNCHW{&g, y, bias, relu});
+}
+
+// dW = dy (M x B*P, read from NCHW) @ im2col(x)^T.
+struct PackDy {
+    const Conv* g;
+    const float* dy;
+    void operator()(float* dst, i64 i0, i64 mr, i64 p0, i64 kc) const {
+        constexpr int MR = UK::MR;
+        const i64 P = g->P(), M = g->M;
+        for (i64 r = 0; r < mr; ++r) {
+            i64 img = p0 / P, pp = p0 % P;
+            for (i64 kk = 0; kk < kc;) {
+                const i64 len = lo_(kc - kk, P - pp);
+                const float* s = dy + (img * M + i0 + r) * P + pp;
+                for (i64 q = 0; q < len; ++q) dst[(kk + q) * MR + r] = s[q];
+                kk += len;
+                pp = 0;
+                ++img;
+            }
+        }
+        for (i64 r = mr; r < MR; ++r)
+            for (i64 kk = 0; kk < kc; ++kk) dst[kk * MR + r] = 0.f;
+    }
+};
+
+// B = im2col(x)^T: row kk = pixel (img, oh, ow), column = (c, i, j).
+struct PackIm2colT {
+    const Conv* g;
+    const float* x;
+    // Unit column stride: each column reads a run of an image row per output
+    // row, so L columns x L pixels go through one register transpose, the
+    // lanes over padding masked off (never read).
+    void unit_stride(float* dst, i64 j0, i64 nr, i64 p0, i64 kc) const {
+        constexpr int NR = UK::NR, L = UK::Vec::L;
+        const Conv& G = *g;
+        const i64 P = G.P(), HW = G.H * G.W, khw = G.kh * G.kw;
+        i64 img = p0 / P, pp = p0 % P, oh = pp / G.OW, ow = pp % G.OW;
+        for (i64 kk = 0; kk < kc;) {
+            const i64 len = lo_(kc - kk, G.OW - ow);
+            for (i64 col = 0; col < nr; col += L) {
+                const int w = int(lo_(L, nr - col));
+                i64 off[L], iw[L];  // element (r, q) is x[off[r] + q], in the image where 0 <= iw[r] + q < W
+                for (int r = 0; r < w; ++r) {
+                    const i64 kidx = j0 + col + r, c = kidx / khw, i = (kidx % khw) / G.kw, j = kidx % G.kw;
+                    const i64 ih = oh * G.sh - G.ph + i;
+                    iw[r] = ow - G.pw + j;
+                    if (ih < 0 || ih >= G.H) iw[r] = G.W;  // a padding row: no lane is inside
+                    off[r] = (img * G.C + c) * HW + ih * G.W + iw[r];
+                }
+                float* d = dst + kk * NR + col;
+                i64 q = 0;
+                if (w == L) {
+                    for (; q + L <= len; q += L) {
+                        int lo[L], hi[L];
+                        for (int r = 0; r < L; ++r) {
+                            lo[r] = int(lo_(L, hi_(0, -(iw[r] + q))));
+                            hi[r] = int(hi_(lo[r], lo_(L, G.W - (iw[r] + q))));
+                        }
+                        UK::Vec::transpose(x, off, q, lo, hi, d + q * NR, NR);
+                    }
+                }
+                for (; q < len; ++q)
+                    for (int r = 0; r < w; ++r) {
+                        const i64 c = iw[r] + q;
+                        d[q * NR + r] = (c >= 0 && c < G.W) ? x[off[r] + q] : 0.f;
+                    }
+            }
+            kk += len;
+            ow = 0;
+            if (++oh == G.OH) oh = 0, ++img;
+        }
+        for (i64 kk = 0; kk < kc; ++kk)
+            for (i64 col = nr; col < NR; ++col) dst[kk * NR + col] = 0.f;
+    }
+    void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
+        constexpr int NR = UK::NR;
+        for (i64 kk = 0; kk < kc; ++kk) rows[kk] = dst + kk * NR;
+        const Conv& G = *g;
+        const i64 P = G.P(), HW = G.H * G.W, khw = G.kh * G.kw;
+        if (G.sw == 1) {
+            unit_stride(dst, j0, nr, p0, kc);
+            return;
+        }
+        for (i64 col = 0; col < nr; ++col) {
+            const i64 kidx = j0 + col, c = kidx / khw, i = (kidx % khw) / G.kw, j = kidx % G.kw;
+            float* d = dst + col;
+            i64 img = p0 / P, pp = p0 % P, oh = pp / G.OW, ow = pp % G.OW;
+            for (i64 kk = 0; kk < kc;) {
+                const i64 len = lo_(kc - kk, G.OW - ow);
+                const i64 ih = oh * G.sh - G.ph + i;
+                if (ih < 0 || ih >= G.H) {
+                    for (i64 q = 0; q < len; ++q) d[(kk + q) * NR] = 0.f;
+                } else {
+                    const float* row = x + (img * G.C + c) * HW + ih * G.W;
+                    const i64 iw0 = ow * G.sw - G.pw + j;
+                    for (i64 q = 0; q < len; ++q) {
+                        const i64 iw = iw0 + q * G.sw;
+                        d[(kk + q) * NR] = (iw >= 0 && iw < G.W) ? row[iw] : 0.f;
+                    }
+                }
+                kk += len;
+                ow = 0;
+                if (++oh == G.OH) oh = 0, ++img;
+            }
+        }
+        for (i64 col = nr; col < NR; ++col)
+            for (i64 kk = 0; kk < kc; ++kk) dst[kk * NR + col] = 0.f;
+    }
+};
+
+void conv_dw_isa(const Plan& p, const Conv& g, const float* x, const float* dy, float* dw, bool accumulate) {
+    run_plan(p, g.M, g.K(), g.B * g.P(), PackDy{&g, dy}, PackIm2colT{&g, x}, TilePlain{dw, g.K(), accumulate ? 1.f : 0.f});
+}
+
+}  // namespace
