@@ -211,22 +211,35 @@ void conv_fwd_isa(const Plan& p, const Conv& g, const float* x, const float* w, 
 struct PackDy {
     const Conv* g;
     const float* dy;
+    // L pixels x MR rows at a time through the register transpose (rows past
+    // mr masked to zero), then MR floats per pixel into the panel.
     void operator()(float* dst, i64 i0, i64 mr, i64 p0, i64 kc) const {
-        constexpr int MR = UK::MR;
+        constexpr int MR = UK::MR, L = UK::Vec::L;
+        static_assert(MR <= L, "an A panel row must fit one transposed register");
         const i64 P = g->P(), M = g->M;
-        for (i64 r = 0; r < mr; ++r) {
-            i64 img = p0 / P, pp = p0 % P;
-            for (i64 kk = 0; kk < kc;) {
-                const i64 len = lo_(kc - kk, P - pp);
-                const float* s = dy + (img * M + i0 + r) * P + pp;
-                for (i64 q = 0; q < len; ++q) dst[(kk + q) * MR + r] = s[q];
-                kk += len;
-                pp = 0;
-                ++img;
+        alignas(64) float tmp[L * L];
+        i64 img = p0 / P, pp = p0 % P;
+        for (i64 kk = 0; kk < kc;) {
+            const i64 len = lo_(kc - kk, P - pp);
+            i64 off[L];
+            int lo[L], hi[L];
+            for (int r = 0; r < L; ++r) {
+                off[r] = r < mr ? (img * M + i0 + r) * P + pp : 0;
+                lo[r] = 0;
+                hi[r] = r < mr ? L : 0;
             }
+            i64 q = 0;
+            for (; q + L <= len; q += L) {
+                UK::Vec::transpose(dy, off, q, lo, hi, tmp, L);
+                for (int e = 0; e < L; ++e)
+                    for (int r = 0; r < MR; ++r) dst[(kk + q + e) * MR + r] = tmp[e * L + r];
+            }
+            for (; q < len; ++q)
+                for (int r = 0; r < MR; ++r) dst[(kk + q) * MR + r] = r < mr ? dy[off[r] + q] : 0.f;
+            kk += len;
+            pp = 0;
+            ++img;
         }
-        for (i64 r = mr; r < MR; ++r)
-            for (i64 kk = 0; kk < kc; ++kk) dst[kk * MR + r] = 0.f;
     }
 };
 
@@ -241,18 +254,27 @@ struct PackIm2colT {
         constexpr int NR = UK::NR, L = UK::Vec::L;
         const Conv& G = *g;
         const i64 P = G.P(), HW = G.H * G.W, khw = G.kh * G.kw;
+        // each column's (c*HW, i, j), once per panel: divisions per run would cost more than the copies
+        i64 cHW[NR];
+        int ci[NR], cj[NR];
+        for (i64 col = 0; col < nr; ++col) {
+            const i64 kidx = j0 + col;
+            cHW[col] = kidx / khw * HW;
+            ci[col] = int(kidx % khw / G.kw);
+            cj[col] = int(kidx % G.kw);
+        }
         i64 img = p0 / P, pp = p0 % P, oh = pp / G.OW, ow = pp % G.OW;
         for (i64 kk = 0; kk < kc;) {
             const i64 len = lo_(kc - kk, G.OW - ow);
+            const i64 ih0 = oh * G.sh - G.ph, base = img * G.C * HW;
             for (i64 col = 0; col < nr; col += L) {
                 const int w = int(lo_(L, nr - col));
                 i64 off[L], iw[L];  // element (r, q) is x[off[r] + q], in the image where 0 <= iw[r] + q < W
                 for (int r = 0; r < w; ++r) {
-                    const i64 kidx = j0 + col + r, c = kidx / khw, i = (kidx % khw) / G.kw, j = kidx % G.kw;
-                    const i64 ih = oh * G.sh - G.ph + i;
-                    iw[r] = ow - G.pw + j;
+                    const i64 ih = ih0 + ci[col + r];
+                    iw[r] = ow - G.pw + cj[col + r];
                     if (ih < 0 || ih >= G.H) iw[r] = G.W;  // a padding row: no lane is inside
-                    off[r] = (img * G.C + c) * HW + ih * G.W + iw[r];
+                    off[r] = base + cHW[col + r] + ih * G.W + iw[r];
                 }
                 float* d = dst + kk * NR + col;
                 i64 q = 0;
