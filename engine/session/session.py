@@ -193,7 +193,15 @@ class Session:
                         last_epoch=self.saved_epoch)
 
     def interrupted(self) -> Interrupted:
-        return Interrupted(self.saved_epoch, str(self.run) if self.run else None)
+        epoch = self.saved_epoch
+        if self.run is not None and self.root:
+            # Ctrl-C can land between a checkpoint's rename and the update of
+            # saved_epoch (faster epochs make that likelier): the file is the truth
+            try:
+                epoch = max(epoch, int(self.run.load_checkpoint(arrays=False).get("epoch", 0)))
+            except (OSError, ValueError):
+                pass
+        return Interrupted(epoch, str(self.run) if self.run else None)
 
     def result(self, net, epochs: int, **more) -> dict:
         new = self.history[self.first_new:]
