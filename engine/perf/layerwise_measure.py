@@ -3,10 +3,11 @@ configuration) block is run forward and backward a few times at its
 sub-shape and the median kept, instead of pricing its kernels from the
 fitted profile.
 
-Why: the profile's kernel fits age with the kernels (the CPU convolution
-became an implicit GEMM after the shipped profile was swept, and the whole
-cifar step now runs about 1.9x the profile's price), while a block's own
-timing is what the executor will spend on it. Transfers and allreduces keep
+Why: the profile's kernel fits age with the kernels and price a layer by
+its kernels alone (on 30 Nov the shipped profiles priced the one-device
+cifar step at 307 and 317 ms where it took 394-593 ms after the CPU
+convolution became an implicit GEMM), while a block's own timing is what
+the executor will spend on it. Transfers and allreduces keep
 the profile's MPI fits. A block is timed the way engine.parallel.layerwise
 runs it: a convolution on its rows and columns plus the kernel's halo with
 no padding of its own, an FC layer on its output features, the softmax on
