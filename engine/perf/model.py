@@ -93,14 +93,16 @@ def kernel_time(profile, kern, size) -> float:
     return profile.term(kern, size)
 
 
-def python_share(spec, n_subbatch, profile) -> float | None:
+def python_share(spec, n_subbatch, profile, rows=None) -> float | None:
     """Share of a ComputeGradient spent in per-call costs (the ``per-call``
     rows of the layer terms: Python and fixed costs around each kernel);
     None for profiles without layer terms. It places a net the contention
-    sweep did not run between those it did (``Profile.slowdown``)."""
+    sweep did not run between those it did (``Profile.slowdown``).
+    ``rows``: the net's ``compute_gradient_terms`` when the caller has them."""
     if not profile.data.get("layer_terms"):
         return None
-    rows = compute_gradient_terms(spec_mod.get_spec(spec), n_subbatch, profile)
+    if rows is None:
+        rows = compute_gradient_terms(spec_mod.get_spec(spec), n_subbatch, profile)
     tot = sum(r[4] for r in rows)
     return sum(r[4] for r in rows if r[2] == "per-call") / tot if tot > 0 else None
 
@@ -218,13 +220,14 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     sp = spec_mod.get_spec(spec)
     n_param = spec_mod.n_params(sp)
     cpu = profile.data.get("backend", "cpu") == "cpu"
+    terms = compute_gradient_terms(sp, n_subbatch, profile)
+    phi = python_share(sp, n_subbatch, profile, terms) if cpu else None
     # On the CPU every worker thread of the ranks sharing a host competes for
     # its cores; on GPUs each worker owns its device.
     if slowdown is not None:
         slow = float(slowdown)
     else:
-        slow = profile.slowdown(ranks_per_host, n_gpu, sp.name, python_share(sp, n_subbatch, profile)) \
-            if cpu else 1.0
+        slow = profile.slowdown(ranks_per_host, n_gpu, sp.name, phi) if cpu else 1.0
     pr = profile
     v = lambda name, n: (pr.term(name, n), pr.cv(name))
     # The flat vectors are touched once per step, between kernels that
@@ -239,9 +242,9 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     vs = priced(slow)
     # The updater runs at a higher priority than the (niced) workers: it
     # gets a core when it wants one and shares only the memory bandwidth.
-    uslow = min(slow, pr.updater_slowdown(sp.name, python_share(sp, n_subbatch, pr))) if cpu else slow
+    uslow = min(slow, pr.updater_slowdown(sp.name, phi)) if cpu else slow
     vu = priced(uslow)
-    rows = [r[:4] + (slow * r[4],) for r in compute_gradient_terms(sp, n_subbatch, pr)]
+    rows = [r[:4] + (slow * r[4],) for r in terms]
     pixels = n_subbatch * sp.m0 * sp.x0 * sp.x0
     grad = (sum(r[4] for r in rows) + slow * (pr.overhead("per_step") + (pr.runner_compute(n_param) if cpu else 0.0)),
             pr.cv("sgemm"))
@@ -264,8 +267,9 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     sl = n_param / n_node
     swap = impl.handover == "swap"
     hand = v("handover", 1) if pr.has("handover") else (0.0, 0.0)
+    fetch = vs("copy", n_param)
     c = {
-        "fetch": (vs("copy", n_param)[0] + rx("FetchWeights", vs("copy", n_param)[0]), vs("copy", n_param)[1]),
+        "fetch": (fetch[0] + rx("FetchWeights", fetch[0]), fetch[1]),
         "load": parts[0], "deform": parts[1], "compute_gradient": grad, "update_val": update_val,
         "worker_loop": (slow * pr.overhead("worker_loop"), 0.0),
         "deposit_set": hand if swap else vs("copy", n_param),
