@@ -73,15 +73,17 @@ def _leaf(X, t):
     return c, float(r @ r)
 
 
-def fit_sgemm_regimes(pts, t, max_regimes=4, min_points=16, min_gain=0.3, min_rms=0.03):
+def fit_sgemm_regimes(pts, t, max_regimes=4, min_points=16, min_gain=0.3, min_rms=0.03, X=None,
+                      names=SGEMM_FEATURES):
     """[(rule, coef)] from shapes ``pts`` [(m,n,k)] and times ``t``.
 
     A leaf whose RMS relative residual is already below ``min_rms`` (the
-    timing noise) is not split: a split there would fit noise.
+    timing noise) is not split: a split there would fit noise. ``X``/``names``:
+    other feature columns than the SGEMM polynomial's (the whole-op fits).
     """
     pts = [tuple(int(v) for v in p) for p in pts]
     t = np.asarray(t, float)
-    X = _sgemm_X(pts)
+    X = _sgemm_X(pts) if X is None else np.asarray(X, float)
     feats = {f: np.array([regime_feature(f, *p) for p in pts]) for f in SPLIT_FEATURES}
     leaves = [([], np.arange(len(pts)))]
     while len(leaves) < max_regimes:
@@ -111,7 +113,7 @@ def fit_sgemm_regimes(pts, t, max_regimes=4, min_points=16, min_gain=0.3, min_rm
         left = idx[feats[f][idx] <= thr]
         right = idx[feats[f][idx] > thr]
         leaves += [(rule + [[f, "<=", thr]], left), (rule + [[f, ">", thr]], right)]
-    return [(rule, dict(zip(SGEMM_FEATURES, map(float, _leaf(X[idx], t[idx])[0]))))
+    return [(rule, dict(zip(names, map(float, _leaf(X[idx], t[idx])[0]))))
             for rule, idx in leaves]
 
 
@@ -123,6 +125,30 @@ def predict_sgemm(regimes, m, n, k):
 
 
 # -- the other terms --------------------------------------------------------
+
+def fit_op_terms(records, min_points=12) -> dict:
+    """{op: {"regimes", "path", "cv", "error"}} of the whole-op sweeps
+    (``sweep_ops``): each op's time on its forward GEMM shape, the SGEMM
+    polynomial plus the implicit dX's terms (``sweep_ops.op_features``), in
+    regimes split as the SGEMM fits are. Held out: every fourth shape."""
+    from .sweep_ops import OP_FEATURES, OP_KINDS, op_features
+    out = {}
+    for kind in OP_KINDS:
+        fit_r, hold = _split(records, kind)
+        if len(fit_r) < 2 * min_points:
+            continue
+        X = [op_features(r["m"], r["n"], r["k"], r.get("c", 1)) for r in fit_r]
+        regimes = fit_sgemm_regimes([(r["m"], r["n"], r["k"]) for r in fit_r], [r["t"] for r in fit_r],
+                                    min_points=min_points, X=X, names=OP_FEATURES)
+        entry = {"regimes": [{"rule": rule, "coef": coef} for rule, coef in regimes],
+                 "path": fit_r[0].get("path"), "cv": _cv(fit_r + hold)}
+        p = Profile({"ops": {kind: entry}})
+        ev = lambda rs: error_summary([p.op(kind, r["m"], r["n"], r["k"], r.get("c", 1)) for r in rs],
+                                      [r["t"] for r in rs]) if rs else {"n": 0}
+        entry["error"] = {"fit": ev(fit_r), "holdout": ev(hold)}
+        out[kind] = entry
+    return out
+
 
 def fit_linear(x, t):
     """(a, b) >= 0 of t = a x + b."""
@@ -253,6 +279,9 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
                                "cv": _cv(fit_r + hold), "error": {"fit": ev(fit_r), "holdout": ev(hold)}}
         if len(pieces) > 1:
             prof["terms"][name]["pieces"] = [{"upper": u, "a": pa, "b": pb} for u, pa, pb in pieces]
+    ops = fit_op_terms(records)
+    if ops:
+        prof["ops"] = ops
     fit_r, hold = _split(records, "allreduce")
     if len(fit_r) >= 4:
         ar = fit_allreduce([r["n_node"] for r in fit_r], [r["n_param"] for r in fit_r],
@@ -319,6 +348,9 @@ def format_errors(prof: dict) -> str:
         lines.append(f"{label:<22}{cell(v['error']['fit'])}  {cell(v['error']['holdout'])}")
         if "net_shapes" in v["error"]:
             lines.append(f"{'  net shapes':<22}{'':>22}  {cell(v['error']['net_shapes'])}")
+    for name, o in sorted(prof.get("ops", {}).items()):
+        lines.append(f"{name + ' (' + str(len(o['regimes'])) + ' regimes)':<22}{cell(o['error']['fit'])}  "
+                     f"{cell(o['error']['holdout'])}")
     for name, t in sorted(prof.get("terms", {}).items()):
         lines.append(f"{name:<22}{cell(t['error']['fit'])}  {cell(t['error']['holdout'])}")
     if "allreduce" in prof:

@@ -137,7 +137,7 @@ def anchor_contention(prof: dict) -> None:
         try:
             sp = spec_mod.get_spec(e["model"])
             cg = sum(r[4] for r in compute_gradient_terms(sp, int(e["n_subbatch"]), p)) \
-                + p.overhead("per_step")
+                + p.per_step(spec_mod.n_params(sp))
         except ValueError:          # a kernel this net needs was not swept
             continue
         if cg > 0:
@@ -223,7 +223,7 @@ def runner_compute_excess(prof: dict, by_net: dict, p) -> None:
             continue
         e = es[0]
         sp = spec_mod.get_spec(net)
-        cg = sum(r[4] for r in compute_gradient_terms(sp, int(e["n_subbatch"]), p)) + p.overhead("per_step")
+        cg = sum(r[4] for r in compute_gradient_terms(sp, int(e["n_subbatch"]), p)) + p.per_step(spec_mod.n_params(sp))
         pts.append((spec_mod.n_params(sp), (e["host"] - 1.0) * cg))
     if not pts:
         return
@@ -260,14 +260,20 @@ def fit_overhead(prof: dict, steps, held=()) -> dict:
     kern, rows = kernels(steps)
     if "layer_terms" in prof:
         # The layers are priced by their own terms: what is left of a step
-        # is the net's per-step Python (loss, flatten, gradient zeroing).
-        per_step = max(float(np.median(t - kern)), 0.0)
-        err = {"fit": error_summary(kern + per_step, t)}
+        # is the net's per-step work outside them, c + d N_Param (loss and
+        # flatten per call; zeroing and flattening the gradient per
+        # parameter). One constant, the median over tiny and cifar, was
+        # cifar's 2 ms put on every net.
+        npar = np.array([spec_mod.n_params(spec_mod.get_spec(r["model"])) for r in steps], float)
+        c, d = nnls(np.column_stack([1.0 / t, npar / t]), (t - kern) / t)[0]
+        extra = lambda rs, ks: ks + c + d * np.array([spec_mod.n_params(spec_mod.get_spec(r["model"])) for r in rs])
+        err = {"fit": error_summary(extra(steps, kern), t)}
         if held:
             th = np.array([r["t"] for r in held])
             kh, _ = kernels(held)
-            err["holdout"] = error_summary(kh + per_step, th)
-        return {"kernel_factor": 1.0, "per_layer": 0.0, "per_step": per_step, "error": err}
+            err["holdout"] = error_summary(extra(held, kh), th)
+        return {"kernel_factor": 1.0, "per_layer": 0.0, "per_step": float(c), "per_step_param": float(d),
+                "error": err}
     # t = f * kernels + per_layer * L + per_step: the sweeps run each kernel
     # on warm caches, a step streams every layer's data through them (f),
     # and the Python of the layers costs per layer and per step.

@@ -183,7 +183,8 @@ def t_compute(node: Node, cfg, batch, profile) -> float:
     if node.kind == "softmax":
         return factor * profile.term("softmax", (batch // cfg[0]) * node.out[0])
     b, sub = _sub_geom(node, cfg, batch)
-    t = sum(kernel_time(profile, k, s) for _, k, s in layer_kernels(sub, b, node.first, False))
+    ops = profile.op_kinds() if hasattr(profile, "op_kinds") else set()
+    t = sum(kernel_time(profile, k, s) for _, k, s in layer_kernels(sub, b, node.first, False, ops))
     return factor * t + profile.overhead("per_layer")
 
 

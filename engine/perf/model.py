@@ -30,6 +30,7 @@ from engine import spec as spec_mod
 
 from .host import (Oversubscribed, _allreduce_cost, _cold, _updater_excess, core_share,  # noqa: F401
                    oversubscription, step_footprint, updater_duty)
+from .sweep_ops import OP_KINDS
 from .queueing import (_first_deposit_wait, barrier_factor, barrier_wait, binom_cdf,  # noqa: F401
                        expected_staleness, lock_wait, t_barrier)
 
@@ -43,7 +44,7 @@ UPDATER_STEPS = ("WaitGradient", "LockGradient", "SumGradient", "AddMomentum", "
                  "UpdateMomentum", "LockWeights", "UpdateWeights")
 
 
-def layer_kernels(g, n: int, first: bool, last: bool):
+def layer_kernels(g, n: int, first: bool, last: bool, ops=frozenset()):
     """(pass, kernel, size) of every kernel one layer runs for its batch.
 
     ``size`` is an (m, n, k) tuple for SGEMMs (kernel ``sgemm_nn|nt|tn`` by
@@ -53,8 +54,18 @@ def layer_kernels(g, n: int, first: bool, last: bool):
     backward = ReLU', pool', im2col again, the NCHW->CNHW copy that also
     sums db, the dW SGEMM and, except for the first layer, the dX SGEMM and
     col2im. FC: SGEMM + bias (+ ReLU); backward dW, db, dX SGEMMs.
+
+    ``ops``: the whole-op fits the profile has for the path in force
+    (``Profile.op_kinds``). With them a layer is its ops as engine.layers
+    calls them: the implicit convolution (ReLU fused, db inside its
+    backward) and max-pool, or linear_forward/backward and ReLU; sizes are
+    the forward GEMM's (m, n, k) and, for convolutions, the kernel side.
     """
     ks = []
+    kind_ops = (("conv_fwd", "conv_bwd_dw" if first else "conv_bwd") if g.kind == "conv"
+                else ("fc_fwd", "fc_bwd_dw" if first else "fc_bwd"))
+    if all(k in ops for k in kind_ops):
+        return _op_kernels(g, n, last, kind_ops)
     if g.kind == "conv":
         conv_out = spec_mod._prod(g.extra["conv_out"]) * n
         pooled = spec_mod._prod(g.out_shape) * n
@@ -65,10 +76,10 @@ def layer_kernels(g, n: int, first: bool, last: bool):
         lay = (conv_out, n * g.w_shape[0])
         ks += [("fwd", "im2col", cols), ("fwd", "sgemm_nn", g.gemm_fwd), ("fwd", "to_nchw", lay)]
         if g.pool > 1:
-            ks.append(("fwd", "pool_fwd", conv_out))
+            ks.append(("fwd", "pool_fwd", _pool_size(g, n)))
         ks += [("fwd", "relu_fwd", pooled), ("bwd", "relu_bwd", pooled)]
         if g.pool > 1:
-            ks.append(("bwd", "pool_bwd", conv_out))
+            ks.append(("bwd", "pool_bwd", _pool_size(g, n)))
         ks += [("bwd", "im2col", cols), ("bwd", "to_cnhw", lay), ("bwd", "sgemm_nt", g.gemm_dw)]
         if not first:
             ks += [("bwd", "sgemm_tn", g.gemm_dx), ("bwd", "col2im", cols)]
@@ -86,8 +97,32 @@ def layer_kernels(g, n: int, first: bool, last: bool):
     return ks
 
 
+def _pool_size(g, n):
+    """(elements, input rows) of a max-pool over the conv output (sweep_layers)."""
+    m, side, _ = g.extra["conv_out"]
+    return (m * side * side * n, m * side * n)
+
+
+def _op_kernels(g, n, last, kind_ops):
+    fwd, bwd = kind_ops
+    if g.kind == "conv":
+        size = tuple(g.gemm_fwd) + (g.w_shape[2],)
+        ks = [("fwd", fwd, size)] + ([("fwd", "pool_fwd", _pool_size(g, n))] if g.pool > 1 else [])
+        ks.append(("bwd", "relu_bwd", spec_mod._prod(g.out_shape) * n))
+        return ks + ([("bwd", "pool_bwd", _pool_size(g, n))] if g.pool > 1 else []) + [("bwd", bwd, size)]
+    out = g.out_shape[0] * n
+    ks = [("fwd", fwd, tuple(g.gemm_fwd))]
+    if g.relu:
+        ks += [("fwd", "relu_fwd", out), ("bwd", "relu_bwd", out)]
+    if last:
+        ks.append(("loss", "softmax", out))
+    return ks + [("bwd", bwd, tuple(g.gemm_fwd))]
+
+
 def kernel_time(profile, kern, size) -> float:
     """Profile price of one row of ``layer_kernels``."""
+    if kern in OP_KINDS:
+        return profile.op(kern, *size)
     if kern.startswith("sgemm"):
         return profile.sgemm(*size, trans=kern.split("_")[1])
     return profile.term(kern, size)
@@ -122,8 +157,9 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False):
     # fitted factor (1 when the profile has no net-step fit).
     factor = 1.0 if (kernels_only or lt) else (profile.overhead("kernel_factor") or 1.0)
     rows = []
+    ops = profile.op_kinds()
     for i, g in enumerate(geoms):
-        for pas, kern, size in layer_kernels(g, n_subbatch, i == 0, i == len(geoms) - 1):
+        for pas, kern, size in layer_kernels(g, n_subbatch, i == 0, i == len(geoms) - 1, ops):
             t = kernel_time(profile, kern, size)
             term = lt.get(f"{g.kind}_{pas}")
             rows.append((g.name, pas, kern, size, (term["f"] if term else factor) * t))
@@ -246,7 +282,7 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     vu = priced(uslow)
     rows = [r[:4] + (slow * r[4],) for r in terms]
     pixels = n_subbatch * sp.m0 * sp.x0 * sp.x0
-    grad = (sum(r[4] for r in rows) + slow * (pr.overhead("per_step") + (pr.runner_compute(n_param) if cpu else 0.0)),
+    grad = (sum(r[4] for r in rows) + slow * (pr.per_step(n_param) + (pr.runner_compute(n_param) if cpu else 0.0)),
             pr.cv("sgemm"))
     scale, sub, add = (_cold(pr, k, foot) for k in ("scale", "sub", "add"))
     update_val = (slow * (pr.term(scale, n_param) + (pr.term(scale, n_param) + pr.term(sub, n_param)

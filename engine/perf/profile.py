@@ -145,6 +145,29 @@ class Profile:
         coef = self.sgemm_regime(m, n, k, trans)["coef"]
         return self.time_scale * sum(coef[f] * v for f, v in zip(SGEMM_FEATURES, sgemm_features(m, n, k)))
 
+    def op_kinds(self) -> set:
+        """The whole-op fits (``fit.fit_op_terms``) that price the ops as they
+        run now: on a CPU profile only those swept on the conv/GEMM path in
+        force (``sweep_ops.op_path``); the others fall back to the kernels."""
+        ops = self.data.get("ops") or {}
+        if not ops:
+            return set()
+        if self.data.get("backend", "cpu") != "cpu":
+            return set(ops)
+        from .sweep_ops import op_path
+        now = op_path()
+        return {k for k, o in ops.items() if o.get("path") == now[k.split("_")[0]]}
+
+    def op(self, kind, m, n, k, c=1) -> float:
+        """Fitted time of one whole op (``sweep_ops``) on its forward GEMM shape."""
+        from .sweep_ops import OP_FEATURES, op_features
+        regs = (self.data.get("ops") or {}).get(kind, {}).get("regimes")
+        if not regs:
+            raise ValueError(f"profile {self.source} has no {kind} fit")
+        reg = next((r for r in regs if rule_matches(r["rule"], m, n, k)), regs[-1])
+        feats = op_features(m, n, k, c)
+        return self.time_scale * sum(reg["coef"].get(f, 0.0) * v for f, v in zip(OP_FEATURES, feats))
+
     def allreduce_bw(self, n_node, n_param) -> float:
         """Allreduce time without the barrier: (a log2 N + b) N_Param + c log2 N + d."""
         a = self.data.get("allreduce")
@@ -287,6 +310,10 @@ class Profile:
 
     # Overhead entries that are factors, not seconds (not rescaled).
     _FACTORS = ("kernel_factor",)
+
+    def per_step(self, n_param: int) -> float:
+        """A net step's work outside its layers: ``per_step + per_step_param * N_Param``."""
+        return self.overhead("per_step") + self.overhead("per_step_param") * n_param
 
     def overhead(self, key) -> float:
         v = float(self.data.get("overhead", {}).get(key, 0.0))

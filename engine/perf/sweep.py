@@ -26,6 +26,7 @@ from .sweep_kernels import (LAYER_NETS, SWEPT_NETS, TRANS, conv_shapes, net_gemm
                             layer_pass_times, sweep_data, sweep_fc_softmax, sweep_handover, sweep_layer_passes,
                             sweep_layers, sweep_net_steps,
                             sweep_sgemm, sweep_vectors, sweep_vectors_cold)
+from .sweep_ops import sweep_conv_ops, sweep_fc_ops  # noqa: F401
 from .sweep_mpi import (_allreduce_after_last, _allreduce_child, _contention_child, sweep_allreduce,  # noqa: F401
                         sweep_contention)
 from .sweep_runner import (CONTENTION_WORKLOADS, UPDATER_TIMERS, UPDATER_WORK, WORKER_SMALL,  # noqa: F401
@@ -35,12 +36,13 @@ from .sweep_runner import (CONTENTION_WORKLOADS, UPDATER_TIMERS, UPDATER_WORK, W
 QUICK = {"repeats": 7, "min_time": 2e-3, "sgemm_exp": (0, 2, 4, 6, 8, 9), "sgemm_nexp": (0, 2, 4, 6, 8, 10, 12, 14),
          "sgemm_kexp": (0, 2, 4, 6, 8, 10, 11), "sgemm_max": 2 ** 30, "sgemm_mid": 24, "batches": (1, 4, 16),
          "vec_exp": range(8, 25), "data_batches": (1, 2, 4, 8, 16, 32, 64), "ranks": (2, 3, 4),
-         "allreduce_exp": range(10, 24, 3), "nets": SWEPT_NETS, "net_batches": (1, 4, 16), "im2col_max": 2 ** 25}
+         "allreduce_exp": range(10, 24, 3), "nets": SWEPT_NETS, "net_batches": (1, 4, 16), "im2col_max": 2 ** 25,
+         "op_shapes": 48, "op_max": 2 ** 26}
 FULL = {"repeats": 11, "min_time": 5e-3, "sgemm_exp": tuple(range(0, 10)), "sgemm_nexp": tuple(range(0, 16)),
         "sgemm_kexp": tuple(range(0, 13)), "sgemm_max": 2 ** 31, "sgemm_mid": 80, "batches": (1, 2, 4, 8, 16, 32),
         "vec_exp": range(6, 26), "data_batches": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), "ranks": (2, 3, 4),
         "allreduce_exp": range(8, 25, 2), "nets": SWEPT_NETS,
-        "net_batches": (1, 2, 4, 8, 16, 32), "im2col_max": 2 ** 26}
+        "net_batches": (1, 2, 4, 8, 16, 32), "im2col_max": 2 ** 26, "op_shapes": 120, "op_max": 2 ** 27}
 
 
 def mode_config(quick: bool) -> dict:
@@ -53,6 +55,7 @@ def _steps(cfg, skipped, be):
     """name -> sweep of every step ``run_all`` knows, in running order."""
     steps = {"sgemm": lambda: sweep_sgemm(cfg, extra_shapes=net_gemm_shapes(cfg["nets"], cfg["net_batches"])),
              "layers": lambda: sweep_layers(cfg, skipped), "fc+softmax": lambda: sweep_fc_softmax(cfg, skipped),
+             "conv ops": lambda: sweep_conv_ops(cfg, skipped), "fc ops": lambda: sweep_fc_ops(cfg, skipped),
              "vectors": lambda: sweep_vectors(cfg, skipped), "cold vectors": lambda: sweep_vectors_cold(cfg, skipped),
              "handover": lambda: sweep_handover(cfg), "data": lambda: sweep_data(cfg, skipped),
              "net steps": lambda: sweep_net_steps(cfg, skipped),
@@ -63,7 +66,7 @@ def _steps(cfg, skipped, be):
     return steps
 
 
-SWEEPS = ("sgemm", "layers", "fc+softmax", "vectors", "cold vectors", "handover", "data", "net steps", "layer passes",
+SWEEPS = ("sgemm", "layers", "fc+softmax", "conv ops", "fc ops", "vectors", "cold vectors", "handover", "data", "net steps", "layer passes",
           "allreduce", "loop overhead", "contention", "runner contention")
 
 

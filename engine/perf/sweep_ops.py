@@ -1,0 +1,147 @@
+"""Whole-op sweeps: the convolution and FC ops as the layers call them.
+
+The CPU default convolution is the implicit GEMM (engine.ops.conv: the
+engine SGEMM packs its panels straight from the image, dX is the forward
+convolution of dy with the flipped filters): none of the im2col, col2im and
+layout kernels the explicit path runs. Pricing it as those kernels and
+correcting by a per-layer factor fitted on two nets held on those nets only
+(RESULTS section 4, test set 2: conv passes 5-39 % short). These sweeps time
+the ops themselves, through ``engine.ops`` with their Python, as
+``engine.layers`` calls them (allocating their outputs), over random shapes
+plus the swept nets' own layers, and ``fit.fit_op_terms`` fits each op's
+time on its GEMM shape, with the SGEMM fit's regime tree.
+
+Records: ``{"kind": op, "m", "n", "k", "c", "t", "std", "holdout", "path"}``
+with (m, n, k) the op's forward GEMM: (M, B*OH*OW, C*c*c) for a convolution
+of M filters c x c over C channels, (N, out, in) for an FC layer. Held out:
+every fourth shape of each list (whole shapes).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engine import spec as spec_mod
+
+from .timing import _rand, _rec
+
+# Forward; dW and db only (a net's first layer); dW, db and dX.
+CONV_OPS = ("conv_fwd", "conv_bwd_dw", "conv_bwd")
+FC_OPS = ("fc_fwd", "fc_bwd_dw", "fc_bwd")
+OP_KINDS = CONV_OPS + FC_OPS
+
+
+def op_path() -> dict:
+    """Which CPU implementations the ops run now (a profile's op fits hold
+    for the path they were swept on)."""
+    from engine.ops.conv import conv_algo
+    from engine.ops.gemm import gemm_impl
+    return {"conv": f"{conv_algo()}/{gemm_impl()}", "fc": gemm_impl()}
+
+
+def op_features(m, n, k, c=1):
+    """The SGEMM polynomial's eight monomials of the op's forward GEMM, plus
+    what the implicit convolution's dX adds beyond them: packing dy for its
+    GEMM (M c^2 per output column, ``m n c^2``) and writing dX (C per
+    column, ``n k / c^2``). Zero for FC ops (c = 1 would double count)."""
+    m, n, k, c2 = float(m), float(n), float(k), float(c) ** 2
+    extra = (m * n * c2, n * k / c2) if c > 1 else (0.0, 0.0)
+    return (m * n * k, m * n, m * k, n * k, m, n, k, 1.0) + extra
+
+
+OP_FEATURES = ("mnk", "mn", "mk", "nk", "m", "n", "k", "1", "pack_dy", "dx_out")
+
+
+def _log_int(rng, lo, hi):
+    return max(1, int(round(2 ** rng.uniform(np.log2(lo), np.log2(hi)))))
+
+
+def conv_op_shapes(cfg, rng=None):
+    """[(B, C, H, c, M)]: the swept nets' conv layers at the sweep's batch
+    sizes, then random shapes (log-uniform sizes, c in 3/5/7) up to
+    ``cfg["op_max"]`` multiply-adds."""
+    from .sweep_kernels import LAYER_NETS
+    rng = rng or np.random.default_rng(11)
+    out = []
+    for name in LAYER_NETS:
+        sp = spec_mod.get_spec(name)
+        for g in spec_mod.layers(sp, 1):
+            if g.kind != "conv":
+                continue
+            C, H, _ = g.in_shape
+            for b in cfg["batches"]:
+                s = (b, C, H, sp.c, g.w_shape[0])
+                # The swept nets' own layers up to 16x the random shapes' bound
+                # (cifar's at batch 16): the fit must not extrapolate them.
+                if _macs(s) <= 16 * cfg["op_max"] and s not in out:
+                    out.append(s)
+    n_net = len(out)
+    while len(out) < n_net + cfg["op_shapes"]:
+        c = int(rng.choice((3, 5, 7), p=(0.5, 0.35, 0.15)))
+        s = (_log_int(rng, 1, 48), _log_int(rng, 1, 128), max(c, 2 * _log_int(rng, 2, 24)), c,
+             _log_int(rng, 2, 128))
+        if _macs(s) <= cfg["op_max"]:
+            out.append(s)
+    return out
+
+
+def _macs(s):
+    b, C, H, c, M = s
+    return b * C * H * H * c * c * M
+
+
+def fc_op_shapes(cfg, rng=None):
+    """[(N, in, out)]: the swept nets' FC layers at the net batch sizes,
+    then random ones (N 1-64, in 4-8192, out 2-1024, weights <= 4 M)."""
+    from .sweep_kernels import SWEPT_NETS
+    rng = rng or np.random.default_rng(12)
+    out = []
+    for name in SWEPT_NETS:
+        for g in spec_mod.layers(spec_mod.get_spec(name), 1):
+            if g.kind == "fc":
+                for n in cfg["net_batches"]:
+                    s = (n, g.w_shape[1], g.w_shape[0])
+                    if s not in out:
+                        out.append(s)
+    n_net = len(out)
+    while len(out) < n_net + cfg["op_shapes"]:
+        s = (_log_int(rng, 1, 64), _log_int(rng, 4, 8192), _log_int(rng, 2, 1024))
+        if s[1] * s[2] <= 1 << 22:
+            out.append(s)
+    return out
+
+
+def sweep_conv_ops(cfg, skipped=None):
+    """conv2d_forward (bias, fused ReLU), conv2d_backward without and with dX."""
+    from engine import ops
+    path = op_path()["conv"]
+    recs = []
+    for i, (b, C, H, c, M) in enumerate(conv_op_shapes(cfg)):
+        hold = i % 4 == 3
+        pad = (c - 1) // 2
+        x, w, bias = _rand((b, C, H, H), 1), _rand((M, C, c, c), 2), _rand((M,), 3)
+        dy = _rand((b, M, H, H), 4)
+        dw, db = _rand((M, C, c, c), 5), _rand((M,), 6)
+        f = dict(m=M, n=b * H * H, k=C * c * c, c=c, holdout=hold, path=path)
+        recs.append(_rec("conv_fwd", lambda: ops.conv2d_forward(x, w, bias, stride=1, pad=pad, relu=True),
+                         cfg, **f))
+        for kind, need_dx in (("conv_bwd_dw", False), ("conv_bwd", True)):
+            recs.append(_rec(kind, lambda: ops.conv2d_backward(x, w, dy, stride=1, pad=pad, dw_out=dw, db_out=db,
+                                                               need_dx=need_dx), cfg, **f))
+    return recs
+
+
+def sweep_fc_ops(cfg, skipped=None):
+    """linear_forward (bias), linear_backward without and with dX."""
+    from engine import ops
+    path = op_path()["fc"]
+    recs = []
+    for i, (n, fin, fout) in enumerate(fc_op_shapes(cfg)):
+        hold = i % 4 == 3
+        x, w, bias, dy = _rand((n, fin), 1), _rand((fout, fin), 2), _rand((fout,), 3), _rand((n, fout), 4)
+        dw, db = _rand((fout, fin), 5), _rand((fout,), 6)
+        f = dict(m=n, n=fout, k=fin, c=1, holdout=hold, path=path)
+        recs.append(_rec("fc_fwd", lambda: ops.linear_forward(x, w, bias), cfg, **f))
+        for kind, need_dx in (("fc_bwd_dw", False), ("fc_bwd", True)):
+            recs.append(_rec(kind, lambda: ops.linear_backward(x, w, dy, dw_out=dw, db_out=db, need_dx=need_dx),
+                             cfg, **f))
+    return recs

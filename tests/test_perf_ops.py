@@ -1,0 +1,130 @@
+"""The whole-op terms of the performance model (engine.perf.sweep_ops,
+fit.fit_op_terms): fitted on synthetic records with known coefficients,
+held-out shapes predicted, and the model pricing the convolution and FC
+layers by them when the profile was swept on the path in force."""
+import numpy as np
+import pytest
+
+from engine import spec as spec_mod
+from engine.perf import fit, model
+from engine.perf.profile import Profile
+from engine.perf.sweep import QUICK
+from engine.perf.sweep_ops import (OP_FEATURES, OP_KINDS, conv_op_shapes, fc_op_shapes, op_features, op_path)
+
+# Known costs: a per-call Python cost, GEMM flops, packing and the extra dX terms.
+TRUE = {"conv_fwd": {"1": 20e-6, "mnk": 2e-11, "nk": 1e-9},
+        "conv_bwd_dw": {"1": 30e-6, "mnk": 2.5e-11, "nk": 1.2e-9, "m": 1e-7},
+        "conv_bwd": {"1": 40e-6, "mnk": 5e-11, "nk": 1.2e-9, "pack_dy": 8e-10, "dx_out": 5e-10},
+        "fc_fwd": {"1": 8e-6, "mnk": 3e-11, "nk": 4e-10},
+        "fc_bwd_dw": {"1": 15e-6, "mnk": 3e-11, "nk": 5e-10},
+        "fc_bwd": {"1": 22e-6, "mnk": 6e-11, "nk": 9e-10, "mn": 1e-9}}
+
+
+def true_time(kind, m, n, k, c):
+    return sum(TRUE[kind].get(f, 0.0) * v for f, v in zip(OP_FEATURES, op_features(m, n, k, c)))
+
+
+def synthetic_records(noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    cfg = dict(QUICK)
+    recs = []
+    for i, (b, C, H, c, M) in enumerate(conv_op_shapes(cfg)):
+        for kind in ("conv_fwd", "conv_bwd_dw", "conv_bwd"):
+            m, n, k = M, b * H * H, C * c * c
+            t = true_time(kind, m, n, k, c) * (1 + noise * rng.standard_normal())
+            recs.append(dict(kind=kind, m=m, n=n, k=k, c=c, t=t, std=0.0, holdout=i % 4 == 3,
+                             path=op_path()["conv"]))
+    for i, (N, fin, fout) in enumerate(fc_op_shapes(cfg)):
+        for kind in ("fc_fwd", "fc_bwd_dw", "fc_bwd"):
+            t = true_time(kind, N, fout, fin, 1) * (1 + noise * rng.standard_normal())
+            recs.append(dict(kind=kind, m=N, n=fout, k=fin, c=1, t=t, std=0.0, holdout=i % 4 == 3,
+                             path=op_path()["fc"]))
+    return recs
+
+
+def test_shapes_hold_out_whole_shapes_and_stay_in_bounds():
+    cfg = dict(QUICK)
+    conv = conv_op_shapes(cfg)
+    assert len(conv) >= cfg["op_shapes"] and all(b * C * H * H * c * c * M <= 16 * cfg["op_max"]
+                                                  for b, C, H, c, M in conv)
+    assert sum(b * C * H * H * c * c * M <= cfg["op_max"] for b, C, H, c, M in conv) >= cfg["op_shapes"]
+    # the swept nets' own layers are on the grid (cifar conv2 at batch 16 included)
+    assert (16, 64, 32, 3, 64) in conv
+    assert all(H >= c for _, _, H, c, _ in conv)
+    fc = fc_op_shapes(cfg)
+    assert len(fc) >= cfg["op_shapes"] and all(fin * fout <= 1 << 22 for _, fin, fout in fc)
+
+
+def test_fit_recovers_known_costs_on_held_out_shapes():
+    recs = synthetic_records()
+    ops = fit.fit_op_terms(recs)
+    assert set(ops) == set(OP_KINDS)
+    p = Profile({"ops": ops})
+    for kind, o in ops.items():
+        assert o["error"]["holdout"]["n"] > 5
+        assert o["error"]["holdout"]["max"] < 1e-3, (kind, o["error"])
+        held = [r for r in recs if r["kind"] == kind and r["holdout"]]
+        for r in held[:5]:
+            assert p.op(kind, r["m"], r["n"], r["k"], r["c"]) == pytest.approx(r["t"], rel=1e-3)
+
+
+def test_fit_with_noise_stays_near_the_truth():
+    recs = synthetic_records(noise=0.03, seed=1)
+    ops = fit.fit_op_terms(recs)
+    for kind, o in ops.items():
+        # 3 % noise: the held-out error is the noise's, not a misfit's
+        assert o["error"]["holdout"]["median"] < 0.05, (kind, o["error"])
+
+
+def _profile_with_ops(path=None):
+    p = Profile.synthetic(backend="cpu")
+    data = dict(p.data, ops=fit.fit_op_terms(synthetic_records()))
+    if path is not None:
+        for o in data["ops"].values():
+            o["path"] = path
+    return Profile(data)
+
+
+def test_model_prices_conv_and_fc_by_the_ops_on_their_path():
+    p = _profile_with_ops()
+    sp = spec_mod.get_spec("digits")
+    rows = model.compute_gradient_terms(sp, 4, p)
+    kerns = {(r[0], r[1], r[2]) for r in rows}
+    assert ("conv1", "fwd", "conv_fwd") in kerns and ("conv1", "bwd", "conv_bwd_dw") in kerns
+    assert ("conv2", "bwd", "conv_bwd") in kerns and ("fc1", "bwd", "fc_bwd") in kerns
+    assert not any(r[2] in ("im2col", "col2im", "to_nchw", "to_cnhw", "relu_fwd") and r[0].startswith("conv")
+                   for r in rows)
+    g = spec_mod.layers(sp, 4)[1]
+    want = true_time("conv_bwd", *g.gemm_fwd, sp.c)
+    got = [r[4] for r in rows if r[:3] == ("conv2", "bwd", "conv_bwd")][0]
+    assert got == pytest.approx(want, rel=1e-3)
+
+
+def test_ops_of_another_path_are_not_used():
+    p = _profile_with_ops(path="im2col/blas")
+    rows = model.compute_gradient_terms(spec_mod.get_spec("digits"), 4, p)
+    assert not any(r[2] in OP_KINDS for r in rows)
+    assert any(r[2] == "im2col" for r in rows)
+
+
+def test_per_step_work_is_a_constant_plus_a_per_parameter_cost():
+    """fit_overhead recovers c + d N_Param from net steps that are their
+    layers plus that (one constant, the median, gave every net cifar's)."""
+    from engine.perf.fit_steps import fit_overhead
+    prof = dict(Profile.synthetic(backend="cpu").data)
+    prof["layer_terms"] = {f"{k}_{p}": {"f": 1.0, "b": 0.0} for k in ("conv", "fc") for p in ("fwd", "bwd")}
+    p = Profile(prof)
+    c, d = 40e-6, 1.5e-9
+    steps = []
+    for i, net in enumerate(("tiny", "digits", "cifar")):
+        sp = spec_mod.get_spec(net)
+        for n in (1, 4, 16):
+            kern = sum(r[4] for r in model.compute_gradient_terms(sp, n, p))
+            steps.append({"kind": "net_step", "model": net, "n_subbatch": n,
+                          "t": kern + c + d * spec_mod.n_params(sp), "holdout": n == 4})
+    got = fit_overhead(prof, [s for s in steps if not s["holdout"]], [s for s in steps if s["holdout"]])
+    assert got["per_step"] == pytest.approx(c, rel=1e-6)
+    assert got["per_step_param"] == pytest.approx(d, rel=1e-6)
+    assert got["error"]["holdout"]["max"] < 1e-9
+    p2 = Profile(dict(prof, overhead=got))
+    assert p2.per_step(1000) == pytest.approx(c + 1000 * d)
