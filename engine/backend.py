@@ -262,6 +262,20 @@ def get_backend() -> Backend:
     return be if be is not None else set_backend(_env_choice())
 
 
+def follow_device():
+    """A function that makes the thread calling it use the GPU the calling
+    thread uses now. The CUDA runtime's current device is per thread and a
+    new thread starts on device 0, so a rank's helper threads (data loader,
+    workers) must adopt the rank's GPU before they allocate or launch.
+    A no-op on the CPU."""
+    be = get_backend()
+    cuda = getattr(be.xp, "cuda", None) if be.is_gpu else None
+    if cuda is None:
+        return lambda: None
+    dev = int(cuda.runtime.getDevice())
+    return lambda: cuda.Device(dev).use()
+
+
 def asarray(a, dtype=np.float32):
     """A C-contiguous array of the current backend (copies only if needed)."""
     xp = get_backend().xp

@@ -135,7 +135,8 @@ class _Prefetcher:
         self._finished = False
         # the thread holds the queue and the event, not this iterator, so the
         # iterator can be garbage-collected (and halt the thread) while it runs
-        self._th = threading.Thread(target=_produce, args=(loader, self._q, self._halt),
+        from engine.backend import follow_device
+        self._th = threading.Thread(target=_produce, args=(loader, self._q, self._halt, follow_device()),
                                     name="sprint-loader", daemon=True)
         self._th.start()
 
@@ -173,7 +174,7 @@ class _Prefetcher:
             pass
 
 
-def _produce(loader, q, halt):
+def _produce(loader, q, halt, on_device):
     def put(item):
         while not halt.is_set():
             try:
@@ -184,6 +185,7 @@ def _produce(loader, q, halt):
         return False
 
     try:
+        on_device()         # the consumer's GPU (a new thread starts on device 0)
         if loader.threads:
             from engine.parallel.threads import limit_this_thread
             limit_this_thread(loader.threads)

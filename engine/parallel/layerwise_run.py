@@ -72,7 +72,10 @@ def _train(s, cfg, comm, plan):
     from .layerwise import LayerwiseExecutor
     from .runner import ranks_agree_or_refuse
     if s.gpu:
-        raise ValueError("--parallel layerwise runs on the CPU backend for now (--device cpu)")
+        # every rank refuses alike, before any collective: one line, from rank 0
+        e = _comm.ConfigMismatch("--parallel layerwise runs on the CPU backend for now (--device cpu)")
+        e.reported_by_root = comm.rank != 0
+        raise e
     ranks_agree_or_refuse(s, comm, cfg)
     spec = s.spec
     mpi = getattr(comm, "comm", None)

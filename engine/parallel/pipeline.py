@@ -174,9 +174,14 @@ class StageExecutor:
         limited to its share of the rank's CPU threads."""
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
+            from engine.backend import follow_device
             from .threads import limit_this_thread
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="sprint-dualpipe-fwd",
-                                            initializer=limit_this_thread, initargs=(self.pair_threads,))
+            on_device = follow_device()     # the stage's GPU (a new thread starts on device 0)
+
+            def init(threads=self.pair_threads):
+                on_device()
+                limit_this_thread(threads)
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="sprint-dualpipe-fwd", initializer=init)
         return self._pool
 
     # ---- one stream ---------------------------------------------------------

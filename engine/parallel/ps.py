@@ -310,6 +310,8 @@ class PSJob:
             e.reported_by_root = True
             comm.barrier()
             raise
+        if s.gpu and comm.size > 1:
+            _comm.select_device(comm)       # each rank of a host its own GPU (round robin)
         net0 = Net(self.spec, seed=cfg.seed)
         self.n_param = int(net0.n_params)
         self.bounds = shard_bounds(self.n_param, self.S)

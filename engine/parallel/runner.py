@@ -52,6 +52,9 @@ class NetSource:
         self.weights = net.params
         self.threads = threads
         self.gpu = gpu
+        # the worker thread adopts this (the rank's) GPU: a new thread starts on device 0
+        from engine.backend import follow_device
+        self._follow_device = follow_device()
         self.epoch = int(epoch)
         self._start_epoch(self.epoch)
 
@@ -72,6 +75,7 @@ class NetSource:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
             except (OSError, AttributeError):
                 pass
+        self._follow_device()
         if self.gpu:
             import cupy
             # each worker its own stream: two workers overlap on one GPU
