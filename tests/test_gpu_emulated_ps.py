@@ -1,0 +1,83 @@
+"""Downpour, Sandblaster, ASGD and sync on the emulated GPU (tests/gpu_emu.py;
+the harness and its rules are tests/test_gpu_emulated.py's). Replicas
+compute on device arrays and must stage every gradient push, weight fetch
+and allreduce through host memory (the emulated MPI refuses device buffers);
+each rank, and each worker thread of it, must run on its own GPU."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from test_gpu_emulated import (COMMON, check_on_own_gpus, emu_cache, metrics, needs_mpi, params,  # noqa: F401
+                               small_data, sprint)
+
+pytestmark = needs_mpi
+
+
+def _initial():
+    from engine.net import Net
+    return np.asarray(Net("digits", seed=3).params, np.float64)
+
+
+def test_downpour_one_server_two_gpu_replicas_push_to_the_shard(small_data, tmp_path, emu_cache):
+    args = [*COMMON, "--data", small_data, "--epochs", "1", "--parallel", "downpour", "--servers", "1"]
+    rc, out, run, ledgers = sprint(args, 3, emu_cache, tmp_path, "downpour")
+    assert rc == 0, out[-3000:]
+    check_on_own_gpus(ledgers, 3)      # replicas on GPUs 1 and 2 (all ranks used GPU 0 before)
+    st = json.loads((run / "downpour_stats.json").read_text())
+    assert st["backend"] == "gpu" and st["pushes_applied"] == st["pushes_sent"] > 0, st
+    pushes = st["servers"][0]["pushes_from"]
+    assert sorted(pushes) == ["1", "2"] and all(v > 0 for v in pushes.values()), pushes
+    assert st["samples"] >= 384 and np.abs(params(run) - _initial()).max() > 1e-3
+
+
+def test_downpour_one_gpu_replica_fetching_and_pushing_every_step_follows_the_cpu(small_data, tmp_path, emu_cache):
+    """One replica, n_fetch = n_push = 1, momentum SGD at the server: the
+    sequential SGD of the CPU run, up to GEMM rounding (cuBLAS vs the
+    engine's SGEMM: 1e-4 after 12 steps)."""
+    args = [*COMMON, "--data", small_data, "--epochs", "1", "--parallel", "downpour", "--servers", "1",
+            "--server-opt", "sgd", "--fetch-every", "1", "--push-every", "1"]
+    rc, out, run, ledgers = sprint(args, 2, emu_cache, tmp_path, "dp-gpu")
+    assert rc == 0, out[-3000:]
+    check_on_own_gpus(ledgers, 2)
+    rc, out, cpu, _ = sprint(args, 2, emu_cache, tmp_path, "dp-cpu", device="cpu")
+    assert rc == 0, out[-3000:]
+    diff = np.abs(params(run) - params(cpu)).max()
+    assert diff < 1e-4 and np.abs(params(run) - _initial()).max() > 1e-3, diff
+
+
+def test_sandblaster_one_server_two_gpu_replicas(small_data, tmp_path, emu_cache):
+    args = [*COMMON, "--data", small_data, "--epochs", "2", "--parallel", "sandblaster", "--servers", "1",
+            "--batch", "128", "--slice", "32"]
+    rc, out, run, ledgers = sprint(args, 3, emu_cache, tmp_path, "sandblaster")
+    assert rc == 0, out[-3000:]
+    check_on_own_gpus(ledgers, 3)
+    st = json.loads((run / "sandblaster_stats.json").read_text())
+    assert st["backend"] == "gpu" and st["batches"] >= 6, st
+    assert all(r["slices"] > 0 for r in st["replicas"]), st["replicas"]
+    m = metrics(run)
+    assert m[-1]["train_loss"] < m[0]["train_loss"] or m[-1]["test_loss"] < 2.0, m
+
+
+def test_asgd_gpu_workers_run_on_their_rank_gpu(small_data, tmp_path, emu_cache):
+    """The worker threads adopt their rank's GPU (they used to start on
+    device 0, where rank 1's net is not)."""
+    args = [*COMMON, "--data", small_data, "--epochs", "1", "--parallel", "asgd"]
+    rc, out, run, ledgers = sprint(args, 2, emu_cache, tmp_path, "asgd")
+    assert rc == 0 and "GPU vectors reduced by copies through host memory" in out, out[-3000:]
+    check_on_own_gpus(ledgers, 2)
+    assert any(t.startswith("sprint-asgd-worker") for t in ledgers[1]["threads_devices"]), ledgers[1]
+    assert np.abs(params(run) - _initial()).max() > 1e-3
+
+
+def test_sync_two_gpu_ranks_of_two_workers_follow_the_cpu(small_data, tmp_path, emu_cache):
+    args = [*COMMON, "--data", small_data, "--epochs", "1", "--parallel", "sync", "--workers", "2"]
+    rc, out, run, ledgers = sprint(args, 2, emu_cache, tmp_path, "sync")
+    assert rc == 0, out[-3000:]
+    check_on_own_gpus(ledgers, 2)
+    assert any(t.startswith("sprint-sync-worker") for t in ledgers[1]["threads_devices"]), ledgers[1]
+    rc, out, cpu, _ = sprint(args, 2, emu_cache, tmp_path, "sync-cpu", device="cpu")
+    assert rc == 0, out[-3000:]
+    assert np.abs(params(run) - params(cpu)).max() < 1e-4
