@@ -16,6 +16,19 @@ Per stage k (layers [lo, hi), micro-batch of b = ceil(B / M) samples):
   gradient (backward) to a neighbour. Profiles have no point-to-point fit;
   it is priced as a two-rank allreduce of the same size (``p2p`` in the
   profile overrides: ``{"latency": s, "per_byte": s}``).
+* ``executor`` (:class:`Executor`, a probe's fit; zero when not given):
+  what a pass costs inside the executor beyond its kernels. The profile is
+  swept on warm caches, one kernel after another; inside a pipeline a pass
+  starts after the rank slept in a receive's polling loop and ran its other
+  passes and message copies, and its kernels re-load their data from colder
+  caches: ``(1 + cold)`` x the profile's price (a pass timed alone after a
+  0.5 ms sleep or after touching 8 MB takes 1.1-1.9x its warm time, more
+  for the small ones). ``per_pass``: the executor's Python around each
+  timed pass. :func:`executor_copies`: the executor's own passes over the
+  stage's weights inside the timers (the trace's checksum, the stale copy,
+  the gradient copy), priced as the profile's ``copy``. ``per_instruction``:
+  the executor's untimed work around every instruction (posting receives,
+  testing sends), ``t_x``.
 
 Closed forms (balanced stages, t = max_k(t_f + t_b)): gpipe's mini-batch
 takes (M + K - 1) t plus the update, so its bubble is (K-1)/(M+K-1); 1f1b
@@ -118,10 +131,66 @@ class StageCost:
     t_b: float
     t_u: float
     t_c: float          # one activation/gradient message to the next stage
+    t_x: float = 0.0    # the executor's untimed work around every instruction
 
 
-def stage_costs(spec, parts, batch: int, microbatches: int, profile=None, replicas: int = 1) -> list:
+@dataclass(frozen=True)
+class Executor:
+    """The executor's costs beyond the kernels (the module docstring); a
+    probe measures them (bench/pipeline_bench.py --part probe)."""
+    per_pass: float = 0.0           # s per timed forward or backward
+    cold: float = 0.0               # the kernels' slowdown inside the pipeline, x their profile price
+    per_instruction: float = 0.0    # s of untimed work per instruction
+
+    @classmethod
+    def load(cls, src) -> "Executor":
+        """From a dict or a JSON file holding one (an "executor" key or the fields)."""
+        import json
+        from pathlib import Path
+        d = src if isinstance(src, dict) else json.loads(Path(src).read_text())
+        d = d.get("executor", d)
+        return cls(**{k: float(d.get(k, 0.0)) for k in ("per_pass", "cold", "per_instruction")})
+
+    def pass_time(self, kernels: float, copies: float) -> float:
+        """One timed pass: its kernels (profile) slowed by cold caches, the
+        executor's copies and its Python."""
+        return (1.0 + self.cold) * kernels + copies + self.per_pass
+
+
+def fit_executor(passes, untimed=()) -> Executor:
+    """The Executor that best explains measured passes: ``passes`` holds
+    (kernels' profile price, the executor's copies' price, measured) per
+    timed pass, ``untimed`` the untimed seconds per instruction of each
+    stage. Least squares of measured - copies = per_pass + (1 + cold) x
+    kernels on the relative error, with per_pass >= 0 and cold >= 0 (a pass
+    is never cheaper than the warm profile); per_instruction the median."""
+    import numpy as np
+    X = np.array([[1.0, k] for k, _, _ in passes])
+    y = np.array([m - c for _, c, m in passes])
+    w = 1.0 / np.array([m for _, _, m in passes])
+    a, b = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)[0]
+    if b < 1.0:
+        a, b = float(np.sum((y - X[:, 1]) * w * w) / np.sum(w * w)), 1.0
+    if a < 0.0:
+        a, b = 0.0, float(max(1.0, np.sum(X[:, 1] * y * w * w) / np.sum(X[:, 1] ** 2 * w * w)))
+    return Executor(float(a), float(b - 1.0), float(np.median(untimed)) if len(untimed) else 0.0)
+
+
+def executor_copies(schedule: str = "gpipe", predict_mode: str = "none"):
+    """(forward, backward) passes over the stage's weights that
+    engine.parallel.pipeline.StageExecutor makes inside its timers, beyond
+    weight_costs' stash/spectrain versions: the trace sums the weights a
+    forward and a backward used; off gpipe the trace keeps a copy of the
+    forward's weights (SpecTrain also of its prediction); the backward
+    copies the gradient into the update's buffer."""
+    fwd = 1 + (0 if schedule == "gpipe" else 1 + (predict_mode == "spectrain"))
+    return fwd, 2
+
+
+def stage_costs(spec, parts, batch: int, microbatches: int, profile=None, replicas: int = 1,
+                executor: Executor = None, schedule: str = "gpipe", predict_mode: str = "none") -> list:
     profile = _profile(profile)
+    ex = executor or Executor()
     sp = spec_mod.get_spec(spec)
     geoms = spec_mod.layers(sp)
     b = max(1, math.ceil(batch / microbatches))
@@ -137,8 +206,13 @@ def stage_costs(spec, parts, batch: int, microbatches: int, profile=None, replic
             except ValueError:
                 pass
         act = b * spec_mod._prod(geoms[hi - 1].out_shape)
-        out.append(StageCost(tuple(g.name for g in geoms[lo:hi]), n_p, sum(t[1] for t in lt[lo:hi]),
-                             sum(t[2] for t in lt[lo:hi]), t_u, p2p_time(profile, act) if hi < len(geoms) else 0.0))
+        t_f, t_b = sum(t[1] for t in lt[lo:hi]), sum(t[2] for t in lt[lo:hi])
+        if executor is not None:
+            n_f, n_b = executor_copies(schedule, predict_mode)
+            t_f = ex.pass_time(t_f, n_f * vec("copy", n_p))
+            t_b = ex.pass_time(t_b, n_b * vec("copy", n_p))
+        out.append(StageCost(tuple(g.name for g in geoms[lo:hi]), n_p, t_f, t_b, t_u,
+                             p2p_time(profile, act) if hi < len(geoms) else 0.0, ex.per_instruction))
     return out
 
 
@@ -197,7 +271,7 @@ def shared_cores(profile, n_ranks: int, ranks_per_host: int = 1, cores=None):
 def predict(spec, n_node: int = None, n_gpu: int = 1, n_subbatch: int = 32, profile=None, stages=None,
             replicas: int = 1, schedule: str = "gpipe", microbatches: int = 4, partition=None,
             n_file=None, cores=None, overlap: float = 0.0, n_mb=None, predict_mode: str = "none",
-            ranks_per_host: int = 1, **_ignored) -> PipelinePrediction:
+            ranks_per_host: int = 1, executor=None, **_ignored) -> PipelinePrediction:
     """One configuration: ``stages`` x ``replicas`` ranks (``n_node`` when
     ``stages`` is not given), mini-batch ``n_subbatch`` per replica."""
     from .model import N_FILE
@@ -207,7 +281,10 @@ def predict(spec, n_node: int = None, n_gpu: int = 1, n_subbatch: int = 32, prof
     K = int(stages or (n_node or 1) // replicas)
     if partition is None:
         partition = balanced_partition(sp, K, n_subbatch, microbatches, profile)
-    costs = stage_costs(sp, partition, n_subbatch, microbatches, profile, replicas)
+    if executor is not None and not isinstance(executor, Executor):
+        executor = Executor.load(executor)
+    costs = stage_costs(sp, partition, n_subbatch, microbatches, profile, replicas, executor, schedule,
+                        predict_mode)
     costs = weight_costs(costs, profile, schedule, predict_mode)
     cores = shared_cores(profile, K * replicas, ranks_per_host, cores)
     M = min(microbatches, n_subbatch)
@@ -224,7 +301,8 @@ def predict(spec, n_node: int = None, n_gpu: int = 1, n_subbatch: int = 32, prof
     return PipelinePrediction(sp.name, K, replicas, schedule, M, n_subbatch, list(partition), costs,
                               (K - 1) / (M + K - 1), t_mb, thr, n_file / thr, sim["bubble"],
                               {"simulated_micro_batches": n_mb, "cores": cores, "overlap": overlap,
-                               "predict": predict_mode or "none"})
+                               "predict": predict_mode or "none",
+                               "executor": vars(executor) if executor is not None else None})
 
 
 def format_prediction(p: PipelinePrediction, per_layer: bool = True, explain_terms: bool = False) -> str:

@@ -30,6 +30,9 @@ def add_cli_arguments(p):
     p.add_argument("--overlap", type=float, default=0.0,
                    help="share of the shorter pass of a dualpipe pair hidden under the longer (0: CPU ranks; "
                         "up to 1 with two GPU streams)")
+    p.add_argument("--executor", default=None, metavar="JSON",
+                   help="the executor's costs beyond the kernels (per pass, per byte touched, per instruction), "
+                        "as bench/pipeline_bench.py --part probe writes them (default: none)")
 
 
 def add_simulate_arguments(p):
@@ -68,6 +71,12 @@ def cli_kwargs(args) -> dict:
         if len(parts) != K:
             raise RunError(f"has {len(parts)} stages, --stages says {K}", "--partition")
         kw["partition"] = parts
+    if getattr(args, "executor", None):
+        from .pipeline import Executor
+        try:
+            kw["executor"] = Executor.load(args.executor)
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            raise RunError(f"cannot read the executor's costs: {e}", args.executor) from None
     for key in ("updates", "seed", "cv"):
         if hasattr(args, key):
             kw[key] = getattr(args, key)

@@ -10,7 +10,11 @@ free and the messages it needs have arrived; a message arrives ``t_c``
 after the pass that sends it ends. With ``cores`` the running stages share
 that many processors equally (how the ranks of a one-machine run progress);
 with ``cv`` every instruction's duration is drawn from a gamma distribution
-of that spread around its cost, as the ASGD simulator draws its steps.
+of that spread around its cost, as the ASGD simulator draws its steps. A
+cost's ``t_x`` (the executor's untimed work around each instruction:
+posting receives, testing sends, the loop) runs after each pass, on the
+stage's processor but outside the pass's timer (``wall["X"]``); the pass's
+messages leave when the pass ends.
 
 :func:`closed_form` is what the simulation should give when each stage has
 its own processor and nothing varies: gpipe's fill-drain (a flow shop of M
@@ -39,6 +43,16 @@ def pass_work(c, kind: str, overlap: float = 0.0) -> float:
     return c.t_u
 
 
+def _phases(c, op, overlap, jitter):
+    """[[remaining work, kind], ...] of one instruction: the pass, then the
+    executor's untimed work around it."""
+    out = [[pass_work(c, op.kind, overlap) * jitter(), op.kind]]
+    t_x = getattr(c, "t_x", 0.0)
+    if t_x > 0:
+        out.append([t_x * jitter(), "X"])
+    return out
+
+
 def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap: float = 0.0,
          cv: float = 0.0, seed: int = 0) -> dict:
     """Play the stages' instruction lists over ``n_mb`` micro-batches.
@@ -62,7 +76,7 @@ def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap
     pos = [0] * K
     f_ready = [dict() for _ in range(K)]      # mb -> time stage k's activation arrives at k+1
     b_ready = [dict() for _ in range(K)]      # mb -> time stage k's gradient arrives at k-1
-    running = {}                               # k -> [remaining work, op]
+    running = {}                               # k -> [op, phases left (_phases)]
     busy = [0.0] * K
     wall = [{} for _ in range(K)]              # k -> {kind: seconds running}
     passes = [{} for _ in range(K)]
@@ -81,7 +95,7 @@ def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap
         for k in range(K):
             if k not in running and pos[k] < len(lists[k]) and deps_met(k, lists[k][pos[k]]):
                 op = lists[k][pos[k]]
-                running[k] = [pass_work(costs[k], op.kind, overlap) * jitter(), op]
+                running[k] = [op, _phases(costs[k], op, overlap, jitter)]
         if not running:
             if all(pos[k] >= len(lists[k]) for k in range(K)):
                 break
@@ -90,33 +104,48 @@ def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap
             now = heapq.heappop(arrivals)
             continue
         rate = 1.0 if cores is None else min(1.0, cores / len(running))
-        dt = min(r[0] for r in running.values()) / rate
+        dt = min(r[1][0][0] for r in running.values()) / rate
         if arrivals and arrivals[0] < now + dt:
             dt = arrivals[0] - now
             heapq.heappop(arrivals)
         now += dt
         for k in list(running):
-            r = running[k]
-            r[0] -= dt * rate
+            op, phases = running[k]
+            ph = phases[0]
+            ph[0] -= dt * rate
             busy[k] += dt * rate
-            kind = r[1].kind
-            wall[k][kind] = wall[k].get(kind, 0.0) + dt
-            if r[0] <= 1e-15:
-                op = r[1]
-                passes[k][kind] = passes[k].get(kind, 0) + 1
+            wall[k][ph[1]] = wall[k].get(ph[1], 0.0) + dt
+            if ph[0] > 1e-15:
+                continue
+            phases.pop(0)
+            if ph[1] == "X":
+                if not phases:
+                    del running[k]
+                    pos[k] += 1
+                continue
+            passes[k][op.kind] = passes[k].get(op.kind, 0) + 1
+            if not phases:
                 del running[k]
                 pos[k] += 1
-                c = costs[k]
-                if op.kind in ("F", "FB") and k < K - 1:
-                    f_ready[k][op.mb] = now + c.t_c
-                    heapq.heappush(arrivals, now + c.t_c)
-                bmb = op.mb2 if op.kind == "FB" else (op.mb if op.kind == "B" else None)
-                if bmb is not None and k > 0:
-                    t_c = costs[k - 1].t_c
-                    b_ready[k][bmb] = now + t_c
-                    heapq.heappush(arrivals, now + t_c)
+            c = costs[k]
+            if op.kind in ("F", "FB") and k < K - 1:
+                f_ready[k][op.mb] = now + c.t_c
+                heapq.heappush(arrivals, now + c.t_c)
+            bmb = op.mb2 if op.kind == "FB" else (op.mb if op.kind == "B" else None)
+            if bmb is not None and k > 0:
+                t_c = costs[k - 1].t_c
+                b_ready[k][bmb] = now + t_c
+                heapq.heappush(arrivals, now + t_c)
     return {"makespan": now, "busy": busy, "bubble": [1.0 - b / now if now else 0.0 for b in busy],
             "wall": wall, "passes": passes}
+
+
+def _folded(c):
+    t_x = getattr(c, "t_x", 0.0)
+    if not t_x:
+        return c
+    from dataclasses import replace
+    return replace(c, t_f=c.t_f + t_x, t_b=c.t_b + t_x, t_u=c.t_u + t_x, t_x=0.0)
 
 
 def closed_form(costs, schedule: str, microbatches: int, cores=None, overlap: float = 0.0) -> dict:
@@ -126,6 +155,9 @@ def closed_form(costs, schedule: str, microbatches: int, cores=None, overlap: fl
     stages (tested); with unequal ones an approximation (a stage's slack is
     counted along the first micro-batch's path only)."""
     M = microbatches
+    # the executor's work after each instruction lengthens it (its messages
+    # leave a little earlier than this counts: within t_x)
+    costs = [_folded(c) for c in costs]
     if schedule == "gpipe":
         fwd = sum(c.t_f for c in costs) + (M - 1) * max(c.t_f for c in costs)
         bwd = sum(c.t_b for c in costs) + (M - 1) * max(c.t_b for c in costs)
