@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,30 +42,37 @@ def _mpi_train(n, cfg, out):
         [json.loads(l) for l in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
+PING_FLOATS = (64, 256, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 8192, 16384, 32768, 65536)
 _PING = r"""
-import time, numpy as np
+import sys, time, numpy as np
 from mpi4py import MPI
 from engine.parallel.pipeline import P2P
-c = MPI.COMM_WORLD; r = c.Get_rank(); p = P2P(c); out = {}
-for n in (64, 65536):
+c = MPI.COMM_WORLD; r = c.Get_rank(); p = P2P(c); out = []
+for n in map(int, sys.argv[1:]):
     a = np.zeros(n, np.float32); ts = []
-    for it in range(300):
+    for it in range(200):
         t = time.perf_counter()
         if r == 0:
             p.isend(a, 1, 0, it); q, b = p.irecv((n,), np.float32, 1, 1, it); p.wait(q)
         else:
             q, b = p.irecv((n,), np.float32, 0, 0, it); p.wait(q); p.isend(b, 0, 1, it)
         ts.append(time.perf_counter() - t)
-    p.flush(); out[n] = float(np.median(ts)) / 2
-if r == 0: print(out[64], (out[65536] - out[64]) / (4 * (65536 - 64)))
+    p.flush(); out.append(float(np.median(ts)) / 2)
+if r == 0: print(*out)
 """
 
 
-def measure_p2p():
-    cmd = ["mpiexec", "-n", "2", sys.executable, "-c", _PING]
+def measure_p2p(floats=PING_FLOATS):
+    """One-way times of the executor's messages (P2P, the same polling) by
+    size, from a ping-pong: engine.perf.pipeline.p2p_time's table, with the
+    eager size read off it (the largest message under 1.5x the smallest's
+    time: above it MPI's rendezvous handshake needs both sides' polls)."""
+    cmd = ["mpiexec", "-n", "2", sys.executable, "-c", _PING, *map(str, floats)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
-    lat, per_byte = map(float, p.stdout.split())
-    return {"latency": lat, "per_byte": max(per_byte, 0.0)}
+    times = [float(v) for v in p.stdout.split()]
+    nbytes = [4 * n for n in floats]
+    eager = max(b for b, t in zip(nbytes, times) if t < 1.5 * times[0])
+    return {"bytes": nbytes, "times": times, "eager_bytes": eager}
 
 
 def probe_stage_costs(parts, model="digits", micro=8, reps=200):
@@ -96,6 +104,8 @@ def probe_stage_costs(parts, model="digits", micro=8, reps=200):
 # (net, K, schedule): the probe fits the executor's costs on the first two; every
 # other configuration is held out (another partition, another net)
 FIT_RUNS = (("digits", 2, "gpipe"), ("digits", 2, "1f1b"))
+# ... and the slowdown when ranks outnumber cores on another net (the 28x28 LeNet-style net)
+SHARED_RUNS = (("mnist", 4, "gpipe"), ("mnist", 4, "1f1b"))
 HELD_OUT_RUNS = (("digits", 4, "gpipe"), ("digits", 4, "1f1b"), ("cifar-small", 2, "gpipe"),
                  ("cifar-small", 2, "1f1b"), ("cifar-small", 4, "gpipe"), ("cifar-small", 4, "1f1b"))
 EXECUTOR_JSON = ROOT / "bench/results/pipeline_executor.json"
@@ -108,6 +118,12 @@ def _net(net, tmp):
     if net == "digits":
         return "digits", {"lr": 0.02}
     sys.path.insert(0, str(ROOT / "tests"))
+    if net == "mnist":
+        from mnist_like import digits_as_mnist
+        data = Path(tmp) / "mnist"
+        if not data.exists():
+            digits_as_mnist(data)
+        return "mnist", {"model": "mnist", "data": str(data), "lr": 0.02}
     from cifar_like import SMALL_SPEC, digits_as_cifar
     spec, data = Path(tmp) / "cifar-small.json", Path(tmp) / "cifar"
     if not spec.exists():
@@ -171,7 +187,7 @@ def evaluate(run, prof, executor, ncpu):
     cores = None if K <= ncpu else ncpu
     base = P.stage_costs(run["model"], run["partition"], run["batch"], M, prof, schedule=sched)
     withx = P.stage_costs(run["model"], run["partition"], run["batch"], M, prof, executor=executor,
-                          schedule=sched)
+                          schedule=sched, oversubscribed=cores is not None)
     meas = run["stages"]
     rows = []
     for source in ("profile", "model", "probe", "run"):
@@ -180,9 +196,9 @@ def evaluate(run, prof, executor, ncpu):
         elif source == "model":
             costs = withx
         elif source == "probe":
-            costs = [P.StageCost(c.layers, c.params, f, b, c.t_u, c.t_c) for c, (f, b) in zip(base, run["probed"])]
+            costs = [replace(c, t_f=f, t_b=b) for c, (f, b) in zip(base, run["probed"])]
         else:
-            costs = [P.StageCost(c.layers, c.params, s["fwd_mean"], s["bwd_mean"], s["update_mean"], c.t_c, u)
+            costs = [replace(c, t_f=s["fwd_mean"], t_b=s["bwd_mean"], t_u=s["update_mean"], t_x=u)
                      for c, s, u in zip(base, meas, untimed_per_instruction(run))]
         sim = PS.play(costs, sched, M, run["n_mb"], cores=None if source == "run" else cores)
         for k, s in enumerate(meas):
@@ -204,8 +220,9 @@ def evaluate(run, prof, executor, ncpu):
 def summarize_rows(rows) -> dict:
     out = {}
     for source in ("profile", "model", "probe", "run"):
-        for group, keep in (("fitted", lambda r: (r["net"], r["K"], r["schedule"]) in FIT_RUNS),
-                            ("held_out", lambda r: (r["net"], r["K"], r["schedule"]) not in FIT_RUNS)):
+        fit = FIT_RUNS + SHARED_RUNS
+        for group, keep in (("fitted", lambda r: (r["net"], r["K"], r["schedule"]) in fit),
+                            ("held_out", lambda r: (r["net"], r["K"], r["schedule"]) not in fit)):
             rs = [r for r in rows if r["source"] == source and keep(r)]
             if not rs:
                 continue
@@ -226,16 +243,33 @@ def _setup_profile():
     return prof
 
 
+def fit_shared(runs, prof, executor, ncpu, rounds=3) -> float:
+    """The executor's ``shared`` slowdown from runs with more ranks than
+    cores: the median measured / predicted pass time, the prediction
+    (processor sharing included) redone with each round's value."""
+    shared = 0.0
+    for _ in range(rounds):
+        ex = replace(executor, shared=shared)
+        rows = [r for run in runs for r in evaluate(run, prof, ex, ncpu) if r["source"] == "model"]
+        ratio = np.median([r[a] / r[b] for r in rows for a, b in (("fwd_ms", "fwd_pred_ms"), ("bwd_ms", "bwd_pred_ms"))])
+        shared = max(0.0, (1.0 + shared) * float(ratio) - 1.0)
+    return shared
+
+
 def part_probe():
     """The executor's costs, fitted on FIT_RUNS (digits, 2 ranks): written to
     EXECUTOR_JSON for part_measure and ``sprint predict --executor``."""
     prof = _setup_profile()
+    ncpu = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp:
         runs = [measure_run(net, K, sched, tmp, prof) for net, K, sched in FIT_RUNS]
+        shared_runs = [measure_run(net, K, sched, tmp, prof) for net, K, sched in SHARED_RUNS]
     ex = fit_executor(runs, prof)
+    ex = replace(ex, shared=fit_shared(shared_runs, prof, ex, ncpu))
     import datetime
-    out = {"executor": vars(ex), "fitted_on": [list(r) for r in FIT_RUNS], "p2p": prof.data["p2p"],
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "runs": runs}
+    out = {"executor": vars(ex), "fitted_on": [list(r) for r in FIT_RUNS + SHARED_RUNS], "p2p": prof.data["p2p"],
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "runs": runs + shared_runs}
     EXECUTOR_JSON.write_text(json.dumps(out, indent=1))
     return out
 
@@ -246,7 +280,7 @@ def part_measure(configs=None):
     prof = _setup_profile()
     executor = P.Executor.load(EXECUTOR_JSON) if EXECUTOR_JSON.exists() else P.Executor()
     ncpu = os.cpu_count() or 1
-    configs = configs or FIT_RUNS + HELD_OUT_RUNS
+    configs = configs or FIT_RUNS + SHARED_RUNS + HELD_OUT_RUNS
     with tempfile.TemporaryDirectory() as tmp:
         runs = [measure_run(net, K, sched, tmp, prof) for net, K, sched in configs]
     rows = [row for r in runs for row in evaluate(r, prof, executor, ncpu)]

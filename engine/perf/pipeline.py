@@ -28,7 +28,11 @@ Per stage k (layers [lo, hi), micro-batch of b = ceil(B / M) samples):
   stage's weights inside the timers (the trace's checksum, the stale copy,
   the gradient copy), priced as the profile's ``copy``. ``per_instruction``:
   the executor's untimed work around every instruction (posting receives,
-  testing sends), ``t_x``.
+  testing sends), ``t_x``. ``shared``: when the ranks outnumber the cores
+  every pass and instruction costs ``(1 + shared)`` x beyond the processor
+  sharing the simulator plays: the waiting ranks' polls wake on the busy
+  cores and evict the running pass's caches (2 passes on 2 cores run
+  ~1.05-1.3x slower beside one polling process, measured).
 
 Closed forms (balanced stages, t = max_k(t_f + t_b)): gpipe's mini-batch
 takes (M + K - 1) t plus the update, so its bubble is (K-1)/(M+K-1); 1f1b
@@ -114,13 +118,35 @@ def balanced_partition(spec, K: int, batch: int, microbatches: int = 4, profile=
 
 
 def p2p_time(profile, n_floats: int) -> float:
+    """One message of ``n_floats`` between neighbouring stages: the ``p2p``
+    table a ping-pong measured (``{"bytes": [...], "times": [...]}``,
+    interpolated, extrapolated from its last two points) or its linear fit
+    (``{"latency": s, "per_byte": s}``); else a two-rank allreduce."""
     p2p = profile.data.get("p2p")
+    if p2p and "bytes" in p2p:
+        import numpy as np
+        x, y, b = list(map(float, p2p["bytes"])), list(map(float, p2p["times"])), 4.0 * n_floats
+        if b > x[-1] and len(x) > 1:
+            return y[-1] + (b - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2])
+        return float(np.interp(b, x, y))
     if p2p:
         return float(p2p["latency"]) + 4 * n_floats * float(p2p["per_byte"])
     try:
         return profile.allreduce_bw(2, n_floats)
     except ValueError:
         return 0.0
+
+
+def rendezvous_time(profile, n_floats: int) -> float:
+    """The handshake part of a message above MPI's eager size (the p2p
+    table's ``eager_bytes``): its time beyond a small message's. Its data
+    moves only when the sender calls MPI again, so a sender that starts its
+    next pass before the handshake is done holds it until that pass ends
+    (engine.perf.pipeline_sim.play); 0 for an eager message."""
+    p2p = profile.data.get("p2p") or {}
+    if "eager_bytes" not in p2p or 4 * n_floats <= float(p2p["eager_bytes"]):
+        return 0.0
+    return max(0.0, p2p_time(profile, n_floats) - float(p2p["times"][0]))
 
 
 @dataclass
@@ -132,6 +158,7 @@ class StageCost:
     t_u: float
     t_c: float          # one activation/gradient message to the next stage
     t_x: float = 0.0    # the executor's untimed work around every instruction
+    t_h: float = 0.0    # t_c's rendezvous handshake (rendezvous_time; 0: an eager message)
 
 
 @dataclass(frozen=True)
@@ -141,6 +168,7 @@ class Executor:
     per_pass: float = 0.0           # s per timed forward or backward
     cold: float = 0.0               # the kernels' slowdown inside the pipeline, x their profile price
     per_instruction: float = 0.0    # s of untimed work per instruction
+    shared: float = 0.0             # the extra slowdown of everything when ranks outnumber cores
 
     @classmethod
     def load(cls, src) -> "Executor":
@@ -149,7 +177,7 @@ class Executor:
         from pathlib import Path
         d = src if isinstance(src, dict) else json.loads(Path(src).read_text())
         d = d.get("executor", d)
-        return cls(**{k: float(d.get(k, 0.0)) for k in ("per_pass", "cold", "per_instruction")})
+        return cls(**{k: float(d.get(k, 0.0)) for k in ("per_pass", "cold", "per_instruction", "shared")})
 
     def pass_time(self, kernels: float, copies: float) -> float:
         """One timed pass: its kernels (profile) slowed by cold caches, the
@@ -188,7 +216,10 @@ def executor_copies(schedule: str = "gpipe", predict_mode: str = "none"):
 
 
 def stage_costs(spec, parts, batch: int, microbatches: int, profile=None, replicas: int = 1,
-                executor: Executor = None, schedule: str = "gpipe", predict_mode: str = "none") -> list:
+                executor: Executor = None, schedule: str = "gpipe", predict_mode: str = "none",
+                oversubscribed: bool = False) -> list:
+    """Each stage's StageCost; ``oversubscribed``: the ranks outnumber the
+    cores (the executor's ``shared`` slowdown applies)."""
     profile = _profile(profile)
     ex = executor or Executor()
     sp = spec_mod.get_spec(spec)
@@ -207,12 +238,14 @@ def stage_costs(spec, parts, batch: int, microbatches: int, profile=None, replic
                 pass
         act = b * spec_mod._prod(geoms[hi - 1].out_shape)
         t_f, t_b = sum(t[1] for t in lt[lo:hi]), sum(t[2] for t in lt[lo:hi])
+        sh = 1.0 + (ex.shared if oversubscribed else 0.0)
         if executor is not None:
             n_f, n_b = executor_copies(schedule, predict_mode)
-            t_f = ex.pass_time(t_f, n_f * vec("copy", n_p))
-            t_b = ex.pass_time(t_b, n_b * vec("copy", n_p))
-        out.append(StageCost(tuple(g.name for g in geoms[lo:hi]), n_p, t_f, t_b, t_u,
-                             p2p_time(profile, act) if hi < len(geoms) else 0.0, ex.per_instruction))
+            t_f = sh * ex.pass_time(t_f, n_f * vec("copy", n_p))
+            t_b = sh * ex.pass_time(t_b, n_b * vec("copy", n_p))
+        out.append(StageCost(tuple(g.name for g in geoms[lo:hi]), n_p, t_f, t_b, sh * t_u,
+                             p2p_time(profile, act) if hi < len(geoms) else 0.0, sh * ex.per_instruction,
+                             rendezvous_time(profile, act) if hi < len(geoms) else 0.0))
     return out
 
 
@@ -283,10 +316,11 @@ def predict(spec, n_node: int = None, n_gpu: int = 1, n_subbatch: int = 32, prof
         partition = balanced_partition(sp, K, n_subbatch, microbatches, profile)
     if executor is not None and not isinstance(executor, Executor):
         executor = Executor.load(executor)
-    costs = stage_costs(sp, partition, n_subbatch, microbatches, profile, replicas, executor, schedule,
-                        predict_mode)
-    costs = weight_costs(costs, profile, schedule, predict_mode)
     cores = shared_cores(profile, K * replicas, ranks_per_host, cores)
+    over = cores is not None and K * replicas > cores
+    costs = stage_costs(sp, partition, n_subbatch, microbatches, profile, replicas, executor, schedule,
+                        predict_mode, over)
+    costs = weight_costs(costs, profile, schedule, predict_mode)
     M = min(microbatches, n_subbatch)
     if n_mb is None:
         n_mb = M * max(4, math.ceil(2 * K / M))

@@ -14,7 +14,12 @@ of that spread around its cost, as the ASGD simulator draws its steps. A
 cost's ``t_x`` (the executor's untimed work around each instruction:
 posting receives, testing sends, the loop) runs after each pass, on the
 stage's processor but outside the pass's timer (``wall["X"]``); the pass's
-messages leave when the pass ends.
+messages leave when the pass ends. A message above MPI's eager size (its
+cost's ``t_h`` > 0: the handshake part of ``t_c``) moves only while the
+sender is inside MPI: when the sender's next pass can start before the
+handshake is done, the data waits for that pass to end and arrives
+``t_c - t_h`` later (not before ``t_c`` after it was sent); otherwise the
+sender's polling moves it in ``t_c``. The closed forms leave this out.
 
 :func:`closed_form` is what the simulation should give when each stage has
 its own processor and nothing varies: gpipe's fill-drain (a flow shop of M
@@ -81,7 +86,29 @@ def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap
     wall = [{} for _ in range(K)]              # k -> {kind: seconds running}
     passes = [{} for _ in range(K)]
     arrivals = []                              # heap of pending message arrival times
+    held = [[] for _ in range(K)]              # k -> rendezvous messages waiting for k's next pass to end
     now = 0.0
+
+    def ready_at(k, op):
+        """When ``op``'s messages are in at stage k (inf: not yet sent)."""
+        t = 0.0
+        if op.kind in ("F", "FB") and k > 0:
+            t = max(t, f_ready[k - 1].get(op.mb, math.inf))
+        bmb = op.mb2 if op.kind == "FB" else (op.mb if op.kind == "B" else None)
+        if bmb is not None and k < K - 1:
+            t = max(t, b_ready[k + 1].get(bmb, math.inf))
+        return t
+
+    def send(k, box, mb, t_c, t_h, nxt):
+        """Stage k's message (arriving in ``box[mb]``), sent now; ``nxt``
+        the index of k's next instruction."""
+        if t_h > 0 and nxt < len(lists[k]):
+            start = max(now + getattr(costs[k], "t_x", 0.0), ready_at(k, lists[k][nxt]))
+            if start < now + t_h:
+                held[k].append((box, mb, now, t_c, t_h))
+                return
+        box[mb] = now + t_c
+        heapq.heappush(arrivals, now + t_c)
 
     def deps_met(k, op):
         if op.kind in ("F", "FB") and k > 0 and f_ready[k - 1].get(op.mb, math.inf) > now + 1e-15:
@@ -124,18 +151,20 @@ def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap
                     pos[k] += 1
                 continue
             passes[k][op.kind] = passes[k].get(op.kind, 0) + 1
+            for box, mb, sent, t_c, t_h in held[k]:      # this pass held them: they move now
+                box[mb] = max(sent + t_c, now + t_c - t_h)
+                heapq.heappush(arrivals, box[mb])
+            held[k] = []
+            nxt = pos[k] + 1
             if not phases:
                 del running[k]
                 pos[k] += 1
             c = costs[k]
             if op.kind in ("F", "FB") and k < K - 1:
-                f_ready[k][op.mb] = now + c.t_c
-                heapq.heappush(arrivals, now + c.t_c)
+                send(k, f_ready[k], op.mb, c.t_c, getattr(c, "t_h", 0.0), nxt)
             bmb = op.mb2 if op.kind == "FB" else (op.mb if op.kind == "B" else None)
             if bmb is not None and k > 0:
-                t_c = costs[k - 1].t_c
-                b_ready[k][bmb] = now + t_c
-                heapq.heappush(arrivals, now + t_c)
+                send(k, b_ready[k], bmb, costs[k - 1].t_c, getattr(costs[k - 1], "t_h", 0.0), nxt)
     return {"makespan": now, "busy": busy, "bubble": [1.0 - b / now if now else 0.0 for b in busy],
             "wall": wall, "passes": passes}
 
