@@ -110,3 +110,47 @@ def test_predict_cli_reads_the_probe_file(tmp_path, capsys):
     assert cli.main([*argv, "--executor", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("sprint: error: cannot read the executor's costs") and err.endswith(f"({bad})")
+
+
+def test_messages_priced_from_the_ping_pong_table():
+    prof = Profile.synthetic()
+    prof.data["p2p"] = {"bytes": [256, 4096, 8192, 65536], "times": [1e-4, 1.2e-4, 4e-4, 6e-4], "eager_bytes": 4096}
+    assert P.p2p_time(prof, 64) == pytest.approx(1e-4)
+    assert P.p2p_time(prof, 1536) == pytest.approx(1.1e-4)                  # halfway 4096..8192 bytes
+    assert P.p2p_time(prof, 2 * 65536 // 4) == pytest.approx(6e-4 + 65536 * (2e-4 / (65536 - 8192)))
+    assert P.rendezvous_time(prof, 1024) == 0.0                              # eager: no handshake
+    assert P.rendezvous_time(prof, 2048) == pytest.approx(3e-4)
+    costs = P.stage_costs("digits", [(0, 1), (1, 4)], 32, 4, prof)           # conv1's 8 x 2048 floats
+    assert costs[0].t_c == pytest.approx(P.p2p_time(prof, 8 * 2048)) and costs[0].t_h > 0
+    assert costs[1].t_c == costs[1].t_h == 0.0
+
+
+def test_a_busy_sender_holds_its_rendezvous_message_until_its_next_pass_ends():
+    # two stages, gpipe, 2 micro-batches; passes 1 ms forward, 2 ms backward,
+    # messages 0.5 ms of which 0.3 ms handshake (hand-played in the comments)
+    def costs(t_h):
+        return [P.StageCost(("x",), 1, 1e-3, 2e-3, 0.0, 5e-4, 0.0, t_h) for _ in range(2)]
+    free = PS.play(costs(0.0), "gpipe", 2, 2)
+    # F0 0-1, F0 1-2 | F1 1.5-2.5, 2.5-3.5 | B1 3.5-5.5, 5.5-7.5 | B0 6-8, 8-10
+    assert free["makespan"] == pytest.approx(10e-3, rel=1e-9)
+    held = PS.play(costs(3e-4), "gpipe", 2, 2)
+    # F0(0)'s activation waits for F0(1) to end: in at 2.2; F0(1)'s leaves while
+    # stage 0 waits (in at 2.5). F1 2.2-3.2, 3.2-4.2; B1(0)'s gradient waits for
+    # B1(1) (in at 8.4), B1(1)'s for the update (in at 8.7); B0 8.4-10.4, 10.4-12.4
+    assert held["makespan"] == pytest.approx(12.4e-3, rel=1e-9)
+
+
+def test_ranks_outnumbering_cores_slow_every_pass_by_shared():
+    ex = P.Executor(per_pass=1e-4, cold=0.2, per_instruction=5e-5, shared=0.5)
+    parts = [(0, 1), (1, 2), (2, 3), (3, 4)]
+    own = P.stage_costs("digits", parts, 32, 4, PROF, executor=ex)
+    over = P.stage_costs("digits", parts, 32, 4, PROF, executor=ex, oversubscribed=True)
+    for a, b in zip(own, over):
+        assert (b.t_f, b.t_b, b.t_u, b.t_x) == pytest.approx((1.5 * a.t_f, 1.5 * a.t_b, 1.5 * a.t_u, 1.5 * a.t_x))
+        assert b.t_c == a.t_c
+    # predict applies it only where the ranks outnumber the cores they share
+    kw = dict(stages=4, n_subbatch=32, profile=PROF, partition=parts, executor=ex)
+    alone = P.predict("digits", **kw)
+    crowded = P.predict("digits", cores=2, **kw)
+    assert alone.costs[0].t_f == pytest.approx(own[0].t_f)
+    assert crowded.costs[0].t_f == pytest.approx(over[0].t_f)
