@@ -276,6 +276,16 @@ def follow_device():
     return lambda: cuda.Device(dev).use()
 
 
+def synchronize():
+    """Wait for the work queued on the calling thread's current stream (a
+    no-op on the CPU): due before device arrays change threads, since
+    another thread's stream may not wait for this one."""
+    be = get_backend()
+    cuda = getattr(be.xp, "cuda", None) if be.is_gpu else None
+    if cuda is not None:
+        cuda.get_current_stream().synchronize()
+
+
 def asarray(a, dtype=np.float32):
     """A C-contiguous array of the current backend (copies only if needed)."""
     xp = get_backend().xp

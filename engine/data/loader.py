@@ -175,7 +175,12 @@ class _Prefetcher:
 
 
 def _produce(loader, q, halt, on_device):
+    from engine.backend import synchronize
+
     def put(item):
+        # the batch leaves this thread: its kernels must be done, the
+        # consumer's stream may not wait for this thread's (GPU)
+        synchronize()
         while not halt.is_set():
             try:
                 q.put(item, timeout=0.05)
