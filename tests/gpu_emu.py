@@ -24,14 +24,25 @@ copy fails here as it would on a GPU:
   starts on device 0), and an array used on another device than the one it
   was allocated on raises ValueError: stricter than a GPU with peer access,
   where it would run slowly across the bus, but each rank's (and each
-  thread's) work must stay on the rank's own GPU.
+  thread's) work must stay on the rank's own GPU;
+* streams: work runs at once, but each buffer remembers the stream that
+  last wrote it (kernel outputs: the non-const pointer parameters; ``out=``,
+  in-place operators, new arrays, host-to-device copies) until that stream
+  is synchronised (``Stream.synchronize``, ``Device.synchronize``, a
+  ``.get()`` on it). Using the buffer on a stream not ordered after the
+  writer raises RuntimeError ("stream race"): the legacy null stream and
+  blocking streams wait for each other, a ``non_blocking`` stream for
+  nothing. Races are checked in the order the threads really ran, so a
+  missing synchronisation at a hand-over between threads shows up.
 
 GEMM goes through ``cupy.matmul`` (cuBLAS on a GPU): NumPy's matmul here,
 so results may differ from the engine's CPU SGEMM in the last bits.
 ``$SPRINT_EMU_GPUS`` sets the device count (default 4), ``$SPRINT_EMU_CACHE``
 where the compiled kernels are kept (shared by all ranks), and
 ``$SPRINT_EMU_LOG`` a folder where each process writes, at exit, what it did
-(kernels launched, host<->device copies, the devices it used).
+(kernels launched, host<->device copies, the devices it used);
+``$SPRINT_EMU_RACES=log`` counts stream races in that ledger instead of
+raising (a survey of every hand-over of a strategy at once).
 """
 from __future__ import annotations
 
@@ -47,6 +58,7 @@ import sys
 import tempfile
 import threading
 import types
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -82,18 +94,19 @@ _DTYPES = {"float": np.float32, "double": np.float64, "i64": np.int64, "long lon
 
 
 def _param_kinds(params: str):
-    """[(kind, pointee dtype or None)] of a kernel's parameter list."""
+    """[(kind, pointee dtype or None, read-only)] of a kernel's parameter list."""
     out = []
     for p in params.split(","):
+        const = "const" in p.split("*")[0]
         p = " ".join(p.replace("__restrict__", " ").replace("const", " ").split())
         if not p:
             continue
         if "*" in p:
             base = p.split("*")[0].strip()
-            out.append(("ptr", _DTYPES.get(base)))
+            out.append(("ptr", _DTYPES.get(base), const))
         else:
             base = p.rsplit(" ", 1)[0].strip()
-            out.append(("f32" if base == "float" else "i64" if _DTYPES.get(base) is np.int64 else base, None))
+            out.append(("f32" if base == "float" else "i64" if _DTYPES.get(base) is np.int64 else base, None, True))
     return out
 
 
@@ -137,7 +150,7 @@ def precompile_all() -> list[Path]:
 
 # ---- what a process did (tests read it) --------------------------------------------
 LEDGER = {"launches": {}, "h2d": 0, "d2h": 0, "devices_used": set(), "selected": None,
-          "threads_devices": set()}
+          "threads_devices": set(), "races": {}}
 _ledger_lock = threading.Lock()
 
 
@@ -189,7 +202,7 @@ class Device:
             LEDGER["selected"] = self.id
 
     def synchronize(self):
-        pass
+        _synchronized(lambda w: w.device_id == self.id)
 
     def __enter__(self):
         self._prev = current_device()
@@ -202,15 +215,25 @@ class Device:
 
 
 class Stream:
+    """A CUDA stream. The emulation runs work at once, but remembers which
+    stream wrote each buffer until that stream is synchronised (see _use)."""
     _next = [1]
 
     def __init__(self, null=False, non_blocking=False, ptr=None):
         self.device_id = current_device()
+        self.null, self.non_blocking = bool(null), bool(non_blocking)
         if null:
             self.ptr = 0
         else:
             self.ptr = Stream._next[0]
             Stream._next[0] += 1
+        self.thread = threading.current_thread().name
+
+    def __repr__(self):
+        if self.null:
+            return f"the null stream of device {self.device_id}"
+        kind = "non-blocking" if self.non_blocking else "blocking"
+        return f"{kind} stream {self.ptr} of device {self.device_id} (made by thread {self.thread})"
 
     def use(self):
         if self.device_id != current_device():
@@ -219,7 +242,10 @@ class Stream:
         return self
 
     def synchronize(self):
-        pass
+        if self.null:       # the legacy default stream also waits for the blocking streams
+            _synchronized(lambda w: w.device_id == self.device_id and not w.non_blocking)
+        else:
+            _synchronized(lambda w: w is self)
 
     def __enter__(self):
         self._prev = getattr(_tls, "stream", None)
@@ -230,9 +256,57 @@ class Stream:
         return False
 
 
+_NULL = {}
+
+
 def get_current_stream():
     s = getattr(_tls, "stream", None)
-    return s if s is not None else Stream(null=True)
+    if s is None:
+        s = _NULL.get(current_device())
+        if s is None:
+            s = _NULL[current_device()] = Stream(null=True)
+    return s
+
+
+# id(buffer) -> (weak reference to the buffer, the stream that last wrote it)
+# until that stream is synchronised (buffer: the root numpy array of a view)
+_WRITER: dict = {}
+_writer_lock = threading.RLock()
+
+
+def _synchronized(which):
+    with _writer_lock:
+        for k, (_, w, _t) in list(_WRITER.items()):
+            if which(w):
+                _WRITER.pop(k, None)
+
+
+def _writer(root):
+    e = _WRITER.get(id(root))
+    return e[1:] if e is not None and e[0]() is root else (None, None)
+
+
+def _wrote(root, stream):
+    k = id(root)
+    _WRITER[k] = (weakref.ref(root, lambda _, k=k: _WRITER.pop(k, None)), stream,
+                  threading.current_thread().name)
+
+
+def _ordered(w, r) -> bool:
+    """Whether work queued on stream r runs after what stream w has queued:
+    the same stream, or the legacy null stream and a blocking stream (each
+    waits for the other); never a non_blocking stream and another."""
+    if w is r:
+        return True
+    if w.device_id != r.device_id or w.non_blocking or r.non_blocking:
+        return False
+    return w.null or r.null
+
+
+def _root(a):
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 # ---- device arrays ----------------------------------------------------------------------
@@ -253,16 +327,44 @@ def _unsupported(x):
     return TypeError(f"Unsupported type {type(x)}")
 
 
-def _check_device(a):
+def _use(a, write=False, view=False):
+    """Device work on ``a`` from this thread: on its own device, and after
+    the stream that last wrote it (else a race on a GPU: the writer's stream
+    must be synchronised before another stream touches the buffer)."""
     if a._dev != current_device():
         raise ValueError(f"emulated GPU: an array of device {a._dev} used on device {current_device()} "
                          f"(thread {threading.current_thread().name})")
+    if view:            # no device work (a view, a shape, a pointer)
+        return
+    cur = get_current_stream()
+    root = _root(a._a)
+    with _writer_lock:
+        w, by = _writer(root)
+        if w is not None and not _ordered(w, cur):
+            if os.environ.get("SPRINT_EMU_RACES") != "log":
+                raise RuntimeError(f"emulated GPU: stream race: a buffer written by thread {by} on {w} was used "
+                                   f"by thread {threading.current_thread().name} on {cur} before that stream was "
+                                   f"synchronised")
+            _log_race(w, cur)
+        if write:
+            _wrote(root, cur)
+
+
+def _log_race(w, cur):
+    """$SPRINT_EMU_RACES=log: count each race site in the ledger and go on
+    (to survey a strategy's hand-overs at once)."""
+    import traceback
+    where = [f"{f.filename.split('/engine/')[-1]}:{f.lineno} {f.name}" for f in traceback.extract_stack()
+             if "/engine/" in f.filename]
+    key = f"{w!r} -> {cur!r}: " + " < ".join(where[-4:])
+    with _ledger_lock:
+        LEDGER["races"][key] = LEDGER["races"].get(key, 0) + 1
 
 
 def _unwrap(x, allow_host=False):
     """numpy view of a device array; host arrays refused (CuPy does)."""
     if isinstance(x, ndarray):
-        _check_device(x)
+        _use(x)
         return x._a
     if isinstance(x, np.ndarray):
         if x.ndim == 0 or allow_host:
@@ -273,25 +375,38 @@ def _unwrap(x, allow_host=False):
     return x
 
 
-def _wrap(r, outs=()):
+def _wrap(r, outs=(), written=True):
     if isinstance(r, np.ndarray):
         for o in outs:
             if isinstance(o, ndarray) and r is o._a:
                 return o
-        return ndarray._of(r)
+        out = ndarray._of(r)
+        if written:
+            _use(out, write=True)
+        return out
     if isinstance(r, np.generic):     # CuPy reductions give 0-d device arrays, not scalars
-        return ndarray._of(np.asarray(r))
+        out = ndarray._of(np.asarray(r))
+        _use(out, write=True)
+        return out
     if isinstance(r, tuple):
         return tuple(_wrap(v, outs) for v in r)
     return r
 
 
-def _call(fn, args, kwargs):
+def _call(fn, args, kwargs, this=None):
+    """``fn`` on the numpy views; a result that is a view of an input is no
+    device work (a new array or an ``out`` is written on the current stream)."""
     out = kwargs.get("out")
     outs = out if isinstance(out, tuple) else (out,)
     a = _unwrap(args)
     kw = {k: _unwrap(v) for k, v in kwargs.items()}
-    return _wrap(fn(*a, **kw), outs)
+    r = fn(*a, **kw)
+    for o in outs:
+        if isinstance(o, ndarray):
+            _use(o, write=True)
+    if this is not None and isinstance(r, np.ndarray) and _root(r) is _root(this._a):
+        return ndarray._of(r, this._dev)           # a view (reshape, ravel, T, ...)
+    return _wrap(r, outs)
 
 
 class ndarray:
@@ -333,7 +448,10 @@ class ndarray:
 
     # -- host <-> device --
     def get(self, stream=None, order="C", out=None):
+        """A host copy, after the current stream's work (CuPy synchronises it)."""
         _note("d2h")
+        _use(self)
+        get_current_stream().synchronize()
         return np.array(self._a, order=order)
 
     def set(self, arr, stream=None):
@@ -346,6 +464,7 @@ class ndarray:
         if not self._a.flags.c_contiguous:
             raise RuntimeError("Cannot set to non-contiguous array")
         _note("h2d")
+        _use(self, write=True)
         self._a[...] = arr
 
     @property
@@ -376,8 +495,9 @@ class ndarray:
         v = getattr(self._a, name)
         if callable(v):
             def method(*args, **kwargs):
-                _check_device(self)
-                return _call(v, args, kwargs)
+                r = _call(v, args, kwargs, this=self)
+                _use(self, view=isinstance(r, ndarray) and _root(r._a) is _root(self._a))
+                return r
             return method
         return _wrap(v)
 
@@ -386,21 +506,26 @@ class ndarray:
             if value.shape != ():
                 raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
             value = value.item()
-        _check_device(self)
+        _use(self, write=True)
         self._a.fill(_unwrap(value))
 
     def copy(self, order="C"):
-        _check_device(self)
-        return ndarray._of(self._a.copy(order=order))
+        _use(self)
+        return _wrap(self._a.copy(order=order))
 
     def __getitem__(self, key):
-        _check_device(self)
-        return _wrap(self._a[_unwrap(key, allow_host=True)])
+        key = _unwrap(key, allow_host=True)
+        r = self._a[key]
+        if isinstance(r, np.generic):       # CuPy: a 0-d view
+            r = self._a[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
+        view = _root(r) is _root(self._a)
+        _use(self, view=view)
+        return ndarray._of(r, self._dev) if view else _wrap(r)
 
     def __setitem__(self, key, value):
-        _check_device(self)
         if isinstance(value, np.ndarray) and value.shape != ():
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+        _use(self, write=True)
         self._a[_unwrap(key, allow_host=True)] = _unwrap(value)
 
     def __len__(self):
@@ -413,8 +538,7 @@ class ndarray:
     def _scalar(self):
         if self.size != 1:
             raise TypeError("only size-1 arrays can be converted to Python scalars")
-        _note("d2h")
-        return self._a.reshape(()).item()
+        return self.get().reshape(()).item()
 
     def __float__(self):
         return float(self._scalar())
@@ -470,19 +594,19 @@ def _rebuild(a, dev):
 # ---- the module's functions ----------------------------------------------------------
 def asarray(a, dtype=None, order=None):
     if isinstance(a, ndarray):
-        _check_device(a)
+        _use(a, view=True)
         return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
     if isinstance(a, np.ndarray):
         _note("h2d")
-    return ndarray._of(np.array(a, dtype=dtype, order=order or "K", copy=True))
+    return _wrap(np.array(a, dtype=dtype, order=order or "K", copy=True))
 
 
 def array(a, dtype=None, copy=True, order="K"):
     if isinstance(a, ndarray) and not copy:
         return asarray(a, dtype)
     if isinstance(a, ndarray):
-        _check_device(a)
-        return ndarray._of(np.array(a._a, dtype=dtype, order=order))
+        _use(a)
+        return _wrap(np.array(a._a, dtype=dtype, order=order))
     return asarray(a, dtype)
 
 
@@ -517,13 +641,13 @@ class RawKernel:
         if len(args) != len(self.sig):
             raise TypeError(f"{self.name}: {len(args)} arguments for {len(self.sig)} parameters")
         conv = []
-        for i, (a, (kind, pointee)) in enumerate(zip(args, self.sig)):
+        for i, (a, (kind, pointee, const)) in enumerate(zip(args, self.sig)):
             what = f"{self.name} argument {i}"
             if kind == "ptr":
                 if not isinstance(a, ndarray):
                     raise _unsupported(a) if isinstance(a, np.ndarray) else TypeError(
                         f"{what}: a device array expected, got {type(a).__name__}")
-                _check_device(a)
+                _use(a, write=not const)
                 if not a._a.flags.c_contiguous:
                     raise ValueError(f"{what}: a non-contiguous array passed as a pointer")
                 if pointee is not None and a.dtype != pointee:
@@ -553,7 +677,7 @@ def _cublas_gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):
     for x in (a, b) + (() if out is None else (out,)):
         if not isinstance(x, ndarray):
             raise _unsupported(x)
-        _check_device(x)
+        _use(x, write=x is out)
     if a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype:
         raise ValueError(f"cublas.gemm: 2-D arrays of one dtype expected, got {a.shape} {a.dtype} and "
                          f"{b.shape} {b.dtype}")
@@ -565,7 +689,7 @@ def _cublas_gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):
     if out is None:
         if beta != 0:
             raise ValueError("cublas.gemm: beta != 0 needs out")
-        return ndarray._of(prod * a.dtype.type(alpha))
+        return _wrap(prod * a.dtype.type(alpha))
     if out.shape != prod.shape or out.dtype != a.dtype:
         raise ValueError(f"cublas.gemm: out is {out.shape} {out.dtype}, the product {prod.shape} {a.dtype}")
     t = a.dtype.type

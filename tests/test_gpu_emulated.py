@@ -11,8 +11,8 @@ GPU path and the engine's SGEMM on the CPU: the two differ in the last bits,
 so a GPU run is compared exactly with another GPU run where the arithmetic is
 the same, and with the CPU within a tolerance stated at each test.
 
-This file: the emulation's own strictness, one process, and the pipeline
-strategy. tests/test_gpu_emulated_ps.py: Downpour, Sandblaster, ASGD, sync.
+This file: the emulation's own strictness (including its stream-race
+check), one process, and the pipeline strategy. tests/test_gpu_emulated_ps.py: Downpour, Sandblaster, ASGD, sync.
 """
 from __future__ import annotations
 
@@ -153,6 +153,33 @@ def test_emulated_device_is_per_thread_and_arrays_stay_on_their_device():
         cp.cuda.Device(0).use()
     with pytest.raises(gpu_emu.CUDARuntimeError):
         cp.cuda.Device(gpu_emu.device_count())
+
+
+def test_a_buffer_used_on_an_unordered_stream_before_synchronisation_is_a_race():
+    cp = gpu_emu.make_module()
+    null = cp.cuda.get_current_stream()
+    a = cp.zeros(4, np.float32)                     # written on the null stream
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        with pytest.raises(RuntimeError, match="stream race"):
+            a + 1                                   # a non-blocking stream does not wait for the null one
+    null.synchronize()
+    with side:
+        a += 1                                      # now it may; a is side's until side is synchronised
+    with pytest.raises(RuntimeError, match="stream race"):
+        a.get()
+    side.synchronize()
+    assert a.get().tolist() == [1, 1, 1, 1]
+    blocking = cp.cuda.Stream()
+    with blocking:
+        a *= 2                                      # a blocking stream and the null stream wait for each other
+    assert float(a.sum()) == 8.0                    # (a .get() synchronises the null stream)
+    a -= 1
+    b = a.reshape(2, 2)[0]                          # views are no device work; their buffer is a's
+    with side:
+        assert b.shape == (2,)
+        with pytest.raises(RuntimeError, match="stream race"):
+            b.copy()
 
 
 def test_kernel_launches_are_checked_against_the_kernel_signature(emu_cache, monkeypatch):
