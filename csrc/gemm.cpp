@@ -9,12 +9,10 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <limits>
 #include <memory>
 #include <new>
-#include <vector>
 
 #include "gemm_plan.h"
 
@@ -138,13 +136,13 @@ struct Scratch {
         return mem.get() + ((64 - addr % 64) % 64) / sizeof(float);
     }
 };
-thread_local Scratch t_arena, t_padded;
+thread_local Scratch t_arena, t_flipped;
 
 // Drops a calling thread's scratch after a call that grew it past 64 MiB
 // (an odd huge GEMM must not pin its buffers for the life of the thread).
 struct TrimScratch {
     ~TrimScratch() {
-        for (Scratch* s : {&t_arena, &t_padded})
+        for (Scratch* s : {&t_arena, &t_flipped})
             if (s->cap > (i64(1) << 24)) s->mem.reset(), s->cap = 0;
     }
 };
@@ -261,61 +259,16 @@ bool conv_sizes_ok(const Conv& g) {
            mul_ok(t, g.P(), t) && mul_ok(g.M, g.K(), t) && g.OH > 0 && g.OW > 0;
 }
 
-// A unit-stride convolution with padding runs on a zero-bordered copy of x
-// (about x's size, kept per calling thread like the packing buffers: fresh
-// pages each call cost more than the copy): the packings then read whole
-// unmasked runs of image rows (gemm_driver.h). Returns false when x needs no
-// copy (gp = g, xp = x) and sets `err` if the copy could not be made.
-bool padded(const Conv& g, const float* x, int nth, Conv& gp, Scratch& buf, const float*& xp, const char*& err) {
-    gp = g;
-    xp = x;
-    err = nullptr;
-    if (g.sw != 1 || g.ph < 0 || g.pw < 0 || (g.ph == 0 && g.pw == 0)) return false;
-    const i64 Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw;
-    i64 n = 0;
-    if (!mul_ok(g.B * g.C, Hp, n) || !mul_ok(n, Wp, n)) {
-        err = "conv: sizes overflow";
-        return false;
-    }
-    float* d0 = nullptr;
-    try {
-        d0 = buf.aligned(n);
-    } catch (const std::bad_alloc&) {
-        err = kAlloc;
-        return false;
-    }
-#pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1 && n > (1 << 16))
-    for (i64 plane = 0; plane < g.B * g.C; ++plane) {
-        const float* s = x + plane * g.H * g.W;
-        float* d = d0 + plane * Hp * Wp;
-        std::memset(d, 0, sizeof(float) * size_t(g.ph * Wp));
-        for (i64 h = 0; h < g.H; ++h) {
-            float* row = d + (h + g.ph) * Wp;
-            std::memset(row, 0, sizeof(float) * size_t(g.pw));
-            std::memcpy(row + g.pw, s + h * g.W, sizeof(float) * size_t(g.W));
-            std::memset(row + g.pw + g.W, 0, sizeof(float) * size_t(g.pw));
-        }
-        std::memset(d + (g.ph + g.H) * Wp, 0, sizeof(float) * size_t(g.ph * Wp));
-    }
-    gp = Conv{g.B, g.C, Hp, Wp, g.M, g.kh, g.kw, g.sh, 1, 0, 0, g.OH, g.OW};
-    xp = d0;
-    return true;
-}
-
-// Plans a convolution's GEMM (m x n, depth k), takes the scratch and the
-// padded copy of x, then runs f(kernels, plan, geometry, x) on them.
+// Plans a convolution's GEMM (m x n, depth k), takes the scratch, then runs
+// f(kernels, plan) on them. The packings read x as it is: padding is masked
+// off inside them (a zero-bordered copy of x cost as much as it saved).
 template <class F>
-const char* run_conv(Isa isa, const Conv& g, const float* x, i64 m, i64 n, i64 k, F f) {
+const char* run_conv(Isa isa, const Conv& g, i64 m, i64 n, i64 k, F f) {
     const Kernels& kr = kernels(isa);
     Plan p = plan(kr, blocking_cached(isa), m, n, k);
     TrimScratch trim;
     if (!allocate(p, t_arena)) return kAlloc;
-    Conv gp;
-    const float* xp;
-    const char* err;
-    padded(g, x, p.nth, gp, t_padded, xp, err);
-    if (err) return err;
-    f(kr, p, gp, xp);
+    f(kr, p);
     return nullptr;
 }
 }  // namespace
@@ -324,9 +277,8 @@ const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w,
                          float* y) {
     if (!conv_sizes_ok(g)) return "conv: sizes overflow";
     if (g.B == 0) return nullptr;
-    return run_conv(isa, g, x, g.M, g.B * g.P(), g.K(), [&](const Kernels& kr, const Plan& p, const Conv& gp,
-                                                              const float* xp) {
-        kr.conv_fwd(p, gp, xp, w, bias, relu, y);
+    return run_conv(isa, g, g.M, g.B * g.P(), g.K(), [&](const Kernels& kr, const Plan& p) {
+        kr.conv_fwd(p, g, x, w, bias, relu, y);
     });
 }
 
@@ -337,9 +289,8 @@ const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float*
             for (i64 i = 0; i < g.M * g.K(); ++i) dw[i] = 0.f;
         return nullptr;
     }
-    return run_conv(isa, g, x, g.M, g.K(), g.B * g.P(), [&](const Kernels& kr, const Plan& p, const Conv& gp,
-                                                              const float* xp) {
-        kr.conv_dw(p, gp, xp, dy, dw, accumulate);
+    return run_conv(isa, g, g.M, g.K(), g.B * g.P(), [&](const Kernels& kr, const Plan& p) {
+        kr.conv_dw(p, g, x, dy, dw, accumulate);
     });
 }
 
@@ -350,17 +301,19 @@ const char* conv_backward_x(Isa isa, const Conv& g, const float* w, const float*
     // dx[c, h, w] = sum_{m,i,j} dy[m, h+ph-i, w+pw-j] w[m,c,i,j]: a stride-1
     // convolution of dy (M channels) with wt[c,m,i',j'] = w[m,c,kh-1-i',kw-1-j'].
     const Conv t{g.B, g.M, g.OH, g.OW, g.C, g.kh, g.kw, 1, 1, g.kh - 1 - g.ph, g.kw - 1 - g.pw, g.H, g.W};
-    std::vector<float> wt;
+    // the flipped filters in per-thread scratch: a fresh vector of this size
+    // is fresh pages (page faults) on every call
+    float* wt = nullptr;
     try {
-        wt.resize(size_t(g.M * g.K()));
+        wt = t_flipped.aligned(g.M * g.K());
     } catch (const std::bad_alloc&) {
         return kAlloc;
     }
     const i64 khw = g.kh * g.kw;
     for (i64 m = 0; m < g.M; ++m)
         for (i64 c = 0; c < g.C; ++c)
-            for (i64 q = 0; q < khw; ++q) wt[size_t((c * g.M + m) * khw + q)] = w[(m * g.C + c) * khw + khw - 1 - q];
-    return conv_forward(isa, t, dy, wt.data(), nullptr, false, dx);
+            for (i64 q = 0; q < khw; ++q) wt[(c * g.M + m) * khw + q] = w[(m * g.C + c) * khw + khw - 1 - q];
+    return conv_forward(isa, t, dy, wt, nullptr, false, dx);
 }
 
 }  // namespace gemm

@@ -21,50 +21,72 @@ struct Run {
 struct PackIm2col {
     const Conv* g;
     const float* x;
-    // Unit stride, no padding (conv_forward pads x once for this): every
-    // element of a run is inside the image, so lane l of an L-lane group
-    // reads x[base + l + (c*HW + i*W + j)] -- one plain vector load per
-    // group within an output row, masked loads only where runs meet.
-    void unpadded_unit_stride(float* dst, const float** rows, i64 nr, i64 kc, i64 p0, const Run* runs,
-                              int nrun) const {
+    // Unit stride: for each filter tap (i, j), lane l of an L-lane group reads
+    // x[base + l + c*HW] for lanes lo <= l < hi of each segment (a run's
+    // columns inside the image), the other lanes are zero. The table of
+    // segments is made once per panel, so a row of the panel costs one vector
+    // load per segment -- one plain load where a group is one whole segment --
+    // and padding needs neither a zero-bordered copy of x nor per-element
+    // tests. A tap whose whole panel row lies in one image row is read in
+    // place (no copy). False when the panel needs more table than fits
+    // (many taps, or many runs per group): the general path then packs it.
+    static constexpr int kMaxTaps = 49, kMaxSeg = 4;
+    bool unit_stride(float* dst, const float** rows, i64 nr, i64 kc, i64 p0, const Run* runs, int nrun) const {
         using V = typename UK::Vec;
         constexpr int NR = UK::NR, L = V::L, NG = NR / L;
         const Conv& G = *g;
         const i64 HW = G.H * G.W, khw = G.kh * G.kw;
+        if (khw > kMaxTaps) return false;
         struct Seg {
-            int a, e;
+            int lo, hi;
             i64 base;
         };
-        Seg seg[NG][L];
-        int nseg[NG] = {};
-        for (int r = 0; r < nrun; ++r) {
-            const Run& R = runs[r];
-            for (int gi = R.col / L; gi < NG && gi * L < R.col + R.len; ++gi) {
-                const int a = int(hi_(R.col, gi * L)) - gi * L, e = int(lo_(R.col + R.len, (gi + 1) * L)) - gi * L;
-                seg[gi][nseg[gi]++] = Seg{a, e, R.img + R.ih0 * G.W + R.iw0 - R.col + gi * L};
-            }
-        }
-        (void)nr;
-        i64 c = p0 / khw, i = (p0 % khw) / G.kw, j = p0 % G.kw;
-        for (i64 kk = 0; kk < kc; ++kk) {
-            float* d = dst + kk * NR;
-            rows[kk] = d;
-            const i64 off = c * HW + i * G.W + j;
+        Seg seg[kMaxTaps][NG][kMaxSeg];
+        int nseg[kMaxTaps][NG];
+        bool whole[kMaxTaps][NG], inplace[kMaxTaps];
+        for (i64 q = 0; q < khw; ++q) {
+            const i64 i = q / G.kw, j = q % G.kw;
+            inplace[q] = nrun == 1 && nr == NR;
             for (int gi = 0; gi < NG; ++gi) {
-                if (nseg[gi] == 1 && seg[gi][0].a == 0 && seg[gi][0].e == L) {
-                    V::store(d + gi * L, V::load(x + seg[gi][0].base + off));
-                    continue;
+                int n = 0;
+                for (int r = 0; r < nrun; ++r) {
+                    const Run& R = runs[r];
+                    const i64 ih = R.ih0 + i, iw = R.iw0 + j;  // of the run's first column
+                    const int a = int(hi_(R.col, gi * L)) - gi * L, e = int(lo_(R.col + R.len, (gi + 1) * L)) - gi * L;
+                    if (a >= e || ih < 0 || ih >= G.H) continue;
+                    const i64 shift = R.col - gi * L - iw;  // lane l reads column l - shift
+                    const int lo = int(hi_(a, shift)), hi = int(lo_(e, G.W + shift));
+                    if (lo >= hi) continue;
+                    if (n == kMaxSeg) return false;
+                    seg[q][gi][n++] = Seg{lo, hi, R.img + ih * G.W - shift};
                 }
-                typename V::reg acc = V::zero();
-                for (int q = 0; q < nseg[gi]; ++q)
-                    acc = V::load_merge(acc, x, seg[gi][q].base + off, seg[gi][q].a, seg[gi][q].e);
-                V::store(d + gi * L, acc);
-            }
-            if (++j == G.kw) {
-                j = 0;
-                if (++i == G.kh) i = 0, ++c;
+                nseg[q][gi] = n;
+                whole[q][gi] = n == 1 && seg[q][gi][0].lo == 0 && seg[q][gi][0].hi == L;
+                inplace[q] = inplace[q] && whole[q][gi];
             }
         }
+        i64 c = p0 / khw, q = p0 % khw;
+        for (i64 kk = 0; kk < kc; ++kk) {
+            const i64 off = c * HW;
+            if (inplace[q]) {  // the whole panel row inside one image row: read it in place
+                rows[kk] = x + seg[q][0][0].base + off;
+            } else {
+                float* d = dst + kk * NR;
+                rows[kk] = d;
+                for (int gi = 0; gi < NG; ++gi) {
+                    const Seg* sg = seg[q][gi];
+                    if (whole[q][gi]) {
+                        V::store(d + gi * L, V::load(x + sg[0].base + off));
+                        continue;
+                    }
+                    typename V::reg acc = V::zero();
+                    for (int t = 0; t < nseg[q][gi]; ++t) acc = V::load_merge(acc, x, sg[t].base + off, sg[t].lo, sg[t].hi);
+                    V::store(d + gi * L, acc);
+                }
+            }
+            if (++q == khw) q = 0, ++c;
+        }
+        return true;
     }
     void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
         constexpr int NR = UK::NR;
@@ -84,8 +106,8 @@ struct PackIm2col {
             }
         }
         const i64 khw = G.kh * G.kw;
+        if (G.sw == 1 && unit_stride(dst, rows, nr, kc, p0, runs, nrun)) return;
         const bool one_run = nrun == 1 && nr == NR && G.sw == 1;
-        if (!one_run && G.sw == 1 && G.ph == 0 && G.pw == 0) return unpadded_unit_stride(dst, rows, nr, kc, p0, runs, nrun);
         i64 c = p0 / khw, i = (p0 % khw) / G.kw, j = p0 % G.kw;
         for (i64 kk = 0; kk < kc; ++kk) {
             float* d = dst + kk * NR;

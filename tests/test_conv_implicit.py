@@ -74,7 +74,14 @@ BIG = [((2, 40, 12, 12), (24, 40, 3, 3), (1, 1), (1, 1)),
        # rows of 16 and more output pixels: the dW packing's register
        # transposes, their masked lanes over padding, the scalar tails
        ((2, 3, 18, 33), (5, 3, 5, 5), (1, 1), (2, 2)),
-       ((1, 4, 20, 18), (6, 4, 3, 3), (2, 1), (1, 0))]
+       ((1, 4, 20, 18), (6, 4, 3, 3), (2, 1), (1, 0)),
+       # the unit-stride packing's table of masked segments (padding read
+       # from x as is): rows of >= NR pixels read in place except at the
+       # borders; more runs per vector than the table holds and more taps
+       # than it holds take the general path
+       ((2, 3, 7, 60), (5, 3, 3, 3), (1, 1), (1, 1)),
+       ((3, 4, 5, 2), (6, 4, 3, 3), (1, 1), (1, 1)),
+       ((1, 2, 10, 12), (3, 2, 8, 7), (1, 1), (3, 3))]
 
 
 @pytest.mark.parametrize("isa", ISAS)
