@@ -17,7 +17,14 @@ G::Isa pick_isa(const std::string& isa) {
     return out;
 }
 
-void raise_if(const char* err) {
+// Runs f (returns nullptr or an error message) without the GIL, then raises its error.
+template <class F>
+void call_nogil(F f) {
+    const char* err;
+    {
+        py::gil_scoped_release nogil;
+        err = f();
+    }
     if (err) value_error(err);
 }
 
@@ -36,15 +43,10 @@ void sgemm(py::handle a_, py::handle b_, py::handle c_, bool trans_a, bool trans
     check_no_overlap(c, "out", b, "b");
     const float al = finite_f32(alpha, "alpha"), be = finite_f32(beta, "beta");
     const G::Isa i = pick_isa(isa);
-    const float* ap = cptr<float>(a);
-    const float* bp = cptr<float>(b);
+    const float *ap = cptr<float>(a), *bp = cptr<float>(b);
     float* cp = mptr<float>(c);
-    const char* err;
-    {
-        py::gil_scoped_release nogil;
-        err = G::sgemm(i, trans_a, trans_b, m, n, k, al, ap, a.shape(1), bp, b.shape(1), be, cp, n);
-    }
-    raise_if(err);
+    const i64 lda = a.shape(1), ldb = b.shape(1);
+    call_nogil([&] { return G::sgemm(i, trans_a, trans_b, m, n, k, al, ap, lda, bp, ldb, be, cp, n); });
 }
 
 G::Conv conv_geom(const py::array& x, i64 M, i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw) {
@@ -59,13 +61,23 @@ G::Conv conv_geom(const py::array& x, i64 M, i64 kh, i64 kw, i64 sh, i64 sw, i64
     return g;
 }
 
-void conv_forward(py::handle x_, py::handle w_, py::object bias_, py::handle y_, i64 sh, i64 sw, i64 ph, i64 pw,
-                  bool relu, const std::string& isa) {
+// x (B, C, H, W) and w (M, C, kh, kw) checked, and their geometry.
+struct ConvArgs {
+    py::array x, w;
+    G::Conv g;
+};
+ConvArgs conv_args(py::handle x_, py::handle w_, i64 sh, i64 sw, i64 ph, i64 pw) {
     py::array x = check_array<float>(x_, "x", 4);
     py::array w = check_array<float>(w_, "w", 4);
-    py::array y = check_array<float>(y_, "y", 4, true);
     const G::Conv g = conv_geom(x, w.shape(0), w.shape(2), w.shape(3), sh, sw, ph, pw);
     check_shape(w, "w", {g.M, g.C, g.kh, g.kw});
+    return {x, w, g};
+}
+
+void conv_forward(py::handle x_, py::handle w_, py::object bias_, py::handle y_, i64 sh, i64 sw, i64 ph, i64 pw,
+                  bool relu, const std::string& isa) {
+    auto [x, w, g] = conv_args(x_, w_, sh, sw, ph, pw);
+    py::array y = check_array<float>(y_, "y", 4, true);
     check_shape(y, "y", {g.B, g.M, g.OH, g.OW});
     check_no_overlap(y, "y", x, "x");
     check_no_overlap(y, "y", w, "w");
@@ -78,27 +90,18 @@ void conv_forward(py::handle x_, py::handle w_, py::object bias_, py::handle y_,
         bp = cptr<float>(bias);
     }
     const G::Isa i = pick_isa(isa);
-    const float* xp = cptr<float>(x);
-    const float* wp = cptr<float>(w);
+    const float *xp = cptr<float>(x), *wp = cptr<float>(w);
     float* yp = mptr<float>(y);
-    const char* err;
-    {
-        py::gil_scoped_release nogil;
-        err = G::conv_forward(i, g, xp, wp, bp, relu, yp);
-    }
-    raise_if(err);
+    call_nogil([&, g = g] { return G::conv_forward(i, g, xp, wp, bp, relu, yp); });
 }
 
 // dw (overwritten, or accumulated: dw's chains continued) and, if dx is not
 // None (stride 1 only), dx.
 void conv_backward(py::handle x_, py::handle w_, py::handle dy_, py::handle dw_, py::object dx_, i64 sh, i64 sw,
                    i64 ph, i64 pw, const std::string& isa, bool accumulate) {
-    py::array x = check_array<float>(x_, "x", 4);
-    py::array w = check_array<float>(w_, "w", 4);
+    auto [x, w, g] = conv_args(x_, w_, sh, sw, ph, pw);
     py::array dy = check_array<float>(dy_, "dy", 4);
     py::array dw = check_array<float>(dw_, "dw", 4, true);
-    const G::Conv g = conv_geom(x, w.shape(0), w.shape(2), w.shape(3), sh, sw, ph, pw);
-    check_shape(w, "w", {g.M, g.C, g.kh, g.kw});
     check_shape(dy, "dy", {g.B, g.M, g.OH, g.OW});
     check_shape(dw, "dw", {g.M, g.C, g.kh, g.kw});
     for (auto* in : {&x, &w, &dy}) check_no_overlap(dw, "dw", *in, "an input");
@@ -112,17 +115,12 @@ void conv_backward(py::handle x_, py::handle w_, py::handle dy_, py::handle dw_,
         dxp = mptr<float>(dx);
     }
     const G::Isa i = pick_isa(isa);
-    const float* xp = cptr<float>(x);
-    const float* wp = cptr<float>(w);
-    const float* dyp = cptr<float>(dy);
+    const float *xp = cptr<float>(x), *wp = cptr<float>(w), *dyp = cptr<float>(dy);
     float* dwp = mptr<float>(dw);
-    const char* err;
-    {
-        py::gil_scoped_release nogil;
-        err = G::conv_backward_w(i, g, xp, dyp, dwp, accumulate);
-        if (!err && dxp) err = G::conv_backward_x(i, g, wp, dyp, dxp);
-    }
-    raise_if(err);
+    call_nogil([&, g = g] {  // (a structured binding is not captured by reference in C++17)
+        const char* err = G::conv_backward_w(i, g, xp, dyp, dwp, accumulate);
+        return !err && dxp ? G::conv_backward_x(i, g, wp, dyp, dxp) : err;
+    });
 }
 
 py::dict gemm_info(const std::string& isa) {
