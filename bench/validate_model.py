@@ -158,6 +158,21 @@ def repredict(d, profile, sim=True):
         l["predicted"] = layer_predictions(l["model"], l["n_subbatch"], prof).get((l["layer"], l["pass"]), 0.0)
 
 
+def merge_runs(ds):
+    """One validation from several saved ones (rows, layers, failures and
+    calibrations together; the calibration scale is their median)."""
+    if len(ds) == 1:
+        return ds[0]
+    out = {"rows": [], "layers": [], "failed": [], "calibrations": []}
+    for d in ds:
+        for k in out:
+            out[k] += d.get(k) or []
+    ratios = [c["ratio"] for c in out["calibrations"] if c.get("ratio")]
+    out["calibration_scale"] = float(np.median(ratios)) if ratios else None
+    out["parts"] = [{k: d.get(k) for k in ("profile", "argv", "date")} for d in ds]
+    return out
+
+
 def median_runs(ms):
     """One measurement per configuration: the median of its runs, per
     quantity and per step."""
@@ -192,6 +207,7 @@ def swept_nets(prof) -> set:
     sw = prof.data.get("sweep", {})
     nets = set(sw.get("nets", ("tiny", "digits", "cifar"))) | set(sw.get("layer_nets", ("tiny", "digits", "cifar",
                                                                                          "cnn-a")))
+    nets |= set(sw.get("layer_pass_nets", ()))
     nets |= {e.get("model") for e in prof.data.get("contention", {}).get("entries", [])}
     return nets
 
@@ -222,13 +238,15 @@ def main(argv=None):
                     help="skip the calibration before each pass (engine.perf.calibrate, as sprint predict "
                          "runs it); its ratio to the profile's is reported beside the errors, never applied "
                          "to the primary numbers")
-    ap.add_argument("--rescore", default=None, help="print the report of a saved validation JSON")
+    ap.add_argument("--rescore", default=None,
+                    help="print the report of a saved validation JSON (a comma list: of their union, e.g. "
+                         "one grid run in parts, each short enough to hold the machine alone)")
     ap.add_argument("--repredict", action="store_true",
                     help="with --rescore: predict its measured runs again from --profile (a changed model "
                          "scored on runs already seen: a development set, not a held-out one)")
     a = ap.parse_args(argv)
     if a.rescore:
-        d = json.loads(Path(a.rescore).read_text())
+        d = merge_runs([json.loads(Path(f).read_text()) for f in a.rescore.split(",")])
         for r in d["rows"]:
             m = r["measured"]
             if "T_Epoch_wall" not in m:      # written before T_Epoch followed eq. (10)
@@ -394,6 +412,11 @@ def format_report(rows, layers, scale=None) -> str:
         sel = [r for r in rows if r.get("group", "fitted grid") == group]
         if sel:
             out += _summary(sel, f"{group} ({len(sel)} configurations)")
+            for n in sorted({r["n_node"] for r in sel}):
+                part = [r for r in sel if r["n_node"] == n]
+                got = [(k, summarize(part, k)) for k in QTY]
+                out.append(f"  N_Node {n} ({len(part)}), mean / median |err|: " + ", ".join(
+                    f"{k} {100 * g[1]:.1f} / {100 * g[0]:.1f} %" for k, g in got if g))
             if scale:
                 cells = []
                 for k in ("T_GPU", "T_Update", "T_Epoch"):

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from engine import cli
+from engine import spec as spec_mod
 from engine.perf import calibrate, model, tune
 from engine.perf.profile import Profile
 
@@ -142,6 +143,41 @@ def test_unmeasured_oversubscription_is_refused():
     # On GPUs each worker owns its device: no core sharing to price.
     gpu = Profile.synthetic(backend="gpu", cores=2)
     assert model.predict("tiny", 3, 2, 8, gpu, ranks_per_host=3).extra["oversubscribed"] is None
+
+
+def _sliced_profile(c=3e-3, d=2e-9):
+    """Runner entries of tiny (580 parameters) and cifar (3.2 M) whose
+    measured wait per cycle beyond the model is c + d N_Param at 3 x 1."""
+    prof = _cpu_profile([(1, 1), (2, 1), (3, 1)])
+    es = prof.data["contention"]["entries"]
+    for e in list(es):
+        e["n_param"] = 580
+        es.append(dict(e, model="cifar", n_param=3_237_834))
+    for e in es:
+        if e["ranks"] == 3:
+            e["slice_wait"] = c + d * e["n_param"]
+            e["updater_excess"] = 1e-4 + 1e-10 * e["n_param"]
+    return prof
+
+
+def test_time_slice_wait_is_read_between_the_swept_nets():
+    c, d = 3e-3, 2e-9
+    prof = _sliced_profile(c, d)
+    n = spec_mod.n_params(spec_mod.get_spec("mnist"))
+    assert prof.sharing_excess("slice_wait", 3, 1, "mnist", n) == pytest.approx(c + d * n, rel=1e-6)
+    assert prof.sharing_excess("slice_wait", 3, 1, "tiny", 0) == pytest.approx(c + d * 580)   # its own entry
+    assert prof.sharing_excess("updater_excess", 3, 1, "mnist", n) == pytest.approx(1e-4 + 1e-10 * n, rel=1e-6)
+    assert prof.sharing_excess("slice_wait", 2, 1, "mnist", n) == 0.0                        # never measured
+    # Priced in the collective, where the sharing was measured.
+    base = _cpu_profile([(1, 1), (2, 1), (3, 1)])
+    ar = lambda p, r: model.step_costs("mnist", r, 1, 8, p, ranks_per_host=r, slowdown=1.0)["allreduce_bw"][0]
+    assert ar(prof, 3) - ar(base, 3) == pytest.approx(c + d * n, rel=1e-6)
+    assert ar(prof, 2) == ar(base, 2)
+    with_wait = model.predict("mnist", 3, 1, 8, prof, ranks_per_host=3)
+    without = model.predict("mnist", 3, 1, 8, base, ranks_per_host=3)
+    assert with_wait.updater["Allreduce"] > without.updater["Allreduce"] + 0.5 * c
+    assert "priced from the runner contention sweep's wait per cycle" in with_wait.extra["oversubscribed"]
+    assert "does not price" in without.extra["oversubscribed"]
 
 
 def test_cli_refuses_and_tune_skips_unmeasured_sharing(tmp_path, capsys):

@@ -70,3 +70,23 @@ def test_nets_the_sweeps_never_saw_are_held_out(vm):
     spec = ROOT / "bench" / "specs" / "mnist_heldout.json"
     assert vm.group_of(str(spec), prof) == "held-out nets"
     assert os.path.exists(spec)
+
+
+def test_parts_of_a_grid_are_reported_together(vm, tmp_path, capsys):
+    import json
+    a = {"rows": [_row("digits", "held-out nets", [0.1] * 5)], "layers": [], "failed": [],
+         "calibrations": [{"ratio": 1.0}]}
+    b = {"rows": [dict(_row("digits", "held-out nets", [0.3] * 5), n_node=3)], "layers": [], "failed": [],
+         "calibrations": [{"ratio": 1.2}]}
+    for name, d in (("a", a), ("b", b)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(d))
+    both = f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}"
+    assert vm.main(["--rescore", both]) == 0
+    out = capsys.readouterr().out
+    t_gpu = [l for l in out.split("held-out nets (2 configurations)")[1].splitlines() if l.startswith("T_GPU")][0]
+    assert t_gpu.split()[1:3] == ["20.0%", "20.0%"]
+    assert "N_Node 1 (1), mean / median |err|: T_GPU 10.0 / 10.0 %" in out
+    assert "N_Node 3 (1)" in out and "x1.100" in out
+    b["failed"] = [[["digits", 3, 1, 1], "rank died"]]
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    assert vm.main(["--rescore", both]) == 1         # a failure in any part fails the whole

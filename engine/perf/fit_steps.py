@@ -35,7 +35,8 @@ def _kernel_sums(p, model, n):
 HOLDOUT = {"sgemm": "non-power-of-2 shapes and the swept nets' own shapes",
            "im2col..relu": "every 4th conv layer shape", "bias/softmax": "every 4th (batch, width)",
            "vectors": "every 4th size", "load/deform": "every 4th batch", "allreduce": "every 4th (size, ranks)",
-           "layer passes": "the middle batch size of each net", "net step": "every 3rd batch size"}
+           "layer passes": "the middle batch size of each net and the whole net heldout-b",
+           "net step": "every 3rd batch size"}
 
 
 def fit_layer_terms(prof: dict, records) -> dict:
@@ -55,7 +56,7 @@ def fit_layer_terms(prof: dict, records) -> dict:
         key = (r["model"], r["n_subbatch"])
         if key not in cache:
             try:
-                cache[key] = _kernel_sums(p, r["model"], r["n_subbatch"])
+                cache[key] = _kernel_sums(p, r.get("spec") or r["model"], r["n_subbatch"])
             except ValueError:        # a kernel this net needs was not swept
                 cache[key] = {}
         got = cache[key].get((r["layer"], r["pass"]))
@@ -163,10 +164,11 @@ def anchor_contention(prof: dict) -> None:
             e["host_base"], e["host"] = float(np.median([g["host"] for g in group])), h
             e["rel"] = float(np.median([g["rel"] for g in group]))
             e["t"] = float(np.median([g["t"] for g in group]))
-            for key in ("updater", "worker"):
+            for key in ("updater", "worker", "cycle"):
                 got = [g[key] for g in group if g.get(key)]
                 if got:
-                    e[key] = {k: float(np.median([u[k] for u in got if k in u])) for k in got[0]}
+                    e[key] = {k: float(np.median([u[k] for u in got if u.get(k) is not None]))
+                          for k in got[0] if got[0][k] is not None}
             e["ratio"] = e["rel"] * h
             e["n_runs"] = len(group)
             by_net[net].append(e)
@@ -182,22 +184,34 @@ def anchor_contention(prof: dict) -> None:
     # What the updater's own steps cost in the runner beyond their kernels:
     # its Python between them waits for the GIL the node's workers hold.
     from .model import RUNNER_SWEEP_IMPL, predict
+    bare = []     # every entry against the model without any excess (set below)
     for es in by_net.values():
         for e in es:
             if not e.get("updater"):
                 continue
             try:
-                q = predict(e["model"], e["ranks"], e["workers"], int(e["n_subbatch"]), p,
-                            ranks_per_host=e["ranks"], impl=RUNNER_SWEEP_IMPL)
+                bare.append((e, predict(e["model"], e["ranks"], e["workers"], int(e["n_subbatch"]), p,
+                                        ranks_per_host=e["ranks"], impl=RUNNER_SWEEP_IMPL)))
             except ValueError:
                 continue
-            e["updater_excess"] = sum(e["updater"].values()) - sum(q.updater.get(k, 0.0) for k in e["updater"])
-            # The worker's small steps as the runner timed them, beside the
-            # model's: kept for diagnosis, not priced yet (a per-step factor
-            # at one N_Subbatch over- or under-shoots the others).
-            if e.get("worker"):
-                e["worker_model"] = {k: q.worker.get(k, 0.0) for k in e["worker"]}
-                e["worker_slowdown"] = q.slowdown
+    for e, q in bare:
+        e["updater_excess"] = sum(e["updater"].values()) - sum(q.updater.get(k, 0.0) for k in e["updater"])
+        cyc = e.get("cycle") or {}
+        if e["ranks"] > 1 and "Allreduce" in cyc and "WaitGradient" in cyc:
+            # What the updater's wait for a gradient and the collective (its
+            # barrier included) took beyond the model's: with more ranks than
+            # cores, each rank's polls wait for a time slice (a worker of
+            # another rank holds the core, or its own holds the GIL while
+            # descheduled). Seconds per cycle, priced where the model
+            # prices the collective (host._allreduce_cost).
+            e["slice_wait"] = (cyc["WaitGradient"] + cyc["Allreduce"]
+                               - q.updater.get("WaitGradient", 0.0) - q.updater.get("Allreduce", 0.0))
+        # The worker's small steps as the runner timed them, beside the
+        # model's: kept for diagnosis, not priced yet (a per-step factor
+        # at one N_Subbatch over- or under-shoots the others).
+        if e.get("worker"):
+            e["worker_model"] = {k: q.worker.get(k, 0.0) for k in e["worker"]}
+            e["worker_slowdown"] = q.slowdown
     exc = runner_step_excess(prof["contention"]["entries"])
     if exc:
         prof.setdefault("overhead", {})["runner_steps"] = exc

@@ -17,7 +17,13 @@ def _allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, model, n_param):
     if n_node <= 1:
         return 0.0
     load = pr.allreduce_load(ranks_per_host, n_gpu, model) if (cpu and ranks_per_host > 1) else 1.0
-    return load * pr.allreduce_bw(n_node, n_param)
+    # Ranks sharing a host's cores with busy workers: each poll of the
+    # collective waits for a time slice (and, more ranks than cores, for a
+    # descheduled GIL holder): measured per cycle by the runner contention
+    # sweep beyond the model (fit_steps.anchor_contention), >= 0.
+    wait = max(pr.sharing_excess("slice_wait", ranks_per_host, n_gpu, model, n_param), 0.0) \
+        if (cpu and ranks_per_host > 1) else 0.0
+    return load * pr.allreduce_bw(n_node, n_param) + wait
 
 
 def _cold(profile, name, footprint=None):
@@ -29,14 +35,13 @@ def _cold(profile, name, footprint=None):
     return name + "_cold" if profile.has(name + "_cold") else name
 
 
-def _updater_excess(pr, cpu, ranks_per_host, n_gpu, model):
+def _updater_excess(pr, cpu, ranks_per_host, n_gpu, model, n_param=0):
     """Seconds per cycle the runner's updater spent beyond its modelled
     steps in the contention sweep of this host sharing (GIL waits behind
     the node's workers); 0 off CPU hosts or when not measured."""
     if not cpu:
         return 0.0
-    e = pr.contention_entry(ranks_per_host, n_gpu, model)
-    return float(e.get("updater_excess", 0.0)) if e else 0.0
+    return pr.sharing_excess("updater_excess", ranks_per_host, n_gpu, model, n_param)
 
 
 def step_footprint(sp, n_subbatch) -> int:
@@ -94,9 +99,15 @@ def oversubscription(profile, ranks_per_host: int, n_gpu: int, model: str = "", 
     entry = profile.contention_entry(ranks_per_host, n_gpu, model)
     # More processes than cores: the updaters and the allreduce wait for
     # time slices that no term prices (measured, bench/RESULTS.md section 4).
-    ranks_note = (f"; {ranks_per_host} ranks on {profile.cores} cores: the updaters and the allreduce wait "
-                  f"for time slices the model does not price (T_Update measured 30-50 % longer than "
-                  f"predicted on held-out nets)") if ranks_per_host > profile.cores else ""
+    sliced = any(e.get("slice_wait") is not None for e in entries
+                 if (e["ranks"], e["workers"]) == (ranks_per_host, n_gpu))
+    ranks_note = "" if ranks_per_host <= profile.cores else (
+        f"; {ranks_per_host} ranks on {profile.cores} cores: the updaters' wait for time slices is priced "
+        f"from the runner contention sweep's wait per cycle beyond the model (swept nets, read between them "
+        f"by N_Param)" if sliced else
+        f"; {ranks_per_host} ranks on {profile.cores} cores: the updaters and the allreduce wait "
+        f"for time slices the model does not price (T_Update measured 30-50 % longer than "
+        f"predicted on held-out nets)")
     if entry is not None and threads == 1:
         return (f"time-sharing priced from the runner contention sweep's own {ranks_per_host}x{n_gpu} run "
                 f"(net {entry.get('model')}, N_Subbatch {entry.get('n_subbatch')})" + ranks_note)

@@ -30,7 +30,8 @@ from engine import spec as spec_mod
 
 from .host import (Oversubscribed, _allreduce_cost, _cold, _updater_excess, core_share,  # noqa: F401
                    oversubscription, step_footprint, updater_duty)
-from .sweep_ops import OP_KINDS
+from .layer_cost import (compute_gradient_terms, kernel_time, layer_kernels,  # noqa: F401
+                         python_share)
 from .queueing import (_first_deposit_wait, barrier_factor, barrier_wait, binom_cdf,  # noqa: F401
                        expected_staleness, lock_wait, t_barrier)
 
@@ -42,137 +43,6 @@ WORKER_STEPS = ("LockWeights", "FetchWeights", "LoadImage", "DeformImage", "Comp
                 "ComputeUpdateVal", "LockGradient", "UpdateGradient")
 UPDATER_STEPS = ("WaitGradient", "LockGradient", "SumGradient", "AddMomentum", "Allreduce",
                  "UpdateMomentum", "LockWeights", "UpdateWeights")
-
-
-def layer_kernels(g, n: int, first: bool, last: bool, ops=frozenset()):
-    """(pass, kernel, size) of every kernel one layer runs for its batch.
-
-    ``size`` is an (m, n, k) tuple for SGEMMs (kernel ``sgemm_nn|nt|tn`` by
-    transposition) and an element count for the rest. This mirrors
-    engine.layers / engine.ops.conv: conv forward = im2col, SGEMM, the
-    CNHW->NCHW copy that adds the bias, max-pool, ReLU (on the pooled map);
-    backward = ReLU', pool', im2col again, the NCHW->CNHW copy that also
-    sums db, the dW SGEMM and, except for the first layer, the dX SGEMM and
-    col2im. FC: SGEMM + bias (+ ReLU); backward dW, db, dX SGEMMs.
-
-    ``ops``: the whole-op fits the profile has for the path in force
-    (``Profile.op_kinds``). With them a layer is its ops as engine.layers
-    calls them: the implicit convolution (ReLU fused, db inside its
-    backward) and max-pool, or linear_forward/backward and ReLU; sizes are
-    the forward GEMM's (m, n, k) and, for convolutions, the kernel side.
-    """
-    ks = []
-    kind_ops = (("conv_fwd", "conv_bwd_dw" if first else "conv_bwd") if g.kind == "conv"
-                else ("fc_fwd", "fc_bwd_dw" if first else "fc_bwd"))
-    if all(k in ops for k in kind_ops):
-        return _op_kernels(g, n, last, kind_ops)
-    if g.kind == "conv":
-        conv_out = spec_mod._prod(g.extra["conv_out"]) * n
-        pooled = spec_mod._prod(g.out_shape) * n
-        side = g.extra["conv_out"][1]
-        # (elements, contiguous segments): one segment per (k, n, output row)
-        # for im2col/col2im, per (n, channel) for the layout copies.
-        cols = (g.im2col_elems, g.im2col_elems // side)
-        lay = (conv_out, n * g.w_shape[0])
-        ks += [("fwd", "im2col", cols), ("fwd", "sgemm_nn", g.gemm_fwd), ("fwd", "to_nchw", lay)]
-        if g.pool > 1:
-            ks.append(("fwd", "pool_fwd", _pool_size(g, n)))
-        ks += [("fwd", "relu_fwd", pooled), ("bwd", "relu_bwd", pooled)]
-        if g.pool > 1:
-            ks.append(("bwd", "pool_bwd", _pool_size(g, n)))
-        ks += [("bwd", "im2col", cols), ("bwd", "to_cnhw", lay), ("bwd", "sgemm_nt", g.gemm_dw)]
-        if not first:
-            ks += [("bwd", "sgemm_tn", g.gemm_dx), ("bwd", "col2im", cols)]
-    else:
-        out = g.out_shape[0] * n
-        ks += [("fwd", "sgemm_nt", g.gemm_fwd), ("fwd", "bias", out)]
-        if g.relu:
-            ks += [("fwd", "relu_fwd", out), ("bwd", "relu_bwd", out)]
-        if last:
-            # Net.loss_and_grad runs it between the passes, outside the layer.
-            ks.append(("loss", "softmax", out))
-        ks += [("bwd", "sgemm_tn", g.gemm_dw), ("bwd", "bias_grad", out)]
-        if not first:
-            ks.append(("bwd", "sgemm_nn", g.gemm_dx))
-    return ks
-
-
-def _pool_size(g, n):
-    """(elements, input rows) of a max-pool over the conv output (sweep_layers)."""
-    m, side, _ = g.extra["conv_out"]
-    return (m * side * side * n, m * side * n)
-
-
-def _op_kernels(g, n, last, kind_ops):
-    fwd, bwd = kind_ops
-    if g.kind == "conv":
-        size = tuple(g.gemm_fwd) + (g.w_shape[2],)
-        ks = [("fwd", fwd, size)] + ([("fwd", "pool_fwd", _pool_size(g, n))] if g.pool > 1 else [])
-        ks.append(("bwd", "relu_bwd", spec_mod._prod(g.out_shape) * n))
-        return ks + ([("bwd", "pool_bwd", _pool_size(g, n))] if g.pool > 1 else []) + [("bwd", bwd, size)]
-    out = g.out_shape[0] * n
-    ks = [("fwd", fwd, tuple(g.gemm_fwd))]
-    if g.relu:
-        ks += [("fwd", "relu_fwd", out), ("bwd", "relu_bwd", out)]
-    if last:
-        ks.append(("loss", "softmax", out))
-    return ks + [("bwd", bwd, tuple(g.gemm_fwd))]
-
-
-def kernel_time(profile, kern, size) -> float:
-    """Profile price of one row of ``layer_kernels``."""
-    if kern in OP_KINDS:
-        return profile.op(kern, *size)
-    if kern.startswith("sgemm"):
-        return profile.sgemm(*size, trans=kern.split("_")[1])
-    return profile.term(kern, size)
-
-
-def python_share(spec, n_subbatch, profile, rows=None) -> float | None:
-    """Share of a ComputeGradient spent in per-call costs (the ``per-call``
-    rows of the layer terms: Python and fixed costs around each kernel);
-    None for profiles without layer terms. It places a net the contention
-    sweep did not run between those it did (``Profile.slowdown``).
-    ``rows``: the net's ``compute_gradient_terms`` when the caller has them."""
-    if not profile.data.get("layer_terms"):
-        return None
-    if rows is None:
-        rows = compute_gradient_terms(spec_mod.get_spec(spec), n_subbatch, profile)
-    tot = sum(r[4] for r in rows)
-    return sum(r[4] for r in rows if r[2] == "per-call") / tot if tot > 0 else None
-
-
-def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False):
-    """Per layer, pass and kernel: [(layer, pass, kernel, size, seconds)].
-
-    Pass is ``fwd``, ``bwd`` or ``loss`` (the softmax between them). With
-    the profile's per-layer terms (``fit.fit_layer_terms``) each layer pass
-    is ``f * kernels`` plus a ``per-call`` row ``b`` for its kind and pass;
-    older profiles scale every kernel by one ``kernel_factor`` and add a
-    ``per_layer`` overhead. ``kernels_only``: the swept kernels alone.
-    """
-    geoms = spec_mod.layers(spec, n_subbatch)
-    lt = {} if kernels_only else profile.data.get("layer_terms", {})
-    # Sweeps time kernels on warm caches; a whole step runs slower by the
-    # fitted factor (1 when the profile has no net-step fit).
-    factor = 1.0 if (kernels_only or lt) else (profile.overhead("kernel_factor") or 1.0)
-    rows = []
-    ops = profile.op_kinds()
-    for i, g in enumerate(geoms):
-        for pas, kern, size in layer_kernels(g, n_subbatch, i == 0, i == len(geoms) - 1, ops):
-            t = kernel_time(profile, kern, size)
-            term = lt.get(f"{g.kind}_{pas}")
-            rows.append((g.name, pas, kern, size, (term["f"] if term else factor) * t))
-        if kernels_only:
-            continue
-        if lt:
-            for pas in ("fwd", "bwd"):
-                term = lt.get(f"{g.kind}_{pas}")
-                if term and term["b"] > 0:
-                    rows.append((g.name, pas, "per-call", 1, profile.time_scale * term["b"]))
-        elif profile.overhead("per_layer"):
-            rows.append((g.name, "fwd+bwd", "overhead", 1, profile.overhead("per_layer")))
-    return rows
 
 
 @dataclass
@@ -323,7 +193,7 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
         "update_momentum": (uslow * pr.term(sub, sl), pr.cv(sub)),
         "update_weights": hand if swap else vu("copy", n_param),
         "updater_loop": (max(uslow * pr.overhead("updater_loop") + _updater_excess(pr, cpu, ranks_per_host, n_gpu,
-                                                                                 sp.name), 0.0), 0.0),
+                                                                                 sp.name, n_param), 0.0), 0.0),
     }
     for k in ("first", "add"):
         a, b = c[f"sum_cs_{k}"], c[f"sum_out_{k}"]

@@ -190,6 +190,27 @@ class Profile:
         same = [e for e in entries if e["ranks"] == ranks_per_host and e["workers"] == n_gpu]
         return [e for e in same if e.get("model") == model] or same
 
+    def sharing_excess(self, key, ranks_per_host: int, n_gpu: int, model: str = "", n_param: int = 0) -> float:
+        """Seconds per cycle of a runner contention entry's ``key`` (e.g.
+        ``updater_excess``, ``slice_wait``) for this sharing: this net's where
+        swept, else ``c + d N_Param`` through the swept nets' (NNLS, >= 0),
+        not the first net's (tiny's 0.04 ms put on every net at 3 x 1);
+        0 when not measured."""
+        es = [e for e in self._contention() if e["ranks"] == ranks_per_host and e["workers"] == n_gpu
+              and e.get(key) is not None]
+        own = [e for e in es if e.get("model") == model]
+        if own:
+            return self.time_scale * float(own[0][key])
+        pts = [(float(e.get("n_param") or 0), float(e[key])) for e in es]
+        if not pts:
+            return 0.0
+        n, x = (np.array(v) for v in zip(*pts))
+        if len(pts) == 1 or n.max() < 10 * max(n.min(), 1.0):
+            return self.time_scale * max(float(np.median(x)), 0.0)
+        from scipy.optimize import nnls
+        c, d = nnls(np.column_stack([np.ones_like(n), n]), x)[0]
+        return self.time_scale * float(c + d * n_param)
+
     def contention_entry(self, ranks_per_host: int, n_gpu: int, model: str = ""):
         """The contention sweep's record for exactly this sharing (this net's
         when it was swept), or None."""

@@ -22,7 +22,8 @@ import time
 import numpy as np
 
 from .timing import CLOCK, set_threads, time_call, use_clock  # noqa: F401  (public API)
-from .sweep_kernels import (LAYER_NETS, SWEPT_NETS, TRANS, conv_shapes, net_gemm_shapes, sgemm_grid,  # noqa: F401
+from .sweep_kernels import (LAYER_NETS, LAYER_PASS_NETS, SWEPT_NETS, TRANS, conv_shapes,  # noqa: F401
+                            net_gemm_shapes, sgemm_grid,
                             layer_pass_times, sweep_data, sweep_fc_softmax, sweep_handover, sweep_layer_passes,
                             sweep_layers, sweep_net_steps,
                             sweep_sgemm, sweep_vectors, sweep_vectors_cold)
@@ -37,11 +38,12 @@ QUICK = {"repeats": 7, "min_time": 2e-3, "sgemm_exp": (0, 2, 4, 6, 8, 9), "sgemm
          "sgemm_kexp": (0, 2, 4, 6, 8, 10, 11), "sgemm_max": 2 ** 30, "sgemm_mid": 24, "batches": (1, 4, 16),
          "vec_exp": range(8, 25), "data_batches": (1, 2, 4, 8, 16, 32, 64), "ranks": (2, 3, 4),
          "allreduce_exp": range(10, 24, 3), "nets": SWEPT_NETS, "net_batches": (1, 4, 16), "im2col_max": 2 ** 25,
+         "layer_pass_nets": LAYER_PASS_NETS,
          "op_shapes": 48, "op_max": 2 ** 26}
 FULL = {"repeats": 11, "min_time": 5e-3, "sgemm_exp": tuple(range(0, 10)), "sgemm_nexp": tuple(range(0, 16)),
         "sgemm_kexp": tuple(range(0, 13)), "sgemm_max": 2 ** 31, "sgemm_mid": 80, "batches": (1, 2, 4, 8, 16, 32),
         "vec_exp": range(6, 26), "data_batches": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), "ranks": (2, 3, 4),
-        "allreduce_exp": range(8, 25, 2), "nets": SWEPT_NETS,
+        "allreduce_exp": range(8, 25, 2), "nets": SWEPT_NETS, "layer_pass_nets": LAYER_PASS_NETS,
         "net_batches": (1, 2, 4, 8, 16, 32), "im2col_max": 2 ** 26, "op_shapes": 120, "op_max": 2 ** 27}
 
 
@@ -118,6 +120,7 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
                              drift=float(abs(cal[1]["wall_s"] / cal[0]["wall_s"] - 1)), before=cal[0], after=cal[1])
     meta = {"quick": quick, "threads": threads, "threads_applied": applied, "backend": be.name, "fingerprint": fp,
             "nets": list(cfg["nets"]), "layer_nets": list(LAYER_NETS),
+            "layer_pass_nets": [n if isinstance(n, str) else n["name"] for n in cfg["layer_pass_nets"]],
             "clock": CLOCK["name"],
             "seconds": time.perf_counter() - t0, "repeats": cfg["repeats"], "min_time": cfg["min_time"]}
     if merge is None:

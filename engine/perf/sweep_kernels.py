@@ -25,6 +25,15 @@ TRANS = {"nn": (False, False), "nt": (False, True), "tn": (True, False)}
 LAYER_NETS = ("tiny", "cifar", "cnn-a")
 # Nets whose SGEMM shapes and whole steps the sweeps time.
 SWEPT_NETS = ("tiny", "cifar")
+# Nets whose layer passes fit the per-layer terms: the swept nets and the
+# nets of held-out test sets 1 and 2, which count as seen since they were
+# scored (bench/RESULTS.md section 4); ``heldout-b`` is held out of the fit
+# whole. Spec dicts, so that any install can sweep them.
+LAYER_PASS_NETS = SWEPT_NETS + (
+    "digits", "mnist",
+    {"name": "mnist-heldout", "x0": 28, "m0": 1, "c": 5, "convs": [[16, 2], [32, 2]], "fcs": [128, 10]},
+    {"name": "heldout-b", "x0": 16, "m0": 3, "c": 3, "convs": [[12, 2], [24, 2]], "fcs": [48, 10]})
+LAYER_PASS_HELDOUT = ("heldout-b",)
 
 # -- SGEMM ----------------------------------------------------------------------
 
@@ -369,13 +378,15 @@ def layer_pass_times(spec, n, repeats=7, clock=None):
 
 
 def sweep_layer_passes(cfg, skipped=None):
-    """``layer_pass`` records of the swept nets at every net batch size; the
-    middle batch size of each net is held out whole (a shape, not a point)."""
+    """``layer_pass`` records of ``LAYER_PASS_NETS`` at every net batch size;
+    the middle batch size of each net and the nets of ``LAYER_PASS_HELDOUT``
+    are held out whole (shapes and nets, not points)."""
     recs = []
     batches = cfg["net_batches"]
     held = batches[len(batches) // 2]
-    for name in cfg["nets"]:
-        sp = spec_mod.get_spec(name)
+    for net in cfg.get("layer_pass_nets", cfg["nets"]):
+        sp = spec_mod.get_spec(net)
+        name = sp.name
         kinds = {g.name: g.kind for g in spec_mod.layers(sp)}
         for n in batches:
             try:
@@ -384,7 +395,7 @@ def sweep_layer_passes(cfg, skipped=None):
                 (skipped if skipped is not None else []).append(f"layer passes {name}: {type(e).__name__}: {e}")
                 break
             for (layer, pas), (t, s) in got.items():
-                recs.append({"kind": "layer_pass", "model": name, "n_subbatch": n, "layer": layer,
-                             "layer_kind": kinds[layer], "pass": pas, "t": t, "std": s, "clock": CLOCK["name"],
-                             "holdout": n == held})
+                recs.append({"kind": "layer_pass", "model": name, "spec": sp.to_dict(), "n_subbatch": n,
+                             "layer": layer, "layer_kind": kinds[layer], "pass": pas, "t": t, "std": s,
+                             "clock": CLOCK["name"], "holdout": n == held or name in LAYER_PASS_HELDOUT})
     return recs

@@ -167,8 +167,12 @@ def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), 
         def one(model, data, n, r, w):
             st = runner_job(model, data, n, r, w, seconds, os.path.join(tmp, f"{model}-{r}-{w}"), timeout)
             worker, updater = runner_step_means(st["timers"])
+            # The whole cycle too: the waits and the collective are where
+            # ranks beyond the cores wait for time slices (fit_steps.slice_wait).
+            cycle = dict({k: updater[k] for k in ("WaitGradient", "Allreduce") if k in updater},
+                         T_GPU=st.get("T_GPU"), T_Update=st.get("T_Update"))
             return (worker["ComputeGradient"], {k: updater[k] for k in UPDATER_WORK if k in updater},
-                    {k: worker[k] for k in WORKER_SMALL})
+                    {k: worker[k] for k in WORKER_SMALL}, cycle)
         for model, n in workloads:
             data = os.path.join(tmp, f"{model}.npz")
             synthetic_npz(model, data, 200_000 if spec_mod._prod(spec_mod.get_spec(model).input_shape) < 1024
@@ -176,14 +180,14 @@ def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), 
             solo = _solo(model, n)
             for r, w in pairs:
                 base = one(model, data, n, 1, 1)
-                got, upd, worker = base if (r, w) == (1, 1) else one(model, data, n, r, w)
+                got, upd, worker, cycle = base if (r, w) == (1, 1) else one(model, data, n, r, w)
                 base = base[0]
                 rel = got / base
                 host = base / solo[0]
                 recs.append({"kind": "contention", "source": "runner", "model": model, "n_subbatch": n,
                              "ranks": r, "workers": w, "t": got, "rel": rel, "host": host,
                              "ratio": rel * host, "allreduce": None, "solo_cpu": solo[0], "solo_wall": solo[1],
-                             "updater": upd, "worker": worker,
+                             "updater": upd, "worker": worker, "cycle": cycle,
                              "n_param": spec_mod.n_params(spec_mod.get_spec(model))})
     return recs
 
