@@ -152,7 +152,8 @@ class ASGD:
 
         self.delta = xp.zeros(self.hi - self.lo, dtype=dt)   # DeltaWeights_n
         if delta0 is not None:
-            self.delta[...] = delta0[self.lo:self.hi] if delta0.size == n else delta0
+            # a resumed run's momentum comes from the (host) checkpoint
+            self.delta[...] = xp.asarray(delta0[self.lo:self.hi] if delta0.size == n else delta0, dtype=dt)
         self._tmp = xp.empty_like(self.delta)
 
         self.bufs = [_GradBuf(xp.empty(n, dtype=dt)) for _ in sources]
