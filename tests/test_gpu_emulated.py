@@ -82,6 +82,17 @@ def sprint(args, n, cache, tmp, name, device="gpu", timeout=90, env=None):
     return p.returncode, out, run, ledgers
 
 
+def gpu_and_cpu(args, n, cache, tmp, name):
+    """The same job on n emulated GPUs (each rank its own, checked) and on
+    the CPU: (GPU run folder, CPU run folder, ledgers)."""
+    rc, out, run, ledgers = sprint(args, n, cache, tmp, name)
+    assert rc == 0, out[-3000:]
+    check_on_own_gpus(ledgers, n)
+    rc, out, cpu, _ = sprint(args, n, cache, tmp, f"{name}-cpu", device="cpu")
+    assert rc == 0, out[-3000:]
+    return run, cpu, ledgers
+
+
 def params(run):
     from engine.checkpoint import load
     return np.asarray(load(run / "checkpoint.npz")["params"], np.float64)
@@ -254,16 +265,12 @@ def test_gpipe_on_two_gpus_equals_one_gpu_and_resumes_exactly(one_gpu, small_dat
 def test_1f1b_with_stash_on_gpus_uses_the_stashed_weights_and_follows_the_cpu(small_data, tmp_path, emu_cache):
     args = [*COMMON, "--data", small_data, "--epochs", "1", "--parallel", "pipeline", "--pipe-schedule", "1f1b",
             "--predict", "stash", "--microbatches", "4"]
-    rc, out, run, ledgers = sprint(args, 2, emu_cache, tmp_path, "1f1b")
-    assert rc == 0, out[-3000:]
-    check_on_own_gpus(ledgers, 2)
+    run, cpu, _ = gpu_and_cpu(args, 2, emu_cache, tmp_path, "1f1b")
     stats = json.loads((run / "pipeline_stats.json").read_text())
     for st in stats["per_stage"]:
         tr = st["trace"]
         assert tr and all(r["w_bwd"] == r["w_fwd"] and r["sum_bwd"] == r["sum_fwd"] for r in tr), st["stage"]
     assert any(r["v_bwd"] != r["v_fwd"] for r in stats["per_stage"][0]["trace"])   # stashing mattered
-    rc, out, cpu, _ = sprint(args, 2, emu_cache, tmp_path, "1f1b-cpu", device="cpu")
-    assert rc == 0, out[-3000:]
     assert np.abs(params(run) - params(cpu)).max() < 1e-4
 
 

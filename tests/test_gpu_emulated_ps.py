@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from test_gpu_emulated import (COMMON, check_on_own_gpus, emu_cache, metrics, needs_mpi, params,  # noqa: F401
-                               small_data, sprint)
+from test_gpu_emulated import (COMMON, check_on_own_gpus, emu_cache, gpu_and_cpu, metrics, needs_mpi,  # noqa: F401
+                               params, small_data, sprint)
 
 pytestmark = needs_mpi
 
@@ -21,15 +21,17 @@ def _initial():
     return np.asarray(Net("digits", seed=3).params, np.float64)
 
 
-def test_downpour_one_server_two_gpu_replicas_push_to_the_shard(small_data, tmp_path, emu_cache):
-    args = [*COMMON, "--data", small_data, "--epochs", "1", "--parallel", "downpour", "--servers", "1"]
-    rc, out, run, ledgers = sprint(args, 3, emu_cache, tmp_path, "downpour")
+def test_downpour_two_shards_get_the_pushes_of_two_gpu_replicas(small_data, tmp_path, emu_cache):
+    args = [*COMMON, "--data", small_data, "--epochs", "1", "--parallel", "downpour", "--servers", "2"]
+    rc, out, run, ledgers = sprint(args, 4, emu_cache, tmp_path, "downpour")
     assert rc == 0, out[-3000:]
-    check_on_own_gpus(ledgers, 3)      # replicas on GPUs 1 and 2 (all ranks used GPU 0 before)
+    # replicas on GPUs 2 and 3 (every rank used GPU 0 before); server 1 only serves
+    check_on_own_gpus(ledgers, 4, compute_ranks={0, 2, 3})
     st = json.loads((run / "downpour_stats.json").read_text())
     assert st["backend"] == "gpu" and st["pushes_applied"] == st["pushes_sent"] > 0, st
-    pushes = st["servers"][0]["pushes_from"]
-    assert sorted(pushes) == ["1", "2"] and all(v > 0 for v in pushes.values()), pushes
+    for shard in st["servers"]:
+        pushes = shard["pushes_from"]
+        assert sorted(pushes) == ["2", "3"] and all(v > 0 for v in pushes.values()), (shard["server"], pushes)
     assert st["samples"] >= 384 and np.abs(params(run) - _initial()).max() > 1e-3
 
 
@@ -39,11 +41,7 @@ def test_downpour_one_gpu_replica_fetching_and_pushing_every_step_follows_the_cp
     engine's SGEMM: 1e-4 after 12 steps)."""
     args = [*COMMON, "--data", small_data, "--epochs", "1", "--parallel", "downpour", "--servers", "1",
             "--server-opt", "sgd", "--fetch-every", "1", "--push-every", "1"]
-    rc, out, run, ledgers = sprint(args, 2, emu_cache, tmp_path, "dp-gpu")
-    assert rc == 0, out[-3000:]
-    check_on_own_gpus(ledgers, 2)
-    rc, out, cpu, _ = sprint(args, 2, emu_cache, tmp_path, "dp-cpu", device="cpu")
-    assert rc == 0, out[-3000:]
+    run, cpu, _ = gpu_and_cpu(args, 2, emu_cache, tmp_path, "downpour")
     diff = np.abs(params(run) - params(cpu)).max()
     assert diff < 1e-4 and np.abs(params(run) - _initial()).max() > 1e-3, diff
 
@@ -61,15 +59,21 @@ def test_sandblaster_one_server_two_gpu_replicas(small_data, tmp_path, emu_cache
     assert m[-1]["train_loss"] < m[0]["train_loss"] or m[-1]["test_loss"] < 2.0, m
 
 
-def test_asgd_gpu_workers_run_on_their_rank_gpu(small_data, tmp_path, emu_cache):
+def test_asgd_gpu_workers_run_on_their_rank_gpu_and_resume(small_data, tmp_path, emu_cache):
     """The worker threads adopt their rank's GPU (they used to start on
-    device 0, where rank 1's net is not)."""
+    device 0, where rank 1's net is not); a resumed run takes the saved
+    momentum (host) into the device's DeltaWeights."""
     args = [*COMMON, "--data", small_data, "--epochs", "1", "--parallel", "asgd"]
     rc, out, run, ledgers = sprint(args, 2, emu_cache, tmp_path, "asgd")
     assert rc == 0 and "GPU vectors reduced by copies through host memory" in out, out[-3000:]
     check_on_own_gpus(ledgers, 2)
     assert any(t.startswith("sprint-asgd-worker") for t in ledgers[1]["threads_devices"]), ledgers[1]
-    assert np.abs(params(run) - _initial()).max() > 1e-3
+    w1 = params(run)
+    assert np.abs(w1 - _initial()).max() > 1e-3
+    rc, out, _, ledgers = sprint(["--resume", run, "--epochs", "2"], 2, emu_cache, tmp_path, "asgd-resumed")
+    assert rc == 0, out[-3000:]
+    check_on_own_gpus(ledgers, 2)
+    assert [m["epoch"] for m in metrics(run)] == [1, 2] and np.abs(params(run) - w1).max() > 1e-4
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -79,11 +83,7 @@ def test_sync_on_two_gpu_ranks_follows_the_cpu(small_data, tmp_path, emu_cache, 
     finished first, or the emulation reports a stream race. With one worker
     that stream is the main thread's, which also evaluates each epoch."""
     args = [*COMMON, "--data", small_data, "--epochs", "2", "--parallel", "sync", "--workers", workers]
-    rc, out, run, ledgers = sprint(args, 2, emu_cache, tmp_path, "sync")
-    assert rc == 0, out[-3000:]
-    check_on_own_gpus(ledgers, 2)
+    run, cpu, ledgers = gpu_and_cpu(args, 2, emu_cache, tmp_path, "sync")
     if workers > 1:
         assert any(t.startswith("sprint-sync-worker") for t in ledgers[1]["threads_devices"]), ledgers[1]
-    rc, out, cpu, _ = sprint(args, 2, emu_cache, tmp_path, "sync-cpu", device="cpu")
-    assert rc == 0, out[-3000:]
     assert np.abs(params(run) - params(cpu)).max() < 1e-4
