@@ -27,9 +27,9 @@ struct V256 {
         // masked lanes never touch memory
         return _mm256_blendv_ps(acc, _mm256_maskload_ps(x + off, m), _mm256_castsi256_ps(m));
     }
-    static void transpose(const float* x, const std::int64_t* off, std::int64_t q, const int* lo, const int* hi,
-                          float* d, std::int64_t ld) {
-        transpose_scalar<L>(x, off, q, lo, hi, d, ld);
+    static void transpose(const float* x, const std::int64_t* off, std::int64_t q, const std::uint32_t* mask, float* d,
+                          std::int64_t ld) {
+        transpose_scalar<L>(x, off, q, mask, d, ld);
     }
 };
 

@@ -40,11 +40,11 @@ struct V512 {
     // 16 x 16 in registers: pairs of rows interleaved, then 4-row groups,
     // then 128-bit lanes (64 shuffles for 256 elements instead of 256
     // scalar stores, which bound the dW packing).
-    static void transpose(const float* x, const std::int64_t* off, std::int64_t q, const int* lo, const int* hi,
-                          float* d, std::int64_t ld) {
+    static void transpose(const float* x, const std::int64_t* off, std::int64_t q, const std::uint32_t* mask, float* d,
+                          std::int64_t ld) {
         __m512 r[16], t[16];
         for (int i = 0; i < 16; ++i) {
-            const __mmask16 m = lanes(lo[i], hi[i]);
+            const __mmask16 m = __mmask16(mask[i]);
             r[i] = m == 0xFFFF ? _mm512_loadu_ps(x + off[i] + q)
                                : _mm512_maskz_loadu_ps(m, x + off[i] + q);  // masked lanes never touch memory
         }

@@ -197,12 +197,13 @@ struct TileNCHW {
             ++img;
         }
     }
-    void load(i64 i0, i64 j0, int mr, int nr, float* t, bool first) const {
+    bool load(i64 i0, i64 j0, int mr, int nr, float* t, bool first) const {
+        if (first) return true;
         zero_tile(t);
-        if (first) return;
         runs(i0, j0, mr, nr, [&](const float* c, int o, int len, int) {
             for (int q = 0; q < len; ++q) t[o + q] = c[q];
         });
+        return false;
     }
     void store(i64 i0, i64 j0, int mr, int nr, const float* t, bool last) const {
         runs(i0, j0, mr, nr, [&](float* c, int o, int len, int r) {
@@ -244,15 +245,14 @@ struct PackDy {
         for (i64 kk = 0; kk < kc;) {
             const i64 len = lo_(kc - kk, P - pp);
             i64 off[L];
-            int lo[L], hi[L];
+            std::uint32_t mask[L];
             for (int r = 0; r < L; ++r) {
                 off[r] = r < mr ? (img * M + i0 + r) * P + pp : 0;
-                lo[r] = 0;
-                hi[r] = r < mr ? L : 0;
+                mask[r] = r < mr ? lane_range(0, L) : 0u;
             }
             i64 q = 0;
             for (; q + L <= len; q += L) {
-                UK::Vec::transpose(dy, off, q, lo, hi, tmp, L);
+                UK::Vec::transpose(dy, off, q, mask, tmp, L);
                 for (int e = 0; e < L; ++e)
                     for (int r = 0; r < MR; ++r) dst[(kk + q + e) * MR + r] = tmp[e * L + r];
             }
@@ -271,9 +271,15 @@ struct PackIm2colT {
     const float* x;
     // Unit column stride: each column reads a run of an image row per output
     // row, so L columns x L pixels go through one register transpose, the
-    // lanes over padding masked off (never read).
+    // lanes over padding masked off (never read). When the output rows are
+    // as wide as the input's (unit strides, "same" padding: W == OW), pixel p
+    // of an image reads x at p + (i - ph)*W + (j - pw) for tap (i, j), so a
+    // block of L pixels is one run per column even across output rows (the
+    // small images, OW < L, would otherwise go element by element); its
+    // padding lanes are masked by the tap's row and column.
     void unit_stride(float* dst, i64 j0, i64 nr, i64 p0, i64 kc) const {
         constexpr int NR = UK::NR, L = UK::Vec::L;
+        constexpr int kMaxTap = 32;
         const Conv& G = *g;
         const i64 P = G.P(), HW = G.H * G.W, khw = G.kh * G.kw;
         // each column's (c*HW, i, j), once per panel: divisions per run would cost more than the copies
@@ -285,40 +291,66 @@ struct PackIm2colT {
             ci[col] = int(kidx % khw / G.kw);
             cj[col] = int(kidx % G.kw);
         }
-        i64 img = p0 / P, pp = p0 % P, oh = pp / G.OW, ow = pp % G.OW;
+        const bool blocks = G.sh == 1 && G.W == G.OW && G.kh <= kMaxTap && G.kw <= kMaxTap;
+        i64 img = p0 / P, pp = p0 % P;
         for (i64 kk = 0; kk < kc;) {
-            const i64 len = lo_(kc - kk, G.OW - ow);
-            const i64 ih0 = oh * G.sh - G.ph, base = img * G.C * HW;
-            for (i64 col = 0; col < nr; col += L) {
-                const int w = int(lo_(L, nr - col));
-                i64 off[L], iw[L];  // element (r, q) is x[off[r] + q], in the image where 0 <= iw[r] + q < W
-                for (int r = 0; r < w; ++r) {
-                    const i64 ih = ih0 + ci[col + r];
-                    iw[r] = ow - G.pw + cj[col + r];
-                    if (ih < 0 || ih >= G.H) iw[r] = G.W;  // a padding row: no lane is inside
-                    off[r] = base + cHW[col + r] + ih * G.W + iw[r];
+            const i64 oh = pp / G.OW, ow = pp % G.OW, base = img * G.C * HW;
+            i64 len = lo_(kc - kk, G.OW - ow);
+            if (blocks && lo_(kc - kk, P - pp) >= L) {
+                len = L;
+                // lanes inside the image per tap row / column, one output row (lanes [a, b)) at a time
+                std::uint32_t rm[kMaxTap] = {}, cm[kMaxTap] = {};
+                for (i64 a = 0, h = oh, w = ow; a < L; ++h, w = 0) {
+                    const i64 b = lo_(L, a + G.OW - w);
+                    for (int i = 0; i < G.kh; ++i)
+                        if (h - G.ph + i >= 0 && h - G.ph + i < G.H) rm[i] |= lane_range(int(a), int(b));
+                    for (int j = 0; j < G.kw; ++j)  // columns w - pw + j of lane a + t, t < b - a
+                        cm[j] |= lane_range(int(a + hi_(0, G.pw - j - w)), int(a + lo_(b - a, G.W + G.pw - j - w)));
+                    a = b;
                 }
-                float* d = dst + kk * NR + col;
-                i64 q = 0;
-                if (w == L) {
-                    for (; q + L <= len; q += L) {
-                        int lo[L], hi[L];
-                        for (int r = 0; r < L; ++r) {
-                            lo[r] = int(lo_(L, hi_(0, -(iw[r] + q))));
-                            hi[r] = int(hi_(lo[r], lo_(L, G.W - (iw[r] + q))));
+                for (i64 col = 0; col < nr; col += L) {
+                    i64 off[L];
+                    std::uint32_t mask[L];
+                    for (int r = 0; r < L; ++r) {
+                        const bool in = col + r < nr;
+                        off[r] = in ? base + cHW[col + r] + (ci[col + r] - G.ph) * G.W + cj[col + r] - G.pw + pp : 0;
+                        mask[r] = in ? rm[ci[col + r]] & cm[cj[col + r]] : 0u;
+                    }
+                    UK::Vec::transpose(x, off, 0, mask, dst + kk * NR + col, NR);
+                }
+            } else {
+                const i64 ih0 = oh * G.sh - G.ph;
+                for (i64 col = 0; col < nr; col += L) {
+                    const int w = int(lo_(L, nr - col));
+                    i64 off[L], iw[L];  // element (r, q) is x[off[r] + q], in the image where 0 <= iw[r] + q < W
+                    for (int r = 0; r < L; ++r) {
+                        if (r >= w) {
+                            off[r] = 0, iw[r] = G.W;
+                            continue;
                         }
-                        UK::Vec::transpose(x, off, q, lo, hi, d + q * NR, NR);
+                        const i64 ih = ih0 + ci[col + r];
+                        iw[r] = ow - G.pw + cj[col + r];
+                        if (ih < 0 || ih >= G.H) iw[r] = G.W;  // a padding row: no lane is inside
+                        off[r] = base + cHW[col + r] + ih * G.W + iw[r];
                     }
+                    float* d = dst + kk * NR + col;
+                    i64 q = 0;
+                    for (; q + L <= len; q += L) {
+                        std::uint32_t mask[L];
+                        for (int r = 0; r < L; ++r)
+                            mask[r] = lane_range(int(lo_(L, hi_(0, -(iw[r] + q)))), int(lo_(L, G.W - (iw[r] + q))));
+                        UK::Vec::transpose(x, off, q, mask, d + q * NR, NR);
+                    }
+                    for (; q < len; ++q)
+                        for (int r = 0; r < w; ++r) {
+                            const i64 c = iw[r] + q;
+                            d[q * NR + r] = (c >= 0 && c < G.W) ? x[off[r] + q] : 0.f;
+                        }
                 }
-                for (; q < len; ++q)
-                    for (int r = 0; r < w; ++r) {
-                        const i64 c = iw[r] + q;
-                        d[q * NR + r] = (c >= 0 && c < G.W) ? x[off[r] + q] : 0.f;
-                    }
             }
             kk += len;
-            ow = 0;
-            if (++oh == G.OH) oh = 0, ++img;
+            pp += len;
+            if (pp == P) pp = 0, ++img;
         }
         for (i64 kk = 0; kk < kc; ++kk)
             for (i64 col = nr; col < NR; ++col) dst[kk * NR + col] = 0.f;

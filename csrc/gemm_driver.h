@@ -73,8 +73,8 @@ void run_part(const Plan& p, float* abuf, float* bbuf, i64 m0, i64 m1, i64 n0, i
                     }
                     for (i64 i = 0; i < mc; i += MR) {
                         const int mr = int(lo_(MR, mc - i));
-                        wb.load(ic + i, jc + j, mr, nr, tile, first);
-                        UK::run(kc, abuf + i * kc, bp, tile);
+                        const bool from_zero = wb.load(ic + i, jc + j, mr, nr, tile, first);
+                        UK::run(kc, abuf + i * kc, bp, tile, from_zero);
                         wb.store(ic + i, jc + j, mr, nr, tile, last);
                     }
                 }
@@ -183,14 +183,17 @@ inline void tile_out(float* c, i64 ldc, const float* t) {
         for (int v = 0; v < UK::NR; v += V::L) V::store(c + r * ldc + v, V::load(t + r * UK::NR + v));
 }
 
+// A tile functor's load() puts the running sums of its tile in t, or
+// returns true when the chains start from zero (t untouched: the kernel
+// starts its accumulators at zero instead of reloading a zeroed tile).
 struct TilePlain {  // C (ldc): chains start from beta*C (beta 0: from zero, NaN in C ignored)
     float* C;
     i64 ldc;
     float beta;
-    void load(i64 i0, i64 j0, int mr, int nr, float* t, bool first) const {
-        if (first && beta == 0.f) return zero_tile(t);
+    bool load(i64 i0, i64 j0, int mr, int nr, float* t, bool first) const {
+        if (first && beta == 0.f) return true;
         const bool whole = mr == UK::MR && nr == UK::NR;
-        if (whole && (!first || beta == 1.f)) return tile_in(t, C + i0 * ldc + j0, ldc);
+        if (whole && (!first || beta == 1.f)) return tile_in(t, C + i0 * ldc + j0, ldc), false;
         if (!whole) zero_tile(t);
         for (int r = 0; r < mr; ++r) {
             const float* c = C + (i0 + r) * ldc + j0;
@@ -201,6 +204,7 @@ struct TilePlain {  // C (ldc): chains start from beta*C (beta 0: from zero, NaN
                 for (int j = 0; j < nr; ++j) d[j] = beta * c[j];
             }
         }
+        return false;
     }
     void store(i64 i0, i64 j0, int mr, int nr, const float* t, bool) const {
         if (mr == UK::MR && nr == UK::NR) return tile_out(C + i0 * ldc + j0, ldc, t);

@@ -32,9 +32,9 @@ struct VPlain {
         for (int i = lo; i < hi; ++i) acc.v[i] = x[off + i];
         return acc;
     }
-    static void transpose(const float* x, const std::int64_t* off, std::int64_t q, const int* lo, const int* hi,
-                          float* d, std::int64_t ld) {
-        transpose_scalar<L>(x, off, q, lo, hi, d, ld);
+    static void transpose(const float* x, const std::int64_t* off, std::int64_t q, const std::uint32_t* mask, float* d,
+                          std::int64_t ld) {
+        transpose_scalar<L>(x, off, q, mask, d, ld);
     }
 };
 

@@ -5,8 +5,8 @@
 //   fma(a, b, c) = a*b + c, add(a, b), store(p, v),
 //   load_merge(acc, x, off, lo, hi): acc with lanes lo <= l < hi replaced by
 //     x[off + l] (only those elements are read)
-//   transpose(x, off, q, lo, hi, dst, ld): the L x L block
-//     dst[e*ld + r] = x[off[r] + q + e] for lo[r] <= e < hi[r], else 0
+//   transpose(x, off, q, mask, dst, ld): the L x L block
+//     dst[e*ld + r] = x[off[r] + q + e] where bit e of mask[r] is set, else 0
 //     (only those elements are read)
 // so the ISA units only say which instructions and which tile they use.
 // Internal linkage only (see gemm_plan.h): an AVX-512 instance must never be
@@ -21,7 +21,8 @@ namespace {
 
 // MR x NR tile (NR = NV registers per row) of C in MR*NV accumulators: each
 // continues the FMA chain of its element of C from `t` (MR x NR, row stride
-// NR; the running sums the driver loaded) over this k block, in k order,
+// NR; the running sums the driver loaded), or from zero (`from_zero`: the
+// chains' start, t not read), over this k block, in k order,
 // and leaves the sums in `t` for the driver to store. B is read through one
 // row pointer per k (a packed panel row, or an image row read in place by
 // the implicit convolution).
@@ -30,12 +31,12 @@ struct MicroKernel {
     using Vec = V;
     static constexpr int MR = MR_, NR = NV * V::L;
     static void run(std::int64_t k, const float* __restrict a, const float* const* __restrict brow,
-                    float* __restrict t) {
+                    float* __restrict t, bool from_zero) {
         typename V::reg c[MR][NV];
 #pragma GCC unroll 32
         for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) c[r][v] = V::load(t + r * NR + v * V::L);
+            for (int v = 0; v < NV; ++v) c[r][v] = from_zero ? V::zero() : V::load(t + r * NR + v * V::L);
         for (std::int64_t p = 0; p < k; ++p) {
             const float* b = brow[p];
             typename V::reg bv[NV];
@@ -59,11 +60,14 @@ struct MicroKernel {
 // The masked L x L transpose done element by element (the traits without a
 // register transpose use it).
 template <int L>
-inline void transpose_scalar(const float* x, const std::int64_t* off, std::int64_t q, const int* lo, const int* hi,
+inline void transpose_scalar(const float* x, const std::int64_t* off, std::int64_t q, const std::uint32_t* mask,
                              float* dst, std::int64_t ld) {
     for (int e = 0; e < L; ++e)
-        for (int r = 0; r < L; ++r) dst[e * ld + r] = (e >= lo[r] && e < hi[r]) ? x[off[r] + q + e] : 0.f;
+        for (int r = 0; r < L; ++r) dst[e * ld + r] = (mask[r] >> e & 1u) ? x[off[r] + q + e] : 0.f;
 }
+
+// Lanes lo <= l < hi of a mask.
+inline std::uint32_t lane_range(int lo, int hi) { return lo >= hi ? 0u : ((2u << (hi - 1)) - 1u) & ~((1u << lo) - 1u); }
 
 volatile float g_fma_sink;  // keeps the chains observable
 

@@ -81,7 +81,11 @@ BIG = [((2, 40, 12, 12), (24, 40, 3, 3), (1, 1), (1, 1)),
        # than it holds take the general path
        ((2, 3, 7, 60), (5, 3, 3, 3), (1, 1), (1, 1)),
        ((3, 4, 5, 2), (6, 4, 3, 3), (1, 1), (1, 1)),
-       ((1, 2, 10, 12), (3, 2, 8, 7), (1, 1), (3, 3))]
+       ((1, 2, 10, 12), (3, 2, 8, 7), (1, 1), (3, 3)),
+       # "same" padding (W == OW): dW packs blocks of 16 pixels across output
+       # rows (8 x 8 images), then the per-row tails (35-pixel images)
+       ((3, 6, 8, 8), (10, 6, 3, 3), (1, 1), (1, 1)),
+       ((2, 4, 5, 7), (5, 4, 5, 3), (1, 1), (2, 1))]
 
 
 @pytest.mark.parametrize("isa", ISAS)
