@@ -125,13 +125,15 @@ def _probe_step(batch=32, steps=60):
     return (time.perf_counter() - t0) / steps
 
 
-def cycle(busy, floats, steps=300):
-    """An uncontended Downpour fetch, push and server step, measured by a
-    real server and replica whose gradient is free, with ``busy`` processes
-    computing beside them (bench/ps_probe.py)."""
+def cycle(busy, floats, steps=300, replicas=1, compute=False):
+    """A Downpour fetch, push and server step measured by a real server and
+    ``replicas`` replicas whose gradient is free (``compute``: each also
+    computes a digits gradient per step, thrown away), with ``busy``
+    processes computing beside them (bench/ps_probe.py)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    p = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "mpi4py", str(ROOT / "bench" / "ps_probe.py"),
-                        "--steps", str(steps), "--floats", str(floats), "--busy", str(busy)],
+    p = subprocess.run(["mpiexec", "-n", str(1 + replicas), sys.executable, "-m", "mpi4py",
+                        str(ROOT / "bench" / "ps_probe.py"), "--steps", str(steps), "--floats", str(floats),
+                        "--busy", str(busy)] + (["--compute"] if compute else []),
                        capture_output=True, text=True, env=env, timeout=300)
     if p.returncode != 0:
         raise RuntimeError(f"ps_probe failed:\n{(p.stdout + p.stderr)[-2000:]}")
@@ -139,6 +141,13 @@ def cycle(busy, floats, steps=300):
 
 
 def cmd_downpour(args):
+    """Downpour's measured throughput against four predictions: priced from
+    copies alone; the transport probed with one replica (busy processes for
+    the others) and the M/D/1 queue; the transport probed with R replicas
+    pushing and computing (its contention measured, no queue added), the
+    compute's slowdown read off that probe too; and the same with the
+    run's own ComputeGradient (a reference: the run's number, not a
+    prediction)."""
     from engine.parallel.threads import limit_this_thread
     from engine.perf import downpour as model
     from engine.perf.profile import Profile
@@ -146,59 +155,62 @@ def cmd_downpour(args):
     prof = Profile.load()
     rows = []
     n_param = model.predict("digits", 1, 1, 32, prof).n_param
+    quiet = model.predict("digits", 1, 1, 32, prof, ranks_per_host=1).replica["ComputeGradient"]
+
+    def pred(R, load, st, **kw):
+        prof.host_factor = {"*": load}
+        try:
+            return model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"], **kw)
+        finally:
+            prof.host_factor = None
+
     for R in args.replicas:
         # a fetch goes through the polling loops while the other R - 1 replicas compute
         cyc = cycle(R - 1, n_param)
+        # ... and while they push and fetch too: the contention a fetch meets
+        cont = cycle(0, n_param, steps=args.probe_steps, replicas=R, compute=True)
         before = _probe_step()
         res = train("downpour", 1 + R, {"epochs": args.epochs, "lr": 0.05, "momentum": 0.0,
                                         "extra": {"servers": 1, "server_opt": "adagrad"}})
         after = _probe_step()
         st = res["stats"]
-        quiet = model.predict("digits", 1, 1, 32, prof, ranks_per_host=1).replica["ComputeGradient"]
         load = 0.5 * (before + after) / quiet
-        prof.host_factor = {"*": load}
-        p0 = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"])
-        probed = {k: cyc[k] for k in ("fetch_time", "push_time", "server_time")}
-        p = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"], **probed)
-        # the same with the host's load read off the replicas' own ComputeGradient
-        # timer instead of the step probe: what is left is Downpour's own part
+        one = {k: cyc[k] for k in ("fetch_time", "push_time", "server_time")}
+        many = dict({k: cont[k] for k in ("fetch_time", "push_time", "server_time")}, fetch_contended=True)
+        # the compute's slowdown beside R - 1 computing replicas and a server, from the probe:
+        # its digits gradient against the profile's, on this host now (the step probe)
+        probe_cg = model.predict("digits", R, 1, 32, prof, ranks_per_host=R).replica["ComputeGradient"]
+        contended_load = cont["compute_time"] / probe_cg if args.probe_compute else load
         compute = np.mean([r["timers"]["ComputeGradient"]["mean"] for r in st["replicas"]])
-        prof.host_factor = {"*": 1.0}
-        prof.host_factor = {"*": compute / model.predict("digits", R, 1, 32, prof,
-                                                         ranks_per_host=R).replica["ComputeGradient"]}
-        pc = model.predict("digits", R, 1, 32, prof, ranks_per_host=R, n_file=st["n_file"], **probed)
-        prof.host_factor = None
+        run_load = compute / probe_cg
+        preds = {"priced": pred(R, load, st), "probe1_queue": pred(R, load, st, **one),
+                 "probeR": pred(R, contended_load, st, **many), "probeR_runcompute": pred(R, run_load, st, **many)}
         ips = st["samples"] / st["wall_s"]
         step = np.mean([sum(r["timers"][k]["total"] for k in ("Fetch", "Compute", "PushTotal")) / r["steps"]
                         for r in st["replicas"]])
         fetch = np.mean([r["timers"]["Fetch"]["total"] / r["steps"] for r in st["replicas"]])
-        rows.append({"replicas": R, "host_load": load, "probe_fetch_ms": 1e3 * cyc["fetch_time"],
-                     "probe_push_ms": 1e3 * cyc["push_time"], "probe_server_ms": 1e3 * cyc["server_time"],
-                     "images_per_s": ips, "pred_images_per_s": p.images_per_s,
-                     "pred_incompute_images_per_s": pc.images_per_s, "pred_incompute_fetch_ms": 1e3 * pc.replica["Fetch"],
-                     "pred_idle_images_per_s": p0.images_per_s,
+        p = preds["probeR"]
+        rows.append({"replicas": R, "host_load": load, "probe_load": contended_load, "run_load": run_load,
+                     "probe1": cyc, "probeR": cont, "images_per_s": ips,
+                     **{f"pred_{k}_images_per_s": v.images_per_s for k, v in preds.items()},
+                     **{f"pred_{k}_fetch_ms": 1e3 * v.replica["Fetch"] for k, v in preds.items()},
                      "step_ms": 1e3 * step, "pred_step_ms": 1e3 * p.t_step, "fetch_ms": 1e3 * fetch,
-                     "pred_fetch_ms": 1e3 * p.replica["Fetch"], "rho": p.rho,
-                     "staleness": st["staleness_mean"], "pred_staleness": p.staleness,
-                     "compute_ms": 1e3 * np.mean([r["timers"]["ComputeGradient"]["mean"] for r in st["replicas"]]),
-                     "pred_compute_ms": 1e3 * p.replica["ComputeGradient"]})
+                     "rho": p.rho, "staleness": st["staleness_mean"], "pred_staleness": p.staleness,
+                     "compute_ms": 1e3 * compute, "pred_compute_ms": 1e3 * p.replica["ComputeGradient"]})
         print(rows[-1], file=sys.stderr, flush=True)
-    print("\nDownpour on digits, 1 server, fetch/push every step, Adagrad: measured vs engine.perf.downpour "
-          "(fetch, push and server step probed with R-1 replicas' worth of busy processes)\n")
-    print("| replicas | host load | probe fetch / push / server ms | images/s (wall) | predicted | err | "
-          "priced-only model err | with in-run compute: err | "
-          "replica step ms | predicted | err | of which fetch ms | predicted | ComputeGradient ms | predicted | "
-          "staleness | predicted |\n"
-          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    err = lambda r, k: f"{100 * (r[f'pred_{k}_images_per_s'] / r['images_per_s'] - 1):+.1f} %"
+    print("\nDownpour on digits, 1 server, fetch/push every step, Adagrad: measured vs engine.perf.downpour\n")
+    print("| replicas | host load (step probe / R-replica probe / run) | probe R=1 fetch / push / server ms | "
+          "probe R fetch / push / server ms | images/s | priced err | R=1 probe + M/D/1 err | R probe err | "
+          "R probe + run's compute err | fetch ms | predicted (R probe) | compute ms | predicted | staleness | "
+          "predicted |\n|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        err = r["pred_images_per_s"] / r["images_per_s"] - 1
-        err0 = r["pred_idle_images_per_s"] / r["images_per_s"] - 1
-        serr = r["pred_step_ms"] / r["step_ms"] - 1
-        print(f"| {r['replicas']} | {r['host_load']:.2f} | {r['probe_fetch_ms']:.2f} / {r['probe_push_ms']:.2f} / "
-              f"{r['probe_server_ms']:.2f} | {r['images_per_s']:,.0f} | "
-              f"{r['pred_images_per_s']:,.0f} | {100 * err:+.1f} % | {100 * err0:+.1f} % | "
-              f"{100 * (r['pred_incompute_images_per_s'] / r['images_per_s'] - 1):+.1f} % | {r['step_ms']:.2f} | "
-              f"{r['pred_step_ms']:.2f} | {100 * serr:+.1f} % | {r['fetch_ms']:.2f} | {r['pred_fetch_ms']:.2f} | "
+        c1, cr = r["probe1"], r["probeR"]
+        print(f"| {r['replicas']} | {r['host_load']:.2f} / {r['probe_load']:.2f} / {r['run_load']:.2f} | "
+              f"{1e3 * c1['fetch_time']:.2f} / {1e3 * c1['push_time']:.2f} / {1e3 * c1['server_time']:.2f} | "
+              f"{1e3 * cr['fetch_time']:.2f} / {1e3 * cr['push_time']:.2f} / {1e3 * cr['server_time']:.2f} | "
+              f"{r['images_per_s']:,.0f} | {err(r, 'priced')} | {err(r, 'probe1_queue')} | {err(r, 'probeR')} | "
+              f"{err(r, 'probeR_runcompute')} | {r['fetch_ms']:.2f} | {r['pred_probeR_fetch_ms']:.2f} | "
               f"{r['compute_ms']:.2f} | {r['pred_compute_ms']:.2f} | {r['staleness']:.2f} | "
               f"{r['pred_staleness']:.2f} |")
     return {"measured": rows}
@@ -286,6 +298,9 @@ def main():
     ap.add_argument("--data", choices=["digits", "mnist"], default="digits")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 3], help="downpour: replica counts")
+    ap.add_argument("--probe-steps", type=int, default=150, help="downpour: steps of the R-replica probe")
+    ap.add_argument("--no-probe-compute", dest="probe_compute", action="store_false",
+                    help="downpour: price the compute with the step probe's load, not the R-replica probe's")
     ap.add_argument("--model", default="cifar", help="regime: the net")
     ap.add_argument("--steps", type=int, default=20, help="regime: simulated steps per replica")
     ap.add_argument("--out", default=None, help="JSON file for the numbers")

@@ -117,6 +117,22 @@ def test_measured_transport_replaces_the_priced_one(prof):
     assert sim["utilisation"] == pytest.approx(four.rho, rel=0.15)
 
 
+def test_a_fetch_probed_under_contention_gets_no_second_queue(prof):
+    # measured with the R replicas pushing beside each other, the fetch holds its
+    # queue already: the step is the compute plus the measured transport exactly
+    kw = dict(fetch_time=4e-3, push_time=1e-4, server_time=1e-3)
+    grad = lambda p: sum(p.replica[k] for k in ("LoadImage", "DeformImage", "ComputeGradient", "Accumulate"))
+    got = dp.predict("digits", 3, 1, 32, prof, fetch_contended=True, **kw)
+    assert got.t_step == pytest.approx(grad(got) + 4e-3 + 1e-4, rel=1e-9)
+    assert got.replica["Fetch"] == pytest.approx(4e-3) and got.extra["fetch_contended"]
+    assert got.rho == pytest.approx(3e-3 / got.t_step)
+    queued = dp.predict("digits", 3, 1, 32, prof, **kw)
+    assert queued.t_step > got.t_step and queued.replica["Fetch"] > 4e-3
+    # contended or not, a server that cannot keep up sets the pace
+    bound = dp.predict("digits", 3, 1, 32, prof, fetch_contended=True, **dict(kw, server_time=1.0))
+    assert bound.server_bound and bound.t_step == pytest.approx(3.0)
+
+
 def test_downpour_simulation_shows_the_server_bound_regime(prof):
     one = [dp.simulate("cifar", R, 1, 32, prof, steps=8) for R in (256, 512)]
     # one server saturated: twice the replicas, the same images/s

@@ -32,6 +32,17 @@ free, and :func:`predict` takes them (``fetch_time``, ``push_time``,
 stay the model's. :func:`simulate` plays R replicas and one shard queue out
 event by event (the shards are symmetric).
 
+With R > 1 replicas on one host a fetch costs far more than that queue
+says: a push crosses to the server in rendezvous steps at the pushing
+replica's 0.2 ms polls while the server, inside a blocking Recv, serves
+nobody else, and with 1 + R ranks on fewer cores the replicas that must
+poll wait for a core. No closed form here prices that; ``bench/ps_probe.py
+--compute`` under 1 + R ranks measures it (R real replicas pushing a free
+gradient and computing a thrown-away digits gradient per step), and
+:func:`predict` takes that fetch with ``fetch_contended=True``: the probed
+fetch already holds its wait behind the other replicas, so the M/D/1 wait
+is not added again.
+
 Sandblaster's model is :mod:`engine.perf.sandblaster`.
 """
 from __future__ import annotations
@@ -115,7 +126,8 @@ class Prices:
 def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=None, servers: int = 1,
             fetch_every: int = 1, push_every: int = 1, server_opt: str = "adagrad", n_file=None,
             ranks_per_host: int = 1, round_trip: float | None = None, fetch_time: float | None = None,
-            push_time: float | None = None, server_time: float | None = None, **_ignored) -> DownpourPrediction:
+            push_time: float | None = None, server_time: float | None = None, fetch_contended: bool = False,
+            **_ignored) -> DownpourPrediction:
     """Downpour with ``n_node`` replicas (one worker each) and ``servers``
     shards; ``ranks_per_host`` replicas share one host's cores (all of them
     when validating on one machine); ``round_trip`` seconds from a fetch
@@ -125,7 +137,11 @@ def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=Non
     server and replica whose gradient is free, at fetch_every = push_every
     = 1): ``fetch_time`` an uncontended fetch after the replica's push,
     ``push_time`` a push, ``server_time`` the server's busy seconds per
-    replica step. The queueing of R replicas is still the model's."""
+    replica step. The queueing of R replicas is still the model's, unless
+    ``fetch_contended``: ``fetch_time`` was measured with the R replicas
+    pushing and computing beside each other (bench/ps_probe.py --compute
+    under 1+R ranks), which already holds what a fetch waits behind the
+    others' pushes, so no queue wait is added to it."""
     from .profile import Profile
     if profile is None:
         profile = Profile.load()
@@ -153,7 +169,8 @@ def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=Non
     bound = R * b >= t_fixed            # offered load >= 1: the servers set the pace
     # M/D/1 wait of a fetch behind the other R - 1 replicas' requests (its
     # own push is already in fetch0): a single replica never queues
-    wait = lambda t: (R - 1) / R * (R * b / t) * b / (2 * (1 - R * b / t))
+    wait = (lambda t: 0.0) if fetch_contended and fetch_time is not None else \
+        (lambda t: (R - 1) / R * (R * b / t) * b / (2 * (1 - R * b / t)))
     if bound:
         t = R * b
         rho = R * b / t_fixed
@@ -177,7 +194,7 @@ def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=Non
                               server_opt=server_opt, replica=replica, server=srv, t_step=t, rho=rho,
                               images_per_s=ips, staleness=(R - 1) * _gap(fetch_every, push_every) / push_every,
                               t_epoch=n_file / ips, server_bound=bound,
-                              extra={"slowdown": pr.slow, "round_trip": rt})
+                              extra={"slowdown": pr.slow, "round_trip": rt, "fetch_contended": bool(fetch_contended)})
 
 
 def term_lines(title, terms: dict, extra=()) -> list:
