@@ -125,6 +125,35 @@ def _probe_step(batch=32, steps=60):
     return (time.perf_counter() - t0) / steps
 
 
+def epoch_end_probe(reps=5):
+    """Seconds server 0 spends at an epoch's end (engine.parallel.ps.PSJob.
+    end_epoch): the test set's evaluation and the checkpoint and metrics
+    written atomically, timed in this one process on a fresh digits net."""
+    from engine.data import DeformConfig, load_dataset
+    from engine.net import Net
+    from engine.session.config import TrainConfig
+    from engine.session.rundir import RunDir
+    from engine.session.setup import evaluate
+    tr, te = load_dataset("digits")
+    deform = DeformConfig(out_hw=(8, 8)).with_stats(tr)
+    net = Net("digits")
+    w = np.asarray(net.params, np.float32)
+    ts = []
+    with tempfile.TemporaryDirectory() as d:
+        run = RunDir(d)
+        run.prepare()
+        hist = []
+        for e in range(reps):
+            t0 = time.perf_counter()
+            loss, acc = evaluate(net, te, TrainConfig().eval_batch, deform)
+            hist.append({"epoch": e + 1, "test_loss": loss, "test_acc": acc, "time": 0.0})
+            run.save_checkpoint({"params": w, "opt": {"kind": "adagrad", "accumulator": w.copy()},
+                                 "epoch": e + 1, "history": list(hist)})
+            run.write_metrics(hist)
+            ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
 def cycle(busy, floats, steps=300, replicas=1, compute=False):
     """A Downpour fetch, push and server step measured by a real server and
     ``replicas`` replicas whose gradient is free (``compute``: each also
@@ -156,6 +185,7 @@ def cmd_downpour(args):
     rows = []
     n_param = model.predict("digits", 1, 1, 32, prof).n_param
     quiet = model.predict("digits", 1, 1, 32, prof, ranks_per_host=1).replica["ComputeGradient"]
+    t_end = epoch_end_probe()
 
     def pred(R, load, st, **kw):
         prof.host_factor = {"*": load}
@@ -184,13 +214,15 @@ def cmd_downpour(args):
         compute = np.mean([r["timers"]["ComputeGradient"]["mean"] for r in st["replicas"]])
         run_load = compute / probe_cg
         preds = {"priced": pred(R, load, st), "probe1_queue": pred(R, load, st, **one),
-                 "probeR": pred(R, contended_load, st, **many), "probeR_runcompute": pred(R, run_load, st, **many)}
+                 "probeR": pred(R, contended_load, st, **many),
+                 "probeR_end": pred(R, contended_load, st, epoch_end=t_end, **many),
+                 "probeR_end_runcompute": pred(R, run_load, st, epoch_end=t_end, **many)}
         ips = st["samples"] / st["wall_s"]
         step = np.mean([sum(r["timers"][k]["total"] for k in ("Fetch", "Compute", "PushTotal")) / r["steps"]
                         for r in st["replicas"]])
         fetch = np.mean([r["timers"]["Fetch"]["total"] / r["steps"] for r in st["replicas"]])
-        p = preds["probeR"]
-        rows.append({"replicas": R, "host_load": load, "probe_load": contended_load, "run_load": run_load,
+        p = preds["probeR_end"]
+        rows.append({"replicas": R, "epoch_end_ms": 1e3 * t_end, "host_load": load, "probe_load": contended_load, "run_load": run_load,
                      "probe1": cyc, "probeR": cont, "images_per_s": ips,
                      **{f"pred_{k}_images_per_s": v.images_per_s for k, v in preds.items()},
                      **{f"pred_{k}_fetch_ms": 1e3 * v.replica["Fetch"] for k, v in preds.items()},
@@ -199,20 +231,21 @@ def cmd_downpour(args):
                      "compute_ms": 1e3 * compute, "pred_compute_ms": 1e3 * p.replica["ComputeGradient"]})
         print(rows[-1], file=sys.stderr, flush=True)
     err = lambda r, k: f"{100 * (r[f'pred_{k}_images_per_s'] / r['images_per_s'] - 1):+.1f} %"
-    print("\nDownpour on digits, 1 server, fetch/push every step, Adagrad: measured vs engine.perf.downpour\n")
+    print(f"\nDownpour on digits, 1 server, fetch/push every step, Adagrad: measured vs engine.perf.downpour; "
+          f"epoch end probed at {1e3 * t_end:.1f} ms\n")
     print("| replicas | host load (step probe / R-replica probe / run) | probe R=1 fetch / push / server ms | "
           "probe R fetch / push / server ms | images/s | priced err | R=1 probe + M/D/1 err | R probe err | "
-          "R probe + run's compute err | fetch ms | predicted (R probe) | compute ms | predicted | staleness | "
-          "predicted |\n|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "R probe + epoch end err | same, run's compute | fetch ms | predicted | compute ms | predicted | "
+          "staleness | predicted |\n|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         c1, cr = r["probe1"], r["probeR"]
         print(f"| {r['replicas']} | {r['host_load']:.2f} / {r['probe_load']:.2f} / {r['run_load']:.2f} | "
               f"{1e3 * c1['fetch_time']:.2f} / {1e3 * c1['push_time']:.2f} / {1e3 * c1['server_time']:.2f} | "
               f"{1e3 * cr['fetch_time']:.2f} / {1e3 * cr['push_time']:.2f} / {1e3 * cr['server_time']:.2f} | "
               f"{r['images_per_s']:,.0f} | {err(r, 'priced')} | {err(r, 'probe1_queue')} | {err(r, 'probeR')} | "
-              f"{err(r, 'probeR_runcompute')} | {r['fetch_ms']:.2f} | {r['pred_probeR_fetch_ms']:.2f} | "
-              f"{r['compute_ms']:.2f} | {r['pred_compute_ms']:.2f} | {r['staleness']:.2f} | "
-              f"{r['pred_staleness']:.2f} |")
+              f"{err(r, 'probeR_end')} | {err(r, 'probeR_end_runcompute')} | {r['fetch_ms']:.2f} | "
+              f"{r['pred_probeR_fetch_ms']:.2f} | {r['compute_ms']:.2f} | {r['pred_compute_ms']:.2f} | "
+              f"{r['staleness']:.2f} | {r['pred_staleness']:.2f} |")
     return {"measured": rows}
 
 

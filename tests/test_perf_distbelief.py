@@ -133,6 +133,15 @@ def test_a_fetch_probed_under_contention_gets_no_second_queue(prof):
     assert bound.server_bound and bound.t_step == pytest.approx(3.0)
 
 
+def test_the_epoch_end_stalls_every_replica_once_per_epoch(prof):
+    kw = dict(fetch_time=2e-3, push_time=1e-4, server_time=1e-3, fetch_contended=True, n_file=1000)
+    steady = dp.predict("digits", 2, 1, 32, prof, **kw)
+    ended = dp.predict("digits", 2, 1, 32, prof, epoch_end=0.05, **kw)
+    assert ended.t_step == steady.t_step
+    assert ended.t_epoch == pytest.approx(1000 * steady.t_step / 64 + 0.05, rel=1e-12)
+    assert ended.images_per_s == pytest.approx(1000 / ended.t_epoch, rel=1e-12)
+
+
 def test_downpour_simulation_shows_the_server_bound_regime(prof):
     one = [dp.simulate("cifar", R, 1, 32, prof, steps=8) for R in (256, 512)]
     # one server saturated: twice the replicas, the same images/s

@@ -127,7 +127,7 @@ def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=Non
             fetch_every: int = 1, push_every: int = 1, server_opt: str = "adagrad", n_file=None,
             ranks_per_host: int = 1, round_trip: float | None = None, fetch_time: float | None = None,
             push_time: float | None = None, server_time: float | None = None, fetch_contended: bool = False,
-            **_ignored) -> DownpourPrediction:
+            epoch_end: float = 0.0, **_ignored) -> DownpourPrediction:
     """Downpour with ``n_node`` replicas (one worker each) and ``servers``
     shards; ``ranks_per_host`` replicas share one host's cores (all of them
     when validating on one machine); ``round_trip`` seconds from a fetch
@@ -141,7 +141,11 @@ def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=Non
     ``fetch_contended``: ``fetch_time`` was measured with the R replicas
     pushing and computing beside each other (bench/ps_probe.py --compute
     under 1+R ranks), which already holds what a fetch waits behind the
-    others' pushes, so no queue wait is added to it."""
+    others' pushes, so no queue wait is added to it. ``epoch_end``: seconds
+    server 0 spends at each epoch's end evaluating the test set and writing
+    the checkpoint, serving nobody: every replica's next fetch waits for it,
+    so an epoch lasts that much longer (images/s and T_Epoch include it;
+    ``t_step`` is the steady step)."""
     from .profile import Profile
     if profile is None:
         profile = Profile.load()
@@ -187,14 +191,15 @@ def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=Non
         rho, w = R * b / t, wait(t)
     replica["Fetch"] = (fetch0 + w) / fetch_every if not bound else fetch0 / fetch_every + (t - t_fixed)
     replica["Push"] = push0 / push_every
-    ips = R * n_subbatch / t
     n_file = n_file or pr.n_file
+    ips = n_file / (n_file * t / (R * n_subbatch) + float(epoch_end))
     return DownpourPrediction(model=sp.name, servers=S, replicas=R, n_subbatch=n_subbatch, n_param=n,
                               n_file=n_file, fetch_every=fetch_every, push_every=push_every,
                               server_opt=server_opt, replica=replica, server=srv, t_step=t, rho=rho,
                               images_per_s=ips, staleness=(R - 1) * _gap(fetch_every, push_every) / push_every,
                               t_epoch=n_file / ips, server_bound=bound,
-                              extra={"slowdown": pr.slow, "round_trip": rt, "fetch_contended": bool(fetch_contended)})
+                              extra={"slowdown": pr.slow, "round_trip": rt, "fetch_contended": bool(fetch_contended),
+                                     "epoch_end": float(epoch_end)})
 
 
 def term_lines(title, terms: dict, extra=()) -> list:
