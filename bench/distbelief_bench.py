@@ -286,6 +286,10 @@ def cmd_sandblaster(args):
     rows = []
     R, batch = 3, 384
     quiet = model.predict("digits", 1, 1, 32, prof).replica["ComputeGradient"]
+    # the transport through the polling loops, as Downpour's probe measures it (one replica
+    # pushing and fetching the whole vector, R - 1 processes computing beside it)
+    cyc = cycle(R - 1, model.predict("digits", R, 1, 16, prof).n_param)
+    probed = {k: cyc[k] for k in ("fetch_time", "push_time", "server_time")}
     for factor in (1, 2, 4):
         for mode in ("slices", "static"):
             extra = {"servers": 1, "slice": 16, "slow_rank": 1 + R - 1, "slow_factor": float(factor)} \
@@ -298,28 +302,40 @@ def cmd_sandblaster(args):
             st = res["stats"]
             trials = float(np.mean(st["coordinator"]["trials"]))
             prof.host_factor = {"*": load}
-            p = model.predict("digits", R, 1, 16, prof, batch=batch, static=mode == "static", trials=trials,
-                              slow_rank=R if factor > 1 else None, slow_factor=float(factor), ranks_per_host=R,
-                              n_file=st["n_file"])
+            kw = dict(batch=batch, static=mode == "static", trials=trials, slow_rank=R if factor > 1 else None,
+                      slow_factor=float(factor), ranks_per_host=R, n_file=st["n_file"])
+            priced = model.predict("digits", R, 1, 16, prof, **kw)
+            p = model.predict("digits", R, 1, 16, prof, **kw, **probed)
             prof.host_factor = None
+            per_slice = {k: float(np.mean([r["timers"][k]["total"] / max(r["slices"], 1) for r in st["replicas"]
+                                           if k in r["timers"]])) for k in ("WaitTask", "Fetch", "Compute", "Push")}
             rows.append({"slow": factor, "mode": mode, "batch_ms": 1e3 * st["batch_time_median"],
+                         "per_slice_ms": {k: 1e3 * v for k, v in per_slice.items()},
+                         "pred_terms_ms": {k: 1e3 * v for k, v in p.replica.items()},
+                         "pred_t_eval_ms": 1e3 * p.t_eval, "pred_server_ms": {k: 1e3 * v for k, v in p.server.items()},
+                         "pred_priced_batch_ms": 1e3 * priced.t_batch, "probe": cyc,
                          "pred_batch_ms": 1e3 * p.t_batch, "host_load": load, "trials": trials,
                          "slices": [r["slices"] for r in st["replicas"]], "duplicates": st["duplicates"]})
             print(rows[-1], file=sys.stderr, flush=True)
     print(f"\nSandblaster on digits, 1 server + {R} replicas, L-BFGS batch {batch}: median batch time with "
           f"replica {R - 1} slowed, against engine.perf.sandblaster (host load from a step probe, measured "
           f"line-search trials)\n")
-    print("| slowed | slices of 16 + backup: batch ms | predicted | x of 1x | predicted x | static 1/R split: "
-          "batch ms | predicted | x of 1x | predicted x | slices per replica |\n"
-          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| slowed | slices of 16 + backup: batch ms | predicted (priced / probed transport) | x of 1x | "
+          "predicted x | static 1/R split: batch ms | predicted (priced / probed) | x of 1x | predicted x | "
+          "slices per replica |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     pick = lambda f, m: next(r for r in rows if r["slow"] == f and r["mode"] == m)
     for f in (1, 2, 4):
         a, b = pick(f, "slices"), pick(f, "static")
         a1, b1 = pick(1, "slices"), pick(1, "static")
-        print(f"| {f}x | {a['batch_ms']:.0f} | {a['pred_batch_ms']:.0f} | {a['batch_ms'] / a1['batch_ms']:.2f} | "
-              f"{a['pred_batch_ms'] / a1['pred_batch_ms']:.2f} | {b['batch_ms']:.0f} | {b['pred_batch_ms']:.0f} | "
+        print(f"| {f}x | {a['batch_ms']:.0f} | {a['pred_priced_batch_ms']:.0f} / {a['pred_batch_ms']:.0f} | "
+              f"{a['batch_ms'] / a1['batch_ms']:.2f} | {a['pred_batch_ms'] / a1['pred_batch_ms']:.2f} | "
+              f"{b['batch_ms']:.0f} | {b['pred_priced_batch_ms']:.0f} / {b['pred_batch_ms']:.0f} | "
               f"{b['batch_ms'] / b1['batch_ms']:.2f} | {b['pred_batch_ms'] / b1['pred_batch_ms']:.2f} | "
               f"{a['slices']} |")
+    print("\nper slice, measured (replicas' timers) / predicted ms: "
+          + "; ".join(f"{r['slow']}x {r['mode']}: " + ", ".join(
+              f"{k} {v:.2f}" for k, v in r["per_slice_ms"].items()) + " / " + ", ".join(
+              f"{k} {v:.2f}" for k, v in r["pred_terms_ms"].items()) for r in rows))
     return {"rows": rows}
 
 

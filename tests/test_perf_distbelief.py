@@ -58,6 +58,20 @@ def test_sandblaster_batch_time_is_its_printed_terms(prof):
     assert "T_batch" in sb.format_prediction(p) and "server utilisation" in sb.format_prediction(p)
 
 
+def test_sandblaster_takes_the_measured_transport(prof):
+    kw = dict(batch=384, slow_rank=3, slow_factor=2.0)
+    p = sb.predict("digits", 3, 1, 16, prof, fetch_time=2e-3, push_time=3e-4, server_time=1e-3, **kw)
+    assert p.extra["fetch"] == 2e-3 and p.replica["Push"] == 3e-4
+    assert p.server == {"Measured": 1e-3, "Coordinate": 3 * sb.MSG}
+    grad = sum(p.replica[k] for k in ("LoadImage", "DeformImage", "ComputeGradient"))
+    over = p.replica["Task"] + 3e-4
+    t_eval = max(2e-3 + sb.eval_time(24, grad, [1, 1, 2], overhead=over), 24 * (1e-3 + 3 * sb.MSG))
+    assert p.t_eval == pytest.approx(t_eval)
+    # a server that takes long enough for every slice sets the pace
+    slow = sb.predict("digits", 3, 1, 16, prof, fetch_time=2e-3, push_time=3e-4, server_time=0.05, **kw)
+    assert slow.server_bound and slow.t_eval == pytest.approx(24 * (0.05 + 3 * sb.MSG))
+
+
 def test_slices_on_request_absorb_a_slow_replica_a_static_split_does_not(prof):
     t = {(f, st): sb.predict("digits", 3, 1, 16, prof, batch=384, slow_rank=3, slow_factor=f, static=st).t_batch
          for f in (1, 2, 4) for st in (False, True)}

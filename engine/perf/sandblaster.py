@@ -139,12 +139,21 @@ def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=Non
             batch: int | None = None, slice: int | None = None, history: int = 10, backup: bool = True,
             static: bool = False, slow_rank=None, slow_factor: float = 2.0, factors=None, trials: float = 1.0,
             full_batch: bool | None = None, n_file=None, ranks_per_host: int = 1,
-            round_trip: float | None = None, **_ignored) -> SandblasterPrediction:
+            round_trip: float | None = None, fetch_time: float | None = None, push_time: float | None = None,
+            server_time: float | None = None, **_ignored) -> SandblasterPrediction:
     """Sandblaster with ``n_node`` replicas and ``servers`` shards: L-BFGS
     batches of ``batch`` samples (default 16 slices) in slices of ``slice``
     (default ``n_subbatch``); ``static`` prices the 1/R split baseline;
     ``trials`` line-search evaluations per batch (1 when the first step is
-    accepted, as it mostly is)."""
+    accepted, as it mostly is).
+
+    Measured instead of priced, where given (Downpour's transport through
+    the same polling loops, bench/ps_probe.py): ``fetch_time`` one fetch of
+    the point (the whole vector), ``push_time`` a replica's send of a slice
+    gradient, ``server_time`` server 0's busy seconds per slice gradient it
+    receives (the whole vector crossing in rendezvous steps while it sits in
+    a blocking Recv, then one pass over it), and ``round_trip`` a request's
+    round trip."""
     from .profile import Profile
     if profile is None:
         profile = Profile.load()
@@ -162,13 +171,16 @@ def predict(spec, n_node: int, n_gpu: int = 1, n_subbatch: int = 32, profile=Non
     n, ns = pr.n, pr.n / S
     rt = POLL if round_trip is None else float(round_trip)
     grad = sum(pr.gradient.values())
-    replica = {"Task": rt + 2 * MSG, **pr.gradient, "Push": pr.vec(n, "scale") + pr.copy(n)}
-    fetch = pr.copy(n) + rt                      # once per replica and evaluation
+    replica = {"Task": rt + 2 * MSG, **pr.gradient,
+               "Push": pr.vec(n, "scale") + pr.copy(n) if push_time is None else float(push_time)}
+    fetch = pr.copy(n) + rt if fetch_time is None else float(fetch_time)   # once per replica and evaluation
     over = replica["Task"] + replica["Push"]
     t_i = [over + x * grad for x in f]
     t_eval = fetch + eval_time(K, grad, f, backup=backup, static=static, overhead=over)
     # server 0: its shard's receive and float64 accumulate, and the coordinator
     server = {"ReceiveSlice": pr.send(ns), "Accumulate": 2 * pr.vec(ns, "add"), "Coordinate": 3 * MSG}
+    if server_time is not None:
+        server = {"Measured": float(server_time) / S, "Coordinate": 3 * MSG}
     b0 = sum(server.values())
     bound = K * b0 >= t_eval
     t_eval = max(t_eval, K * b0)
