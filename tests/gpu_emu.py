@@ -5,7 +5,8 @@ arrays live in host memory but behave like device arrays, and whose
 kernels). :func:`install` puts it in ``sys.modules["cupy"]``; then the
 engine's own ``--device gpu`` path (engine.backend._make_gpu, RawKernels,
 Backend.raw_launch, xp = cupy) runs unchanged, inside mpiexec children too
-(tests/gpu_boot.py).
+(tests/gpu_boot.py). Devices, streams and the ledger live in
+tests/gpu_emu_device.py, the kernels in tests/gpu_emu_kernels.py.
 
 It is strict where real CuPy is, so that a GPU branch that forgets a host
 copy fails here as it would on a GPU:
@@ -47,266 +48,15 @@ raising (a survey of every hand-over of a strategy at once).
 from __future__ import annotations
 
 import atexit
-import ctypes
-import hashlib
-import json
 import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
-import threading
 import types
-import weakref
-from pathlib import Path
 
 import numpy as np
 
-# ---- the kernel sources as sequential C++ ------------------------------------------
-# One block of one thread: every grid-stride loop visits all indices in order,
-# a "block reduction" reduces one value, and a warp shuffle has no other lane
-# to read from (sprint_shfl_none: adds nothing, maxes nothing).
-SHIM = r"""
-#include <math.h>
-#include <string.h>
-struct sprint_dim3 { unsigned x, y, z; };
-static const sprint_dim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
-static const sprint_dim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __restrict__ __restrict
-#define __shared__ static
-#define __syncthreads() ((void)0)
-struct sprint_shfl_none {};
-static inline sprint_shfl_none __shfl_xor_sync(unsigned, float, int) { return {}; }
-static inline sprint_shfl_none __shfl_down_sync(unsigned, float, int) { return {}; }
-static inline float& operator+=(float& a, sprint_shfl_none) { return a; }
-static inline float fmaxf(float a, sprint_shfl_none) { return a; }
-static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
-static inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
-"""
-
-_SIG_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
-_DTYPES = {"float": np.float32, "double": np.float64, "i64": np.int64, "long long": np.int64,
-           "int64_t": np.int64, "int": np.int32, "unsigned char": np.uint8, "uint8_t": np.uint8}
-
-
-def _param_kinds(params: str):
-    """[(kind, pointee dtype or None, read-only)] of a kernel's parameter list."""
-    out = []
-    for p in params.split(","):
-        const = "const" in p.split("*")[0]
-        p = " ".join(p.replace("__restrict__", " ").replace("const", " ").split())
-        if not p:
-            continue
-        if "*" in p:
-            base = p.split("*")[0].strip()
-            out.append(("ptr", _DTYPES.get(base), const))
-        else:
-            base = p.rsplit(" ", 1)[0].strip()
-            out.append(("f32" if base == "float" else "i64" if _DTYPES.get(base) is np.int64 else base, None, True))
-    return out
-
-
-def cache_dir() -> Path:
-    d = os.environ.get("SPRINT_EMU_CACHE") or os.path.join(tempfile.gettempdir(), f"sprint-gpu-emu-{os.getuid()}")
-    Path(d).mkdir(parents=True, exist_ok=True)
-    return Path(d)
-
-
-def compile_source(code: str) -> Path:
-    """The shared library of ``code`` (NVRTC's input), built once per cache
-    folder (the name is the hash of shim and code; written atomically, so
-    concurrent ranks never load half a file)."""
-    key = hashlib.sha256((SHIM + code).encode()).hexdigest()[:20]
-    lib = cache_dir() / f"k{key}.so"
-    if lib.exists():
-        return lib
-    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if cxx is None:
-        raise RuntimeError("emulated GPU: no C++ compiler to run the CUDA sources on the CPU")
-    fd, tmp = tempfile.mkstemp(dir=cache_dir(), suffix=".tmp")
-    os.close(fd)
-    try:
-        src = Path(tmp + ".cpp")
-        src.write_text(SHIM + "\n" + code)
-        subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-w", str(src), "-o", tmp],
-                       check=True, capture_output=True, text=True)
-        os.replace(tmp, lib)
-    finally:
-        for p in (tmp, tmp + ".cpp"):
-            if os.path.exists(p):
-                os.unlink(p)
-    return lib
-
-
-def precompile_all() -> list[Path]:
-    """Build every kernels/*.cu file as RawKernels would submit it."""
-    from engine.backend import kernel_files, prepared_source
-    return [compile_source(prepared_source(f)) for f in kernel_files()]
-
-
-# ---- what a process did (tests read it) --------------------------------------------
-LEDGER = {"launches": {}, "h2d": 0, "d2h": 0, "devices_used": set(), "selected": None,
-          "threads_devices": set(), "races": {}}
-_ledger_lock = threading.Lock()
-
-
-def _note(key, n=1):
-    with _ledger_lock:
-        LEDGER[key] += n
-
-
-def _write_ledger():
-    d = os.environ.get("SPRINT_EMU_LOG")
-    if not d:
-        return
-    rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-    out = dict(LEDGER, devices_used=sorted(LEDGER["devices_used"]),
-               threads_devices=sorted(LEDGER["threads_devices"]), pid=os.getpid())
-    Path(d).mkdir(parents=True, exist_ok=True)
-    p = Path(d) / f"rank{rank}.json"
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out))
-    os.replace(tmp, p)
-
-
-# ---- devices and streams ---------------------------------------------------------------
-class CUDARuntimeError(RuntimeError):
-    pass
-
-
-_tls = threading.local()
-
-
-def device_count() -> int:
-    return int(os.environ.get("SPRINT_EMU_GPUS", "4"))
-
-
-def current_device() -> int:
-    return getattr(_tls, "device", 0)
-
-
-class Device:
-    def __init__(self, device=None):
-        self.id = current_device() if device is None else int(device)
-        if not 0 <= self.id < device_count():
-            raise CUDARuntimeError(f"cudaErrorInvalidDevice: invalid device ordinal {self.id}")
-
-    def use(self):
-        _tls.device = self.id
-        _tls.stream = None
-        if threading.current_thread() is threading.main_thread():
-            LEDGER["selected"] = self.id
-
-    def synchronize(self):
-        _synchronized(lambda w: w.device_id == self.id)
-
-    def __enter__(self):
-        self._prev = current_device()
-        self.use()
-        return self
-
-    def __exit__(self, *exc):
-        Device(self._prev).use()
-        return False
-
-
-class Stream:
-    """A CUDA stream. The emulation runs work at once, but remembers which
-    stream wrote each buffer until that stream is synchronised (see _use)."""
-    _next = [1]
-
-    def __init__(self, null=False, non_blocking=False, ptr=None):
-        self.device_id = current_device()
-        self.null, self.non_blocking = bool(null), bool(non_blocking)
-        if null:
-            self.ptr = 0
-        else:
-            self.ptr = Stream._next[0]
-            Stream._next[0] += 1
-        self.thread = threading.current_thread().name
-
-    def __repr__(self):
-        if self.null:
-            return f"the null stream of device {self.device_id}"
-        kind = "non-blocking" if self.non_blocking else "blocking"
-        return f"{kind} stream {self.ptr} of device {self.device_id} (made by thread {self.thread})"
-
-    def use(self):
-        if self.device_id != current_device():
-            raise ValueError(f"stream of device {self.device_id} made current on device {current_device()}")
-        _tls.stream = self
-        return self
-
-    def synchronize(self):
-        if self.null:       # the legacy default stream also waits for the blocking streams
-            _synchronized(lambda w: w.device_id == self.device_id and not w.non_blocking)
-        else:
-            _synchronized(lambda w: w is self)
-
-    def __enter__(self):
-        self._prev = getattr(_tls, "stream", None)
-        return self.use()
-
-    def __exit__(self, *exc):
-        _tls.stream = self._prev
-        return False
-
-
-_NULL = {}
-
-
-def get_current_stream():
-    s = getattr(_tls, "stream", None)
-    if s is None:
-        s = _NULL.get(current_device())
-        if s is None:
-            s = _NULL[current_device()] = Stream(null=True)
-    return s
-
-
-# id(buffer) -> (weak reference to the buffer, the stream that last wrote it)
-# until that stream is synchronised (buffer: the root numpy array of a view)
-_WRITER: dict = {}
-_writer_lock = threading.RLock()
-
-
-def _synchronized(which):
-    with _writer_lock:
-        for k, (_, w, _t) in list(_WRITER.items()):
-            if which(w):
-                _WRITER.pop(k, None)
-
-
-def _writer(root):
-    e = _WRITER.get(id(root))
-    return e[1:] if e is not None and e[0]() is root else (None, None)
-
-
-def _wrote(root, stream):
-    k = id(root)
-    _WRITER[k] = (weakref.ref(root, lambda _, k=k: _WRITER.pop(k, None)), stream,
-                  threading.current_thread().name)
-
-
-def _ordered(w, r) -> bool:
-    """Whether work queued on stream r runs after what stream w has queued:
-    the same stream, or the legacy null stream and a blocking stream (each
-    waits for the other); never a non_blocking stream and another."""
-    if w is r:
-        return True
-    if w.device_id != r.device_id or w.non_blocking or r.non_blocking:
-        return False
-    return w.null or r.null
-
-
-def _root(a):
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
+from gpu_emu_device import (LEDGER, CUDARuntimeError, Device, Stream, _note, _root, _use, _write_ledger,  # noqa: F401
+                            current_device, device_count, get_current_stream)
+from gpu_emu_kernels import RawModule, compile_source, precompile_all  # noqa: F401
 
 
 # ---- device arrays ----------------------------------------------------------------------
@@ -325,40 +75,6 @@ class _Mem:
 
 def _unsupported(x):
     return TypeError(f"Unsupported type {type(x)}")
-
-
-def _use(a, write=False, view=False):
-    """Device work on ``a`` from this thread: on its own device, and after
-    the stream that last wrote it (else a race on a GPU: the writer's stream
-    must be synchronised before another stream touches the buffer)."""
-    if a._dev != current_device():
-        raise ValueError(f"emulated GPU: an array of device {a._dev} used on device {current_device()} "
-                         f"(thread {threading.current_thread().name})")
-    if view:            # no device work (a view, a shape, a pointer)
-        return
-    cur = get_current_stream()
-    root = _root(a._a)
-    with _writer_lock:
-        w, by = _writer(root)
-        if w is not None and not _ordered(w, cur):
-            if os.environ.get("SPRINT_EMU_RACES") != "log":
-                raise RuntimeError(f"emulated GPU: stream race: a buffer written by thread {by} on {w} was used "
-                                   f"by thread {threading.current_thread().name} on {cur} before that stream was "
-                                   f"synchronised")
-            _log_race(w, cur)
-        if write:
-            _wrote(root, cur)
-
-
-def _log_race(w, cur):
-    """$SPRINT_EMU_RACES=log: count each race site in the ledger and go on
-    (to survey a strategy's hand-overs at once)."""
-    import traceback
-    where = [f"{f.filename.split('/engine/')[-1]}:{f.lineno} {f.name}" for f in traceback.extract_stack()
-             if "/engine/" in f.filename]
-    key = f"{w!r} -> {cur!r}: " + " < ".join(where[-4:])
-    with _ledger_lock:
-        LEDGER["races"][key] = LEDGER["races"].get(key, 0) + 1
 
 
 def _unwrap(x, allow_host=False):
@@ -618,55 +334,6 @@ def asnumpy(a, stream=None, order="C", out=None):
 
 def get_array_module(*args):
     return sys.modules["cupy"] if any(isinstance(a, ndarray) for a in args) else np
-
-
-class RawModule:
-    """kernels/*.cu as NVRTC would compile them, run as C++ on the CPU."""
-
-    def __init__(self, code=None, options=(), **kw):
-        self._lib = ctypes.CDLL(str(compile_source(code)))
-        self._sigs = {name: _param_kinds(params) for name, params in _SIG_RE.findall(code)}
-
-    def get_function(self, name):
-        if name not in self._sigs:
-            raise CUDARuntimeError(f"CUDA_ERROR_NOT_FOUND: named symbol not found ({name})")
-        return RawKernel(getattr(self._lib, name), name, self._sigs[name])
-
-
-class RawKernel:
-    def __init__(self, fn, name, sig):
-        self.fn, self.name, self.sig = fn, name, sig
-
-    def __call__(self, grid, block, args, shared_mem=0, stream=None):
-        if len(args) != len(self.sig):
-            raise TypeError(f"{self.name}: {len(args)} arguments for {len(self.sig)} parameters")
-        conv = []
-        for i, (a, (kind, pointee, const)) in enumerate(zip(args, self.sig)):
-            what = f"{self.name} argument {i}"
-            if kind == "ptr":
-                if not isinstance(a, ndarray):
-                    raise _unsupported(a) if isinstance(a, np.ndarray) else TypeError(
-                        f"{what}: a device array expected, got {type(a).__name__}")
-                _use(a, write=not const)
-                if not a._a.flags.c_contiguous:
-                    raise ValueError(f"{what}: a non-contiguous array passed as a pointer")
-                if pointee is not None and a.dtype != pointee:
-                    raise TypeError(f"{what}: {a.dtype} array for a {np.dtype(pointee)} pointer")
-                conv.append(ctypes.c_void_p(a._a.ctypes.data))
-            elif kind == "i64":
-                if not isinstance(a, np.int64):
-                    raise TypeError(f"{what}: long long parameter given {type(a).__name__}")
-                conv.append(ctypes.c_longlong(int(a)))
-            elif kind == "f32":
-                if not isinstance(a, np.float32):
-                    raise TypeError(f"{what}: float parameter given {type(a).__name__}")
-                conv.append(ctypes.c_float(float(a)))
-            else:
-                raise TypeError(f"{what}: parameter type {kind!r} is not emulated")
-        with _ledger_lock:
-            LEDGER["launches"][self.name] = LEDGER["launches"].get(self.name, 0) + 1
-            LEDGER["threads_devices"].add(f"{threading.current_thread().name}:{current_device()}")
-        self.fn(*conv)
 
 
 def _cublas_gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):

@@ -236,6 +236,12 @@ def test_one_process_on_the_gpu_runs_every_kernel_and_learns_as_the_cpu(one_gpu,
     w_gpu, w_cpu = params(run), params(cpu)
     assert np.abs(w_gpu - w_cpu).max() < 1e-4, np.abs(w_gpu - w_cpu).max()
     assert abs(metrics(run)[-1]["test_acc"] - metrics(cpu)[-1]["test_acc"]) <= 1 / 128
+    # stopped after one epoch and resumed (weights and velocity back on the device): the same run
+    rc, out, part, _ = sprint([*COMMON, "--data", small_data, "--epochs", "1"], 0, emu_cache, tmp_path, "part")
+    assert rc == 0, out[-3000:]
+    rc, out, _, _ = sprint(["--resume", part, "--epochs", "2"], 0, emu_cache, tmp_path, "resumed")
+    assert rc == 0, out[-3000:]
+    assert np.array_equal(params(part), w_gpu)
 
 
 # ---- pipelines -------------------------------------------------------------------------
@@ -262,9 +268,12 @@ def test_gpipe_on_two_gpus_equals_one_gpu_and_resumes_exactly(one_gpu, small_dat
 
 
 @needs_mpi
-def test_1f1b_with_stash_on_gpus_uses_the_stashed_weights_and_follows_the_cpu(small_data, tmp_path, emu_cache):
+def test_1f1b_with_stash_on_gpus_uses_the_stashed_weights_and_follows_the_cpu(one_gpu, small_data, tmp_path,
+                                                                            emu_cache):
+    """Started --init-from the one-process run (each stage's slice into its
+    device arrays), as the CPU run is."""
     args = [*COMMON, "--data", small_data, "--epochs", "1", "--parallel", "pipeline", "--pipe-schedule", "1f1b",
-            "--predict", "stash", "--microbatches", "4"]
+            "--predict", "stash", "--microbatches", "4", "--init-from", one_gpu[0]]
     run, cpu, _ = gpu_and_cpu(args, 2, emu_cache, tmp_path, "1f1b")
     stats = json.loads((run / "pipeline_stats.json").read_text())
     for st in stats["per_stage"]:
@@ -272,6 +281,8 @@ def test_1f1b_with_stash_on_gpus_uses_the_stashed_weights_and_follows_the_cpu(sm
         assert tr and all(r["w_bwd"] == r["w_fwd"] and r["sum_bwd"] == r["sum_fwd"] for r in tr), st["stage"]
     assert any(r["v_bwd"] != r["v_fwd"] for r in stats["per_stage"][0]["trace"])   # stashing mattered
     assert np.abs(params(run) - params(cpu)).max() < 1e-4
+    # it went on from the trained weights, not from the seed's
+    assert metrics(run)[0]["train_loss"] < metrics(one_gpu[0])[0]["train_loss"] / 2, metrics(run)
 
 
 @needs_mpi
