@@ -94,19 +94,21 @@ def sweep_sgemm(cfg, variants=("nn", "nt", "tn"), extra_shapes=(), progress=None
 
 # -- the im2col family and the layer kernels -----------------------------------
 
-def conv_shapes(cfg):
-    """(C, H, c, M, pool, N) of the preset conv layers, batch sizes from cfg."""
-    out = set()
+def layer_net_convs(batches):
+    """(spec, geometry at batch 1, batch) of every conv layer of LAYER_NETS
+    at each of ``batches``, in net and layer order."""
     for name in LAYER_NETS:
         sp = spec_mod.get_spec(name)
         for g in spec_mod.layers(sp, 1):
-            if g.kind != "conv":
-                continue
-            C, H, _ = g.in_shape
-            for n in cfg["batches"]:
-                if g.im2col_elems * n <= cfg["im2col_max"]:
-                    out.add((C, H, sp.c, g.w_shape[0], g.pool, n))
-    return sorted(out)
+            if g.kind == "conv":
+                for n in batches:
+                    yield sp, g, n
+
+
+def conv_shapes(cfg):
+    """(C, H, c, M, pool, N) of the preset conv layers, batch sizes from cfg."""
+    return sorted({(g.in_shape[0], g.in_shape[1], sp.c, g.w_shape[0], g.pool, n)
+                   for sp, g, n in layer_net_convs(cfg["batches"]) if g.im2col_elems * n <= cfg["im2col_max"]})
 
 
 def _private_conv_kernels():

@@ -59,21 +59,15 @@ def conv_op_shapes(cfg, rng=None):
     """[(B, C, H, c, M)]: the swept nets' conv layers at the sweep's batch
     sizes, then random shapes (log-uniform sizes, c in 3/5/7) up to
     ``cfg["op_max"]`` multiply-adds."""
-    from .sweep_kernels import LAYER_NETS
+    from .sweep_kernels import layer_net_convs
     rng = rng or np.random.default_rng(11)
     out = []
-    for name in LAYER_NETS:
-        sp = spec_mod.get_spec(name)
-        for g in spec_mod.layers(sp, 1):
-            if g.kind != "conv":
-                continue
-            C, H, _ = g.in_shape
-            for b in cfg["batches"]:
-                s = (b, C, H, sp.c, g.w_shape[0])
-                # The swept nets' own layers up to 16x the random shapes' bound
-                # (cifar's at batch 16): the fit must not extrapolate them.
-                if _macs(s) <= 16 * cfg["op_max"] and s not in out:
-                    out.append(s)
+    for sp, g, b in layer_net_convs(cfg["batches"]):
+        s = (b, g.in_shape[0], g.in_shape[1], sp.c, g.w_shape[0])
+        # The swept nets' own layers up to 16x the random shapes' bound
+        # (cifar's at batch 16): the fit must not extrapolate them.
+        if _macs(s) <= 16 * cfg["op_max"] and s not in out:
+            out.append(s)
     n_net = len(out)
     while len(out) < n_net + cfg["op_shapes"]:
         c = int(rng.choice((3, 5, 7), p=(0.5, 0.35, 0.15)))
