@@ -18,7 +18,9 @@ copy fails here as it would on a GPU:
   routes it through ``fill``);
 * a device array handed to MPI (Send, Isend, Allreduce, ...) raises
   BufferError: the MPI here is not CUDA-aware, so device buffers must be
-  staged through the host (``.get()`` / ``cupy.asnumpy``) first;
+  staged through the host (``.get()`` / ``cupy.asnumpy``) first. With
+  ``$SPRINT_EMU_CUDA_MPI=1`` MPI says it is CUDA-aware and takes device
+  buffers, once the stream that wrote them is synchronised;
 * every kernel launch checks its arguments against the kernel's C signature
   (count; pointer, i64 or float; the pointed-to dtype; C-contiguity);
 * the current device is per thread, as in the CUDA runtime (a new thread
@@ -54,8 +56,8 @@ import types
 
 import numpy as np
 
-from gpu_emu_device import (LEDGER, CUDARuntimeError, Device, Stream, _note, _root, _use, _write_ledger,  # noqa: F401
-                            current_device, device_count, get_current_stream)
+from gpu_emu_device import (LEDGER, CUDARuntimeError, Device, Stream, _note, _root, _settled, _use,  # noqa: F401
+                            _write_ledger, cuda_aware_mpi, current_device, device_count, get_current_stream)
 from gpu_emu_kernels import RawModule, compile_source, precompile_all  # noqa: F401
 
 
@@ -148,10 +150,15 @@ class ndarray:
 
     @property
     def __cuda_array_interface__(self):
-        # engine.checkpoint recognises device arrays by this attribute. mpi4py
-        # reads it too: the mask makes it refuse the buffer (not CUDA-aware).
+        # engine.checkpoint recognises device arrays by this attribute and
+        # mpi4py takes it for a CUDA buffer: refused by the mask unless MPI is
+        # CUDA-aware ($SPRINT_EMU_CUDA_MPI=1), and then only once the stream
+        # that wrote the buffer is synchronised (MPI waits for no stream)
+        aware = cuda_aware_mpi()
+        if aware:
+            _settled(self)
         return {"shape": self.shape, "typestr": self.dtype.str, "data": (self._a.ctypes.data, False),
-                "version": 3, "strides": None, "mask": _NOT_FOR_MPI}
+                "version": 3, "strides": None, "mask": None if aware else _NOT_FOR_MPI}
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         return _call(getattr(ufunc, method), inputs, kwargs)
@@ -425,5 +432,8 @@ def install():
     sys.modules["cupy.cuda.runtime"] = cp.cuda.runtime
     sys.modules["cupy.cublas"] = cp.cublas
     os.environ.setdefault("SPRINT_KERNELS", "rawmodule")
+    if cuda_aware_mpi():
+        from mpi4py import MPI
+        MPI.Query_cuda_support = lambda: True
     atexit.register(_write_ledger)
     return cp

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import weakref
 from pathlib import Path
@@ -193,6 +194,22 @@ def _use(a, write=False, view=False):
             _log_race(w, cur)
         if write:
             _wrote(root, cur)
+
+
+def cuda_aware_mpi() -> bool:
+    return os.environ.get("SPRINT_EMU_CUDA_MPI") == "1"
+
+
+def _settled(a):
+    """MPI is about to read or write device array ``a`` outside any stream:
+    the stream that last wrote it must have been synchronised."""
+    w, by = _writer(_root(a._a))
+    if w is not None:
+        msg = (f"emulated GPU: stream race: a buffer written by thread {by} on {w} was handed to CUDA-aware "
+               f"MPI before that stream was synchronised")
+        # mpi4py may take this error for "not a buffer" and say only that: say it here
+        print(msg, file=sys.stderr, flush=True)
+        raise RuntimeError(msg)
 
 
 def _log_race(w, cur):

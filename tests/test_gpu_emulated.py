@@ -82,11 +82,12 @@ def sprint(args, n, cache, tmp, name, device="gpu", timeout=90, env=None):
     return p.returncode, out, run, ledgers
 
 
-def gpu_and_cpu(args, n, cache, tmp, name):
-    """The same job on n emulated GPUs (each rank its own, checked) and on
-    the CPU: (GPU run folder, CPU run folder, ledgers)."""
-    rc, out, run, ledgers = sprint(args, n, cache, tmp, name)
-    assert rc == 0, out[-3000:]
+def gpu_and_cpu(args, n, cache, tmp, name, env=None, expect=""):
+    """The same job on n emulated GPUs (each rank its own, checked; the
+    output says ``expect``) and on the CPU: (GPU run folder, CPU run
+    folder, ledgers)."""
+    rc, out, run, ledgers = sprint(args, n, cache, tmp, name, env=env)
+    assert rc == 0 and expect in out, out[-3000:]
     check_on_own_gpus(ledgers, n)
     rc, out, cpu, _ = sprint(args, n, cache, tmp, f"{name}-cpu", device="cpu")
     assert rc == 0, out[-3000:]
@@ -191,6 +192,19 @@ def test_a_buffer_used_on_an_unordered_stream_before_synchronisation_is_a_race()
         assert b.shape == (2,)
         with pytest.raises(RuntimeError, match="stream race"):
             b.copy()
+
+
+def test_cuda_aware_mpi_takes_device_buffers_once_their_stream_is_synchronised(monkeypatch, capsys):
+    from mpi4py import MPI
+    monkeypatch.setenv("SPRINT_EMU_CUDA_MPI", "1")
+    cp = gpu_emu.make_module()
+    a = cp.asarray(np.arange(4, dtype=np.float32))      # written on the null stream
+    with pytest.raises((RuntimeError, TypeError)):      # (mpi4py may report it as "not a buffer")
+        MPI.COMM_SELF.Allreduce(MPI.IN_PLACE, a)
+    assert "handed to CUDA-aware MPI before that stream was synchronised" in capsys.readouterr().err
+    cp.cuda.get_current_stream().synchronize()
+    MPI.COMM_SELF.Allreduce(MPI.IN_PLACE, a)
+    assert a.get().tolist() == [0, 1, 2, 3]
 
 
 def test_kernel_launches_are_checked_against_the_kernel_signature(emu_cache, monkeypatch):

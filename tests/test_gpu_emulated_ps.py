@@ -76,14 +76,18 @@ def test_asgd_gpu_workers_run_on_their_rank_gpu_and_resume(small_data, tmp_path,
     assert [m["epoch"] for m in metrics(run)] == [1, 2] and np.abs(params(run) - w1).max() > 1e-4
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_sync_on_two_gpu_ranks_follows_the_cpu(small_data, tmp_path, emu_cache, workers):
+@pytest.mark.parametrize("workers,cuda_mpi", [(1, False), (2, False), (2, True)])
+def test_sync_on_two_gpu_ranks_follows_the_cpu(small_data, tmp_path, emu_cache, workers, cuda_mpi):
     """Each worker computes on its own non-blocking stream: what the null
     stream wrote before (weights, data the loader thread prepared) must be
     finished first, or the emulation reports a stream race. With one worker
-    that stream is the main thread's, which also evaluates each epoch."""
+    that stream is the main thread's, which also evaluates each epoch. With
+    a CUDA-aware MPI the gradients are reduced in device memory."""
     args = [*COMMON, "--data", small_data, "--epochs", "2", "--parallel", "sync", "--workers", workers]
-    run, cpu, ledgers = gpu_and_cpu(args, 2, emu_cache, tmp_path, "sync")
+    env = {"SPRINT_EMU_CUDA_MPI": "1"} if cuda_mpi else {}
+    path = "CUDA-aware MPI" if cuda_mpi else "copies through host memory"
+    run, cpu, ledgers = gpu_and_cpu(args, 2, emu_cache, tmp_path, "sync", env=env,
+                                    expect=f"GPU vectors reduced by {path}")
     if workers > 1:
         assert any(t.startswith("sprint-sync-worker") for t in ledgers[1]["threads_devices"]), ledgers[1]
     assert np.abs(params(run) - params(cpu)).max() < 1e-4
