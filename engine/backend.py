@@ -262,14 +262,19 @@ def get_backend() -> Backend:
     return be if be is not None else set_backend(_env_choice())
 
 
+def _cuda():
+    """The GPU backend's ``cuda`` namespace (cupy.cuda), or None on the CPU."""
+    be = get_backend()
+    return getattr(be.xp, "cuda", None) if be.is_gpu else None
+
+
 def follow_device():
     """A function that makes the thread calling it use the GPU the calling
     thread uses now. The CUDA runtime's current device is per thread and a
     new thread starts on device 0, so a rank's helper threads (data loader,
     workers) must adopt the rank's GPU before they allocate or launch.
     A no-op on the CPU."""
-    be = get_backend()
-    cuda = getattr(be.xp, "cuda", None) if be.is_gpu else None
+    cuda = _cuda()
     if cuda is None:
         return lambda: None
     dev = int(cuda.runtime.getDevice())
@@ -280,8 +285,7 @@ def synchronize():
     """Wait for the work queued on the calling thread's current stream (a
     no-op on the CPU): due before device arrays change threads, since
     another thread's stream may not wait for this one."""
-    be = get_backend()
-    cuda = getattr(be.xp, "cuda", None) if be.is_gpu else None
+    cuda = _cuda()
     if cuda is not None:
         cuda.get_current_stream().synchronize()
 

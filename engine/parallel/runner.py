@@ -78,10 +78,12 @@ class NetSource:
         self._follow_device()
         if self.gpu:
             import cupy
+
+            from engine.backend import synchronize
             # each worker its own stream: two workers overlap on one GPU. The
             # stream does not wait for the null stream, where the net, its
             # weights and the data were written: let that work finish first
-            cupy.cuda.get_current_stream().synchronize()
+            synchronize()
             self._stream = cupy.cuda.Stream(non_blocking=True)
             self._stream.use()
 
