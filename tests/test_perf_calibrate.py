@@ -180,6 +180,37 @@ def test_time_slice_wait_is_read_between_the_swept_nets():
     assert "does not price" in without.extra["oversubscribed"]
 
 
+def test_time_slice_wait_grows_with_the_step_beyond_the_cores():
+    """Entries that measured their T_GPU: the wait per cycle is fitted as
+    c + beta T_GPU across nets (ranks > cores only), and the beta part
+    lengthens the cycle after the deposit wait instead of replacing it."""
+    c, beta = 1.5e-3, 0.3
+    prof = _sliced_profile()
+    for e in prof.data["contention"]["entries"]:
+        t_gpu = 1.2e-3 if e["model"] == "tiny" else 0.11
+        e["cycle"] = {"T_GPU": t_gpu}
+        if e["ranks"] == 3:
+            e["slice_wait"] = c + beta * t_gpu
+    got = prof.slice_terms(3, 1, "mnist", 206_922)
+    assert got == pytest.approx((c, beta), rel=1e-6)
+    # Within the cores: read by N_Param, as before (no step-proportional part).
+    es = prof.data["contention"]["entries"]
+    for e in es:
+        if e["ranks"] == 2:
+            e["slice_wait"] = 2e-4
+    assert prof.slice_terms(2, 1, "mnist", 206_922) == (pytest.approx(2e-4), 0.0)
+    # In the prediction: T_Update exceeds T_GPU by about beta T_GPU (1 worker,
+    # the updater's own work small), where without beta it equals T_GPU.
+    base = copy.deepcopy(prof.data)
+    for e in base["contention"]["entries"]:
+        e.pop("cycle")        # an older profile: N_Param reading, no beta
+    with_beta = model.predict("mnist", 3, 1, 8, prof, ranks_per_host=3)
+    without = model.predict("mnist", 3, 1, 8, Profile(base), ranks_per_host=3)
+    assert without.t_update == pytest.approx(without.t_gpu, rel=0.05)
+    assert with_beta.t_update - with_beta.t_gpu == pytest.approx(beta * with_beta.t_gpu, rel=0.25)
+    assert with_beta.n_minibatch_avg > without.n_minibatch_avg * (1 + 0.5 * beta)
+
+
 def test_cli_refuses_and_tune_skips_unmeasured_sharing(tmp_path, capsys):
     path = tmp_path / "p.json"
     _cpu_profile([(1, 1), (1, 2), (2, 1)]).save(path)

@@ -21,9 +21,18 @@ def _allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, model, n_param):
     # collective waits for a time slice (and, more ranks than cores, for a
     # descheduled GIL holder): measured per cycle by the runner contention
     # sweep beyond the model (fit_steps.anchor_contention), >= 0.
-    wait = max(pr.sharing_excess("slice_wait", ranks_per_host, n_gpu, model, n_param), 0.0) \
-        if (cpu and ranks_per_host > 1) else 0.0
+    # Its part that grows with the step (``slice_terms``' beta * T_GPU) is
+    # added where T_GPU is known (model._updater_steps).
+    wait = max(slice_terms(pr, cpu, ranks_per_host, n_gpu, model, n_param)[0], 0.0)
     return load * pr.allreduce_bw(n_node, n_param) + wait
+
+
+def slice_terms(pr, cpu, ranks_per_host, n_gpu, model, n_param) -> tuple:
+    """``(c, beta)`` of the updaters' wait for time slices per cycle,
+    ``c + beta * T_GPU`` (``Profile.slice_terms``); (0, 0) off shared CPU hosts."""
+    if not (cpu and ranks_per_host > 1):
+        return 0.0, 0.0
+    return pr.slice_terms(ranks_per_host, n_gpu, model, n_param)
 
 
 def _cold(profile, name, footprint=None):

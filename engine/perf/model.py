@@ -29,7 +29,7 @@ import numpy as np
 from engine import spec as spec_mod
 
 from .host import (Oversubscribed, _allreduce_cost, _cold, _updater_excess, core_share,  # noqa: F401
-                   oversubscription, step_footprint, updater_duty)
+                   oversubscription, slice_terms, step_footprint, updater_duty)
 from .layer_cost import (compute_gradient_terms, kernel_time, layer_kernels,  # noqa: F401
                          python_share)
 from .queueing import (_first_deposit_wait, barrier_factor, barrier_wait, binom_cdf,  # noqa: F401
@@ -211,6 +211,9 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     c["_n_param"] = (n_param, 0.0)
     c["_n_file"] = (N_FILE.get(sp.name, 50000), 0.0)
     c["_impl"] = (impl, 0.0)
+    # The time-slice wait's part that grows with the step: beta * T_GPU per cycle.
+    c["_slice_beta"] = (slice_terms(pr, cpu, ranks_per_host, n_gpu, sp.name, n_param)[1] if n_node > 1 else 0.0,
+                        0.0)
     c["_wait_state"] = ({}, 0.0)
     return c
 
@@ -271,6 +274,11 @@ def _updater_steps(c, n_gpu, n_node, t_gpu, t_update):
         work = sum(s.values())
         wait, extra = _first_deposit_wait(work, t_gpu, G, n_node, c["_wait_state"][0])
         barrier += extra
+    # The time-slice wait that grows with the step comes after the deposit
+    # wait, not beside it: the updater that got its gradient waits for a
+    # core (and its worker's GIL) before it sums, so the cycle outlasts
+    # T_GPU by it (3 ranks on 2 cores: T_Update 38 ms at T_GPU 31 ms).
+    barrier += c["_slice_beta"][0] * t_gpu
     s["Allreduce"] += barrier
     s = {"WaitGradient": wait, **s}
     return s, barrier, p_ne

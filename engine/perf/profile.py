@@ -211,6 +211,32 @@ class Profile:
         c, d = nnls(np.column_stack([np.ones_like(n), n]), x)[0]
         return self.time_scale * float(c + d * n_param)
 
+    def slice_terms(self, ranks_per_host: int, n_gpu: int, model: str = "", n_param: int = 0) -> tuple:
+        """``(c, beta)``: the runner's wait per updater cycle for time slices
+        (``slice_wait``) as ``c + beta * T_GPU``, NNLS over the swept nets'
+        entries of this sharing against the T_GPU each measured (its cycle).
+
+        With more ranks than cores a rank's updater waits for its worker's
+        (or another rank's) time slice before it can sum, poll and publish:
+        part of that wait is per cycle (a scheduler slice), part grows with
+        the step that must finish first. Read between nets by N_Param
+        (``sharing_excess``), tiny's 1.7 ms and cifar's 39 ms at 3 x 1 put
+        2-3 ms on every small net whatever its step: held-out nets at
+        T_GPU 31 ms waited 23 ms (bench/RESULTS.md section 4, test set 3).
+        Entries without a measured T_GPU (older profiles) fall back to
+        ``(sharing_excess(...), 0)``."""
+        es = [e for e in self._contention() if e["ranks"] == ranks_per_host and e["workers"] == n_gpu
+              and e.get("slice_wait") is not None and (e.get("cycle") or {}).get("T_GPU")]
+        if ranks_per_host <= self.cores or len({e.get("model") for e in es}) < 2:
+            return self.sharing_excess("slice_wait", ranks_per_host, n_gpu, model, n_param), 0.0
+        t = np.array([e["cycle"]["T_GPU"] for e in es], float)
+        w = np.array([e["slice_wait"] for e in es], float)
+        if t.max() < 2 * t.min():
+            return self.time_scale * max(float(np.median(w)), 0.0), 0.0
+        from scipy.optimize import nnls
+        c, beta = nnls(np.column_stack([np.ones_like(t), t]), w)[0]
+        return self.time_scale * float(c), float(beta)
+
     def contention_entry(self, ranks_per_host: int, n_gpu: int, model: str = ""):
         """The contention sweep's record for exactly this sharing (this net's
         when it was swept), or None."""

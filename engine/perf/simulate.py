@@ -175,6 +175,12 @@ def simulate(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_upd
     slow = slowdown if slowdown is not None else model_mod.predict(
         spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=ranks_per_host, impl=impl).slowdown
     base = model_mod.step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host, impl, slow)
+    if base["_slice_beta"][0] > 0:
+        # The time-slice wait that grows with the step, at the closed form's T_GPU.
+        t_gpu = model_mod._predict(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=ranks_per_host,
+                                   impl=impl, slowdown=slow).t_gpu
+        bw = base["allreduce_bw"]
+        base["allreduce_bw"] = (bw[0] + base["_slice_beta"][0] * t_gpu, bw[1])
     rng = np.random.default_rng(seed)
 
     def mk(name):
