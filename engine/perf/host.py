@@ -112,8 +112,8 @@ def oversubscription(profile, ranks_per_host: int, n_gpu: int, model: str = "", 
                  if (e["ranks"], e["workers"]) == (ranks_per_host, n_gpu))
     ranks_note = "" if ranks_per_host <= profile.cores else (
         f"; {ranks_per_host} ranks on {profile.cores} cores: the updaters' wait for time slices is priced "
-        f"from the runner contention sweep's wait per cycle beyond the model (swept nets, read between them "
-        f"by N_Param)" if sliced else
+        f"from the runner contention sweep's wait per cycle beyond the model (c + beta T_GPU across the swept "
+        f"nets that recorded their T_GPU, else read between them by N_Param)" if sliced else
         f"; {ranks_per_host} ranks on {profile.cores} cores: the updaters and the allreduce wait "
         f"for time slices the model does not price (T_Update measured 30-50 % longer than "
         f"predicted on held-out nets)")
