@@ -3,9 +3,12 @@ convergence on digits (bench/RESULTS.md, "Pipelines").
 
     PYTHONPATH=$PWD python bench/pipeline_bench.py [--part probe|measure|scale|converge|spectrain|all] [--out FILE]
 
-probe, measure -- the cost model against runs on this machine
-            (bench/pipeline_measure.py: the executor's costs fitted on digits
-            on 2 ranks, then judged on held-out configurations).
+probe, measure, judge -- the cost model against runs on this machine
+            (bench/pipeline_measure.py: the profile's pipeline section
+            measured by probe, as `sprint profile --update` does; measure
+            runs every configuration once, each rescaled by a calibration
+            step taken just before it; judge takes the median of several
+            measure passes (--keys) and splits fitted / held out).
 scale    -- predicted throughput of cnn-a/b/c on 4, 8, 16 stages (x replicas)
             against synchronous data parallelism and SPRINT ASGD on the same
             number of devices, on the shipped CPU profile and on an H200
@@ -25,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pipeline_measure import ROOT, _mpi_train, part_measure, part_probe, print_rows  # noqa: E402
+from pipeline_measure import ROOT, _mpi_train, judge, part_measure, part_probe, print_rows  # noqa: E402
 
 from engine.perf import pipeline as P  # noqa: E402
 from engine.perf.profile import Profile  # noqa: E402
@@ -139,7 +142,13 @@ def samples_to(acc_list, n_file=1437, target=0.95):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["probe", "measure", "scale", "converge", "spectrain", "all"], default="all")
+    ap.add_argument("--part", choices=["probe", "measure", "judge", "scale", "converge", "spectrain", "all"],
+                    default="all")
+    ap.add_argument("--profile", default=None, help="the profile probe writes into and measure/judge price with "
+                                                    "(default: the shipped engine/perf/default_profile.json)")
+    ap.add_argument("--executor", default=None, help="measure/judge: the executor's costs from this JSON instead "
+                                                     "of the profile's pipeline section")
+    ap.add_argument("--keys", default=None, help="judge: the measure passes' JSON keys, comma-separated")
     ap.add_argument("--configs", default=None,
                     help="measure only these runs, e.g. digits:4:gpipe,cifar-small:2:1f1b (default: all)")
     ap.add_argument("--key", default="measure", help="the JSON key measure writes (keep earlier runs apart)")
@@ -147,15 +156,20 @@ def main():
     args = ap.parse_args()
     out = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
     if args.part in ("probe", "all"):
-        pr = part_probe()
-        print(json.dumps({k: v for k, v in pr.items() if k != "runs"}, indent=1))
+        print(json.dumps(part_probe(args.profile), indent=1))
     if args.part in ("measure", "all"):
         configs = None
         if args.configs:
             configs = tuple((n, int(k), s) for n, k, s in (c.split(":") for c in args.configs.split(",")))
-        out[args.key] = m = part_measure(configs)
+        out[args.key] = m = part_measure(configs, args.profile, args.executor)
         print_rows(m["rows"])
         print(json.dumps(m["errors"], indent=1))
+    if args.part == "judge":
+        keys = (args.keys or args.key).split(",")
+        out[f"judge {args.keys}"] = j = judge([out[k] for k in keys], args.profile, args.executor)
+        print_rows(j["rows"])
+        print(json.dumps({k: j[k] for k in ("errors", "per_pass_errors", "spread_median", "spread_max",
+                                            "host_ratios")}, indent=1))
     if args.part in ("spectrain", "all"):
         out["spectrain"] = part_spectrain()
         for k, v in out["spectrain"].items():

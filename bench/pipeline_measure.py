@@ -1,13 +1,18 @@
 """Pipelines measured against the cost model (bench/pipeline_bench.py
---part probe|measure; bench/RESULTS.md, "Pipelines").
+--part probe|measure|judge; bench/RESULTS.md, "Pipelines").
 
-probe   -- the executor's costs beyond the kernels (engine.perf.pipeline.
-           Executor) fitted on FIT_RUNS: digits on 2 ranks, gpipe and 1f1b;
-           written to bench/results/pipeline_executor.json.
-measure -- FIT_RUNS again and the held-out HELD_OUT_RUNS (digits on 4 ranks,
-           tests/cifar_like.py's 4-layer CIFAR-format net on 2 and 4 ranks):
+probe   -- ``sprint profile --update PROFILE``'s measurement: the profile's
+           ``pipeline`` section (engine.perf.pipeline_probe: the executor's
+           costs fitted on its FIT_CONFIGS and SHARED_CONFIGS, the message
+           table), written into --profile; raw records beside it.
+measure -- one pass over FIT_CONFIGS + SHARED_CONFIGS (measured anew) and the
+           held-out HELD_OUT_RUNS: each run preceded by a calibration step
+           (engine.perf.calibrate) whose ratio to the profile's rescales that
+           run's predictions, as ``sprint predict`` rescales the profile;
            per-stage forward/backward means, idle share and images/s against
-           four predictions (evaluate), errors split fitted / held out.
+           four predictions (evaluate).
+judge   -- several measure passes together: per configuration the median of
+           its runs, errors split fitted / held out, and the run-to-run spread.
 """
 from __future__ import annotations
 
@@ -25,11 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.perf import pipeline as P  # noqa: E402
+from engine.perf import pipeline_probe as PP  # noqa: E402
 from engine.perf import pipeline_sim as PS  # noqa: E402
 from engine.perf.profile import Profile  # noqa: E402
 
-ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-           MPIEXEC_TIMEOUT="600")
+ENV = PP.child_env()
 
 
 def _mpi_train(n, cfg, out):
@@ -40,39 +45,6 @@ def _mpi_train(n, cfg, out):
         raise RuntimeError(p.stdout[-2000:] + p.stderr[-2000:])
     return json.loads((Path(out) / "pipeline_stats.json").read_text()), \
         [json.loads(l) for l in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-
-
-PING_FLOATS = (64, 256, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 8192, 16384, 32768, 65536)
-_PING = r"""
-import sys, time, numpy as np
-from mpi4py import MPI
-from engine.parallel.pipeline import P2P
-c = MPI.COMM_WORLD; r = c.Get_rank(); p = P2P(c); out = []
-for n in map(int, sys.argv[1:]):
-    a = np.zeros(n, np.float32); ts = []
-    for it in range(200):
-        t = time.perf_counter()
-        if r == 0:
-            p.isend(a, 1, 0, it); q, b = p.irecv((n,), np.float32, 1, 1, it); p.wait(q)
-        else:
-            q, b = p.irecv((n,), np.float32, 0, 0, it); p.wait(q); p.isend(b, 0, 1, it)
-        ts.append(time.perf_counter() - t)
-    p.flush(); out.append(float(np.median(ts)) / 2)
-if r == 0: print(*out)
-"""
-
-
-def measure_p2p(floats=PING_FLOATS):
-    """One-way times of the executor's messages (P2P, the same polling) by
-    size, from a ping-pong: engine.perf.pipeline.p2p_time's table, with the
-    eager size read off it (the largest message under 1.5x the smallest's
-    time: above it MPI's rendezvous handshake needs both sides' polls)."""
-    cmd = ["mpiexec", "-n", "2", sys.executable, "-c", _PING, *map(str, floats)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
-    times = [float(v) for v in p.stdout.split()]
-    nbytes = [4 * n for n in floats]
-    eager = max(b for b, t in zip(nbytes, times) if t < 1.5 * times[0])
-    return {"bytes": nbytes, "times": times, "eager_bytes": eager}
 
 
 def probe_stage_costs(parts, model="digits", micro=8, reps=200):
@@ -101,89 +73,74 @@ def probe_stage_costs(parts, model="digits", micro=8, reps=200):
     return out
 
 
-# (net, K, schedule): the probe fits the executor's costs on the first two; every
-# other configuration is held out (another partition, another net)
-FIT_RUNS = (("digits", 2, "gpipe"), ("digits", 2, "1f1b"))
-# ... and the slowdown when ranks outnumber cores on another net (the 28x28 LeNet-style net)
-SHARED_RUNS = (("mnist", 4, "gpipe"), ("mnist", 4, "1f1b"))
-HELD_OUT_RUNS = (("digits", 4, "gpipe"), ("digits", 4, "1f1b"), ("cifar-small", 2, "gpipe"),
+# (net, K, schedule). The fit (engine.perf.pipeline_probe) sees only its
+# FIT_CONFIGS (digits, 2 ranks, gpipe and 1f1b) and SHARED_CONFIGS (digits,
+# 4 ranks on this host's 2 cores, gpipe); everything below is held out, chosen
+# and committed before the section judged with it was fitted: another
+# schedule or stage count of the same net, and two other nets (the 28x28
+# LeNet-style mnist preset on MNIST-format digits, tests/cifar_like.py's
+# 4-layer CIFAR-format net) on 2 and 4 ranks.
+FIT_RUNS = PP.FIT_CONFIGS + PP.SHARED_CONFIGS
+HELD_OUT_RUNS = (("digits", 4, "1f1b"), ("digits", 3, "gpipe"), ("digits", 3, "1f1b"), ("mnist", 4, "gpipe"), ("mnist", 4, "1f1b"), ("cifar-small", 2, "gpipe"),
                  ("cifar-small", 2, "1f1b"), ("cifar-small", 4, "gpipe"), ("cifar-small", 4, "1f1b"))
-EXECUTOR_JSON = ROOT / "bench/results/pipeline_executor.json"
+PROFILE = ROOT / "engine/perf/default_profile.json"
+RECORDS = ROOT / "bench/results/pipeline_probe_records.json"
 
 
 def _net(net, tmp):
-    """(the net for engine.spec: a preset's name or a spec dict, the run's
-    data options) of a bench net; cifar-small is tests/cifar_like.py's
-    4-layer net on its CIFAR-format digits."""
+    """(the net for engine.spec: a preset's name or a spec dict, the --model
+    argument, the run's other sprint train arguments, its TrainConfig
+    options) of a bench net; cifar-small is tests/cifar_like.py's 4-layer
+    net on its CIFAR-format digits."""
     if net == "digits":
-        return "digits", {"lr": 0.02}
+        return "digits", "digits", ["--lr", "0.02"], {"lr": 0.02}
     sys.path.insert(0, str(ROOT / "tests"))
     if net == "mnist":
         from mnist_like import digits_as_mnist
         data = Path(tmp) / "mnist"
         if not data.exists():
             digits_as_mnist(data)
-        return "mnist", {"model": "mnist", "data": str(data), "lr": 0.02}
+        return "mnist", "mnist", ["--data", str(data), "--format", "mnist", "--lr", "0.02"], \
+            {"model": "mnist", "data": str(data), "lr": 0.02}
     from cifar_like import SMALL_SPEC, digits_as_cifar
     spec, data = Path(tmp) / "cifar-small.json", Path(tmp) / "cifar"
     if not spec.exists():
         digits_as_cifar(data)
         spec.write_text(json.dumps(SMALL_SPEC))
-    return SMALL_SPEC, {"model": str(spec), "data": str(data), "fmt": "cifar", "lr": 0.01}
+    return SMALL_SPEC, str(spec), ["--data", str(data), "--format", "cifar", "--lr", "0.01"], \
+        {"model": str(spec), "data": str(data), "fmt": "cifar", "lr": 0.01}
+
+
+def host_ratio(prof, seconds=1.5) -> float:
+    """This host's speed now against the profile's calibration (wall time of
+    engine.perf.calibrate's workload now / then): what this run's
+    predictions are rescaled by."""
+    from engine.perf.calibrate import calibration_step
+    then = (prof.data.get("fingerprint") or {}).get("calibration", {}).get("wall_s")
+    return calibration_step(seconds)["wall_s"] / then if then else 1.0
 
 
 def measure_run(net, K, sched, tmp, prof, epochs=1, M=4, batch=32):
-    """One pipeline run (mpiexec, one epoch) with its stages probed alone just
-    before: the raw per-stage timers the evaluation prices against."""
-    model, opts = _net(net, tmp)
-    parts = P.balanced_partition(model, K, batch, M, prof)
-    probed = probe_stage_costs(parts, model)
-    cfg = dict(opts, epochs=epochs, batch=batch,
-               extra={"schedule": sched, "microbatches": M, "stages": K,
-                      "partition": ",".join(f"{a}:{b}" for a, b in parts)})
-    st, _ = _mpi_train(K, cfg, Path(tmp) / f"{net}-k{K}{sched}")
-    stages = []
-    for s in st["per_stage"]:
-        T = s["timers"]
-        stages.append({"layers": s["layers"], "bubble": s["bubble"], "wall_s": s["wall_s"],
-                       **{f"{n}_{q}": T.get(n, {}).get(q, 0.0) for n in ("fwd", "bwd", "update", "wait")
-                          for q in ("mean", "total", "count")}})
-    return {"net": net, "model": model, "K": K, "schedule": sched, "M": M, "batch": batch, "epochs": epochs,
-            "partition": [list(p) for p in parts], "probed": probed, "n_mb": len(st["per_stage"][0]["trace"]),
-            "samples": st["samples"], "wall_s": st["wall_s"], "stages": stages}
+    """One pipeline run (sprint train under mpiexec, one epoch), a calibration
+    step and its stages probed alone just before: the raw per-stage timers
+    the evaluation prices against."""
+    spec, model_arg, train_args, _ = _net(net, tmp)
+    parts = P.balanced_partition(spec, K, batch, M, prof)
+    probed = probe_stage_costs(parts, spec)
+    ratio = host_ratio(prof)
+    r = PP.run_timers(model_arg, K, sched, parts, Path(tmp) / f"{net}-k{K}{sched}", train_args, epochs, M, batch)
+    return dict(r, net=net, model=spec, probed=probed, host_ratio=ratio)
 
 
-def untimed_per_instruction(run) -> list:
-    """Each stage's stream time outside its timers (passes, updates, waits),
-    per instruction: the executor's own work around them."""
-    out = []
-    for s in run["stages"]:
-        timed = sum(s[f"{n}_total"] for n in ("fwd", "bwd", "update", "wait"))
-        n = s["fwd_count"] + s["bwd_count"] + s["update_count"]
-        out.append(max(0.0, s["wall_s"] - timed) / max(1, n))
-    return out
-
-
-def fit_executor(runs, prof) -> P.Executor:
-    """P.fit_executor on runs' timed passes (kernels priced by the profile,
-    the executor's copies by its "copy"); runs on no more ranks than cores,
-    so no core sharing blurs them."""
-    passes = []
-    vec = lambda n: prof.term("copy", n) if prof.has("copy") else 0.0
-    for r in runs:
-        costs = P.stage_costs(r["model"], r["partition"], r["batch"], r["M"], prof)
-        n_f, n_b = P.executor_copies(r["schedule"])
-        for c, s in zip(costs, r["stages"]):
-            passes += [(c.t_f, n_f * vec(c.params), s["fwd_mean"]), (c.t_b, n_b * vec(c.params), s["bwd_mean"])]
-    return P.fit_executor(passes, [u for r in runs for u in untimed_per_instruction(r)])
-
-
-def evaluate(run, prof, executor, ncpu):
+def evaluate(run, prof, executor, ncpu, rescale=True):
     """Rows of one run against four predictions: profile (the model on the
-    profile alone), model (the profile plus the executor's costs), probe
-    (the stages timed alone), run (the run's own mean passes: the schedule
-    alone left to predict)."""
+    profile alone), model (the profile plus its pipeline section, or
+    ``executor``), probe (the stages timed alone), run (the run's own mean
+    passes: the schedule alone left to predict). ``rescale``: the profile's
+    times x the run's calibration ratio."""
     K, sched, M = run["K"], run["schedule"], run["M"]
+    prof = Profile(prof.data, prof.source)
+    prof.time_scale = run.get("host_ratio", 1.0) if rescale else 1.0
     cores = None if K <= ncpu else ncpu
     base = P.stage_costs(run["model"], run["partition"], run["batch"], M, prof, schedule=sched)
     withx = P.stage_costs(run["model"], run["partition"], run["batch"], M, prof, executor=executor,
@@ -199,14 +156,15 @@ def evaluate(run, prof, executor, ncpu):
             costs = [replace(c, t_f=f, t_b=b) for c, (f, b) in zip(base, run["probed"])]
         else:
             costs = [replace(c, t_f=s["fwd_mean"], t_b=s["bwd_mean"], t_u=s["update_mean"], t_x=u)
-                     for c, s, u in zip(base, meas, untimed_per_instruction(run))]
+                     for c, s, u in zip(base, meas, PP.untimed_per_instruction(run))]
         sim = PS.play(costs, sched, M, run["n_mb"], cores=None if source == "run" else cores)
         for k, s in enumerate(meas):
             w, n = sim["wall"][k], sim["passes"][k]
             timed = sum(v for kind, v in w.items() if kind != "X")
             rows.append({"net": run["net"], "K": K, "schedule": sched, "source": source, "stage": k,
-                         "cores": cores, "layers": s["layers"],
-                         "fwd_ms": 1e3 * s["fwd_mean"], "fwd_pred_ms": 1e3 * w.get("F", 0) / max(1, n.get("F", 0)),
+                         "cores": cores, "layers": s["layers"], "host_ratio": prof.time_scale,
+                         "fwd_ms": 1e3 * s["fwd_mean"],
+                         "fwd_pred_ms": 1e3 * w.get("F", 0) / max(1, n.get("F", 0)),
                          "bwd_ms": 1e3 * s["bwd_mean"], "bwd_pred_ms": 1e3 * w.get("B", 0) / max(1, n.get("B", 0)),
                          "bubble": s["bubble"], "bubble_pred": 1.0 - timed / sim["makespan"],
                          "bubble_gpipe": (K - 1) / (M + K - 1),
@@ -217,16 +175,19 @@ def evaluate(run, prof, executor, ncpu):
     return rows
 
 
+def _time_errors(r):
+    return [abs(r[a] - r[b]) / r[a] for a, b in (("fwd_ms", "fwd_pred_ms"), ("bwd_ms", "bwd_pred_ms")) if r[a] > 0]
+
+
 def summarize_rows(rows) -> dict:
     out = {}
     for source in ("profile", "model", "probe", "run"):
-        fit = FIT_RUNS + SHARED_RUNS
-        for group, keep in (("fitted", lambda r: (r["net"], r["K"], r["schedule"]) in fit),
-                            ("held_out", lambda r: (r["net"], r["K"], r["schedule"]) not in fit)):
+        for group, keep in (("fitted", lambda r: (r["net"], r["K"], r["schedule"]) in FIT_RUNS),
+                            ("held_out", lambda r: (r["net"], r["K"], r["schedule"]) not in FIT_RUNS)):
             rs = [r for r in rows if r["source"] == source and keep(r)]
             if not rs:
                 continue
-            errs = [abs(r[a] - r[b]) / r[a] for r in rs for a, b in (("fwd_ms", "fwd_pred_ms"), ("bwd_ms", "bwd_pred_ms"))]
+            errs = [e for r in rs for e in _time_errors(r)]
             out[f"{source} {group}"] = {
                 "median_time_error": float(np.median(errs)),
                 "median_bubble_abs_error": float(np.median([abs(r["bubble"] - r["bubble_pred"]) for r in rs])),
@@ -236,61 +197,80 @@ def summarize_rows(rows) -> dict:
     return out
 
 
-def _setup_profile():
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    prof = Profile.load()
-    prof.data["p2p"] = measure_p2p()
+def load_profile(path=None):
+    prof = Profile.load(path or PROFILE)
+    if "pipeline" not in prof.data:
+        raise SystemExit(f"{prof.source} has no pipeline section: run --part probe (sprint profile --update) first")
     return prof
 
 
-def fit_shared(runs, prof, executor, ncpu, rounds=3) -> float:
-    """The executor's ``shared`` slowdown from runs with more ranks than
-    cores: the median measured / predicted pass time, the prediction
-    (processor sharing included) redone with each round's value."""
-    shared = 0.0
-    for _ in range(rounds):
-        ex = replace(executor, shared=shared)
-        rows = [r for run in runs for r in evaluate(run, prof, ex, ncpu) if r["source"] == "model"]
-        ratio = np.median([r[a] / r[b] for r in rows for a, b in (("fwd_ms", "fwd_pred_ms"), ("bwd_ms", "bwd_pred_ms"))])
-        shared = max(0.0, (1.0 + shared) * float(ratio) - 1.0)
-    return shared
+def part_probe(path=None):
+    """The profile's pipeline section measured now and written into ``path``
+    (the shipped profile by default), as ``sprint profile --update`` does;
+    the raw records to RECORDS."""
+    prof = Profile.load(path or PROFILE)
+    recs = PP.sweep_pipeline(profile=prof, log=print)
+    prof.data["pipeline"] = PP.fit_section(prof, recs)
+    tmp = Path(str(prof.source) + ".tmp")
+    prof.save(tmp)
+    tmp.replace(path or PROFILE)
+    RECORDS.write_text(json.dumps({"records": recs, "section": prof.data["pipeline"]}, indent=1))
+    return prof.data["pipeline"]
 
 
-def part_probe():
-    """The executor's costs, fitted on FIT_RUNS (digits, 2 ranks): written to
-    EXECUTOR_JSON for part_measure and ``sprint predict --executor``."""
-    prof = _setup_profile()
+def part_measure(configs=None, path=None, executor=None):
+    """One pass over every configuration (FIT_RUNS measured anew and the held
+    out ones), each run priced with the profile's pipeline section
+    (``executor``: a JSON overriding it) at its calibration."""
+    prof = load_profile(path)
+    executor = P.Executor.load(executor) if executor else P.Executor.of_profile(prof)
     ncpu = os.cpu_count() or 1
+    configs = configs or FIT_RUNS + HELD_OUT_RUNS
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [measure_run(net, K, sched, tmp, prof) for net, K, sched in FIT_RUNS]
-        shared_runs = [measure_run(net, K, sched, tmp, prof) for net, K, sched in SHARED_RUNS]
-    ex = fit_executor(runs, prof)
-    ex = replace(ex, shared=fit_shared(shared_runs, prof, ex, ncpu))
-    import datetime
-    out = {"executor": vars(ex), "fitted_on": [list(r) for r in FIT_RUNS + SHARED_RUNS], "p2p": prof.data["p2p"],
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "runs": runs + shared_runs}
-    EXECUTOR_JSON.write_text(json.dumps(out, indent=1))
-    return out
-
-
-def part_measure(configs=None):
-    """Every configuration's run (FIT_RUNS again, measured anew, and the held
-    out ones) priced with the executor's costs the probe wrote."""
-    prof = _setup_profile()
-    executor = P.Executor.load(EXECUTOR_JSON) if EXECUTOR_JSON.exists() else P.Executor()
-    ncpu = os.cpu_count() or 1
-    configs = configs or FIT_RUNS + SHARED_RUNS + HELD_OUT_RUNS
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = [measure_run(net, K, sched, tmp, prof) for net, K, sched in configs]
+        runs = []
+        for net, K, sched in configs:
+            runs.append(measure_run(net, K, sched, tmp, prof))
+            print(f"{net} K={K} {sched}: host x{runs[-1]['host_ratio']:.3f}, "
+                  f"{runs[-1]['samples'] / runs[-1]['wall_s']:.0f} img/s", flush=True)
     rows = [row for r in runs for row in evaluate(r, prof, executor, ncpu)]
-    return {"p2p": prof.data["p2p"], "cpus": ncpu, "executor": vars(executor), "runs": runs, "rows": rows,
+    return {"profile": prof.source, "cpus": ncpu, "executor": vars(executor), "runs": runs, "rows": rows,
             "errors": summarize_rows(rows)}
+
+
+def judge(passes, path=None, executor=None) -> dict:
+    """Several measure passes: each configuration's measured quantities and
+    predictions (rescaled per run) as the median over its runs; errors
+    fitted / held out, each pass's own errors, and the spread of the runs
+    (per stage time: (max - min) / median of its runs)."""
+    prof = load_profile(path)
+    executor = P.Executor.load(executor) if executor else P.Executor.of_profile(prof)
+    ncpu = passes[0].get("cpus", os.cpu_count() or 1)
+    per_pass = [[row for r in p["runs"] for row in evaluate(r, prof, executor, ncpu)] for p in passes]
+    by_key = {}
+    for rows in per_pass:
+        for r in rows:
+            by_key.setdefault((r["net"], r["K"], r["schedule"], r["source"], r["stage"]), []).append(r)
+    med, spread = [], []
+    for key, rs in by_key.items():
+        m = dict(rs[0])
+        for q in ("fwd_ms", "fwd_pred_ms", "bwd_ms", "bwd_pred_ms", "bubble", "bubble_pred", "wait_share",
+                  "img_s", "img_s_pred", "host_ratio"):
+            m[q] = float(np.median([r[q] for r in rs]))
+        m["n_runs"] = len(rs)
+        med.append(m)
+        if key[3] == "model" and len(rs) > 1:
+            for q in ("fwd_ms", "bwd_ms"):
+                v = [r[q] for r in rs]
+                spread.append((max(v) - min(v)) / float(np.median(v)))
+    return {"rows": med, "errors": summarize_rows(med), "per_pass_errors": [summarize_rows(r) for r in per_pass],
+            "spread_median": float(np.median(spread)) if spread else None,
+            "spread_max": float(np.max(spread)) if spread else None,
+            "host_ratios": [r["host_ratio"] for p in passes for r in p["runs"]], "executor": vars(executor)}
 
 
 def print_rows(rows):
     for r in rows:
-        print(f"{r['net']:>11} {r['schedule']:>5} K={r['K']} {r['source']:<7} stage {r['stage']} "
+        print(f"{r['net']:>11} {r['schedule']:>8} K={r['K']} {r['source']:<7} stage {r['stage']} "
               f"{','.join(r['layers']):<12} fwd {r['fwd_ms']:.3f}/{r['fwd_pred_ms']:.3f} "
               f"bwd {r['bwd_ms']:.3f}/{r['bwd_pred_ms']:.3f} ms idle {r['bubble']:.2f}/{r['bubble_pred']:.2f} "
               f"(wait {r['wait_share']:.2f}) gpipe {r['bubble_gpipe']:.2f} img/s {r['img_s']:.0f}/{r['img_s_pred']:.0f}")

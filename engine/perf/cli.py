@@ -57,10 +57,60 @@ def _config_args(p, need_config=True):
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+# Sweeps fitted on top of an existing profile's prices: ``--update`` adds them alone.
+ON_TOP = ("pipeline",)
+
+
+def _update_profile(args, only) -> int:
+    """``sprint profile --update PROFILE``: measure the ON_TOP sweeps (or refit
+    them from ``--from-records``) and write their sections into PROFILE."""
+    from .pipeline_probe import fit_section, sweep_pipeline
+    from .profile import Profile
+    bad = [n for n in only or () if n not in ON_TOP]
+    if bad:
+        raise RunError(f"only {', '.join(ON_TOP)} can be added to an existing profile, not {', '.join(bad)}",
+                       "--only")
+    prof = Profile.load(args.update)
+    if args.from_records:
+        recs = json.loads(Path(args.from_records).read_text())
+        recs = recs.get("records", []) if isinstance(recs, dict) else recs
+    else:
+        recs = sweep_pipeline(profile=prof, log=lambda m: print(m, file=sys.stderr, flush=True))
+        if args.records:
+            Path(args.records).write_text(json.dumps({"records": recs}))
+    try:
+        prof.data["pipeline"] = fit_section(prof, recs)
+    except ValueError as e:
+        raise RunError(str(e), args.from_records or args.update) from None
+    out = Path(args.out or args.update)
+    tmp = out.with_name(out.name + ".tmp")
+    prof.save(tmp)
+    tmp.replace(out)
+    sec = prof.data["pipeline"]
+    ex = sec["executor"]
+    print(f"pipeline section: per pass {1e3 * ex['per_pass']:.3f} ms, cold x{1 + ex['cold']:.2f}, per instruction "
+          f"{1e3 * ex['per_instruction']:.3f} ms, shared x{1 + ex['shared']:.2f}"
+          + ("" if sec.get("shared_fitted") else " (not measured: the ranks fit the cores)")
+          + f", eager size {sec.get('p2p', {}).get('eager_bytes', '?')} B; host at x{sec['calibration_ratio']:.2f} "
+          f"the profile's calibration (stored rescaled)")
+    print(f"profile written to {out}")
+    return 0
+
+
+def _fit_pipeline(prof, records):
+    """The fresh profile's pipeline section, when its sweep ran."""
+    if any(r.get("kind") == "pipeline_run" for r in records):
+        from .pipeline_probe import fit_section
+        from .profile import Profile
+        prof["pipeline"] = fit_section(Profile(prof), records)
+
+
 def cmd_profile(args) -> int:
     from . import fit, sweep
     from .profile import Profile
     only = [n.strip() for n in args.only.split(",")] if args.only else None
+    if args.update:
+        return _update_profile(args, only)
     old = json.loads(Path(args.from_records).read_text()) if args.from_records else None
     if old is not None and only is None:
         data = old
@@ -76,6 +126,7 @@ def cmd_profile(args) -> int:
     if data.get("meta", {}).get("fingerprint"):
         prof["fingerprint"] = data["meta"]["fingerprint"]
     prof["skipped"] = data.get("skipped", [])
+    _fit_pipeline(prof, data["records"])
     out = args.out or "profile.json"
     Profile(prof).save(out)
     print(fit.format_errors(prof))
@@ -162,6 +213,10 @@ def register(sub):
                    help="comma list of sweeps to run (with --from-records: re-run them and keep the "
                         "rest of the saved records): " + ", ".join(SWEEPS))
     p.add_argument("--plots", default=None, help="directory for PNGs of each fit against its sweep")
+    p.add_argument("--update", default=None, metavar="PROFILE",
+                   help="measure only the sections fitted on top of an existing profile (" + ", ".join(ON_TOP) +
+                        ": the pipeline executor's costs and message table) and write them into PROFILE "
+                        "(or --out); with --from-records: refit them from saved records")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("predict", help="predict a parallel strategy's step times and T_Epoch "

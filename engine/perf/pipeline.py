@@ -16,8 +16,11 @@ Per stage k (layers [lo, hi), micro-batch of b = ceil(B / M) samples):
   gradient (backward) to a neighbour. Profiles have no point-to-point fit;
   it is priced as a two-rank allreduce of the same size (``p2p`` in the
   profile overrides: ``{"latency": s, "per_byte": s}``).
-* ``executor`` (:class:`Executor`, a probe's fit; zero when not given):
-  what a pass costs inside the executor beyond its kernels. The profile is
+* ``executor`` (:class:`Executor`: by default the profile's ``pipeline``
+  section, which ``sprint profile`` measures (engine.perf.pipeline_probe);
+  zero, with a note, for a profile without one; its seconds rescale with
+  the profile's ``time_scale``): what a pass costs inside the executor
+  beyond its kernels. The profile is
   swept on warm caches, one kernel after another; inside a pipeline a pass
   starts after the rank slept in a receive's polling loop and ran its other
   passes and message copies, and its kernels re-load their data from colder
@@ -29,8 +32,8 @@ Per stage k (layers [lo, hi), micro-batch of b = ceil(B / M) samples):
   the gradient copy), priced as the profile's ``copy``. ``per_instruction``:
   the executor's untimed work around every instruction (posting receives,
   testing sends), ``t_x``. ``shared``: when the ranks outnumber the cores
-  every pass and instruction costs ``(1 + shared)`` x beyond the processor
-  sharing the simulator plays: the waiting ranks' polls wake on the busy
+  every pass and instruction costs ``(1 + shared)`` x beyond the queueing
+  for cores the simulator plays: the waiting ranks' polls wake on the busy
   cores and evict the running pass's caches (2 passes on 2 cores run
   ~1.05-1.3x slower beside one polling process, measured).
 
@@ -40,8 +43,9 @@ and dualpipe keep every stage busy in steady state, one micro-batch per
 max_k(t_f + t_b + t_u), and pay a fill/drain only at each epoch's flush.
 The simulator (engine.perf.pipeline_sim.play) plays the real instruction
 lists (pipeline_schedule) with these durations; with ``cores`` (a CPU host
-shared by the ranks) the running stages share the cores (processor
-sharing), which is how the ranks of a one-machine run actually progress.
+shared by the ranks) at most ``cores`` stages run at once, the others
+waiting for a core (pipeline_sim: a pass is shorter than the OS scheduler's
+time slice), which is how the ranks of a one-machine run progress.
 
 The bottom of the module is this strategy's row of the strategy table
 (engine.perf.strategies): ``sprint predict|simulate --parallel pipeline``.
@@ -117,20 +121,27 @@ def balanced_partition(spec, K: int, batch: int, microbatches: int = 4, profile=
     return parts[::-1]
 
 
+def p2p_table(profile):
+    """The profile's point-to-point table: a top-level ``p2p`` (an override)
+    or its ``pipeline`` section's; None when it has neither."""
+    return profile.data.get("p2p") or (profile.data.get("pipeline") or {}).get("p2p")
+
+
 def p2p_time(profile, n_floats: int) -> float:
     """One message of ``n_floats`` between neighbouring stages: the ``p2p``
     table a ping-pong measured (``{"bytes": [...], "times": [...]}``,
     interpolated, extrapolated from its last two points) or its linear fit
-    (``{"latency": s, "per_byte": s}``); else a two-rank allreduce."""
-    p2p = profile.data.get("p2p")
+    (``{"latency": s, "per_byte": s}``), rescaled with the profile's times
+    (``time_scale``); else a two-rank allreduce."""
+    p2p, k = p2p_table(profile), profile.time_scale
     if p2p and "bytes" in p2p:
         import numpy as np
         x, y, b = list(map(float, p2p["bytes"])), list(map(float, p2p["times"])), 4.0 * n_floats
         if b > x[-1] and len(x) > 1:
-            return y[-1] + (b - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2])
-        return float(np.interp(b, x, y))
+            return k * (y[-1] + (b - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2]))
+        return k * float(np.interp(b, x, y))
     if p2p:
-        return float(p2p["latency"]) + 4 * n_floats * float(p2p["per_byte"])
+        return k * (float(p2p["latency"]) + 4 * n_floats * float(p2p["per_byte"]))
     try:
         return profile.allreduce_bw(2, n_floats)
     except ValueError:
@@ -143,10 +154,10 @@ def rendezvous_time(profile, n_floats: int) -> float:
     moves only when the sender calls MPI again, so a sender that starts its
     next pass before the handshake is done holds it until that pass ends
     (engine.perf.pipeline_sim.play); 0 for an eager message."""
-    p2p = profile.data.get("p2p") or {}
+    p2p = p2p_table(profile) or {}
     if "eager_bytes" not in p2p or 4 * n_floats <= float(p2p["eager_bytes"]):
         return 0.0
-    return max(0.0, p2p_time(profile, n_floats) - float(p2p["times"][0]))
+    return max(0.0, p2p_time(profile, n_floats) - profile.time_scale * float(p2p["times"][0]))
 
 
 @dataclass
@@ -178,6 +189,18 @@ class Executor:
         d = src if isinstance(src, dict) else json.loads(Path(src).read_text())
         d = d.get("executor", d)
         return cls(**{k: float(d.get(k, 0.0)) for k in ("per_pass", "cold", "per_instruction", "shared")})
+
+    def scaled(self, k: float) -> "Executor":
+        """Its seconds x ``k`` (a profile's ``time_scale``: the host runs k x
+        slower than when the profile was measured); the factors unchanged."""
+        return replace(self, per_pass=k * self.per_pass, per_instruction=k * self.per_instruction)
+
+    @classmethod
+    def of_profile(cls, profile):
+        """The executor's costs the profile's ``pipeline`` section holds
+        (engine.perf.pipeline_probe), or None (a profile written before it)."""
+        sec = profile.data.get("pipeline")
+        return cls.load(sec) if sec and "executor" in sec else None
 
     def pass_time(self, kernels: float, copies: float) -> float:
         """One timed pass: its kernels (profile) slowed by cold caches, the
@@ -221,7 +244,7 @@ def stage_costs(spec, parts, batch: int, microbatches: int, profile=None, replic
     """Each stage's StageCost; ``oversubscribed``: the ranks outnumber the
     cores (the executor's ``shared`` slowdown applies)."""
     profile = _profile(profile)
-    ex = executor or Executor()
+    ex = (executor or Executor()).scaled(profile.time_scale)
     sp = spec_mod.get_spec(spec)
     geoms = spec_mod.layers(sp)
     b = max(1, math.ceil(batch / microbatches))
@@ -314,8 +337,17 @@ def predict(spec, n_node: int = None, n_gpu: int = 1, n_subbatch: int = 32, prof
     K = int(stages or (n_node or 1) // replicas)
     if partition is None:
         partition = balanced_partition(sp, K, n_subbatch, microbatches, profile)
+    notes = []
     if executor is not None and not isinstance(executor, Executor):
         executor = Executor.load(executor)
+    if executor is None:
+        executor = Executor.of_profile(profile)
+        if executor is None:
+            notes.append(f"{profile.source} has no pipeline section (written before profiles measured the "
+                         "pipeline executor): stage times are its kernels alone, without the executor's own "
+                         "costs per pass and instruction (on the CPU host they measured 0.1-0.3 ms a pass) "
+                         + ("or a measured message table" if p2p_table(profile) is None else "")
+                         + "; `sprint profile --update PROFILE` adds it")
     cores = shared_cores(profile, K * replicas, ranks_per_host, cores)
     over = cores is not None and K * replicas > cores
     costs = stage_costs(sp, partition, n_subbatch, microbatches, profile, replicas, executor, schedule,
@@ -336,7 +368,8 @@ def predict(spec, n_node: int = None, n_gpu: int = 1, n_subbatch: int = 32, prof
                               (K - 1) / (M + K - 1), t_mb, thr, n_file / thr, sim["bubble"],
                               {"simulated_micro_batches": n_mb, "cores": cores, "overlap": overlap,
                                "predict": predict_mode or "none",
-                               "executor": vars(executor) if executor is not None else None})
+                               "executor": vars(executor) if executor is not None else None,
+                               "notes": notes})
 
 
 def format_prediction(p: PipelinePrediction, per_layer: bool = True, explain_terms: bool = False) -> str:
@@ -350,6 +383,7 @@ def format_prediction(p: PipelinePrediction, per_layer: bool = True, explain_ter
                      f"{1e3 * c.t_u:>9.3f}{1e3 * c.t_c:>9.3f}{100 * p.bubble[k]:>7.1f}%")
     lines.append(f"mini-batch {1e3 * p.t_minibatch:.3f} ms, {p.throughput:,.1f} img/s, T_Epoch "
                  f"{p.t_epoch:.4g} s; GPipe bubble (K-1)/(M+K-1) = {100 * p.bubble_gpipe:.1f} %")
+    lines += [f"note: {n}" for n in p.extra.get("notes", ())]
     if explain_terms:
         lines.append("fwd/bwd: the stage's layers' kernels on one micro-batch (profile); upd: momentum "
                      "update of its slice (+ replica allreduce); send: one activation message; bubble: "

@@ -31,8 +31,8 @@ def add_cli_arguments(p):
                    help="share of the shorter pass of a dualpipe pair hidden under the longer (0: CPU ranks; "
                         "up to 1 with two GPU streams)")
     p.add_argument("--executor", default=None, metavar="JSON",
-                   help="the executor's costs beyond the kernels (per pass, per byte touched, per instruction), "
-                        "as bench/pipeline_bench.py --part probe writes them (default: none)")
+                   help="the executor's costs beyond the kernels (per pass, per instruction, core sharing) "
+                        "from this JSON instead of the profile's pipeline section (default: the profile's)")
 
 
 def add_simulate_arguments(p):

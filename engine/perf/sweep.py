@@ -30,6 +30,7 @@ from .sweep_kernels import (LAYER_NETS, LAYER_PASS_NETS, SWEPT_NETS, TRANS, conv
 from .sweep_ops import sweep_conv_ops, sweep_fc_ops  # noqa: F401
 from .sweep_mpi import (_allreduce_after_last, _allreduce_child, _contention_child, sweep_allreduce,  # noqa: F401
                         sweep_contention)
+from .pipeline_probe import sweep_pipeline  # noqa: F401
 from .sweep_runner import (CONTENTION_WORKLOADS, UPDATER_TIMERS, UPDATER_WORK, WORKER_SMALL,  # noqa: F401
                            WORKER_TIMERS, _runner_child, probe_host, runner_job, runner_step_means,
                            sweep_contention_runner, sweep_loop_overhead, synthetic_npz)
@@ -62,14 +63,15 @@ def _steps(cfg, skipped, be):
              "handover": lambda: sweep_handover(cfg), "data": lambda: sweep_data(cfg, skipped),
              "net steps": lambda: sweep_net_steps(cfg, skipped),
              "layer passes": lambda: sweep_layer_passes(cfg, skipped), "allreduce": lambda: sweep_allreduce(cfg),
-             "loop overhead": lambda: sweep_loop_overhead(cfg), "contention": lambda: sweep_contention(cfg)}
+             "loop overhead": lambda: sweep_loop_overhead(cfg), "contention": lambda: sweep_contention(cfg),
+             "pipeline": lambda: sweep_pipeline(cfg)}
     if be.name == "cpu":
         steps["runner contention"] = lambda: sweep_contention_runner(cfg)
     return steps
 
 
 SWEEPS = ("sgemm", "layers", "fc+softmax", "conv ops", "fc ops", "vectors", "cold vectors", "handover", "data", "net steps", "layer passes",
-          "allreduce", "loop overhead", "contention", "runner contention")
+          "allreduce", "loop overhead", "contention", "runner contention", "pipeline")
 
 
 def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, only=None, merge=None) -> dict:
@@ -93,8 +95,8 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
             raise ValueError(f"unknown sweep(s) {bad}; choose from {', '.join(SWEEPS)}")
         names = [n for n in names if n in only]
     else:
-        if not allreduce:
-            names.remove("allreduce")
+        if not allreduce:          # the pipeline's runs need mpiexec too
+            names = [n for n in names if n not in ("allreduce", "pipeline")]
         if not contention:
             names = [n for n in names if n not in ("loop overhead", "contention", "runner contention")]
     from .calibrate import calibration_step, record
