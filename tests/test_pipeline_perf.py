@@ -51,6 +51,21 @@ def test_shared_cores_slow_the_running_stages():
     assert shared >= work / 2 - 1e-12 and shared > own
 
 
+def test_queued_cores_run_each_pass_whole_and_processor_sharing_stretches_it():
+    costs = _equal(4)
+    q = PS.play(costs, "1f1b", 1, 32, cores=2)
+    for k in range(4):
+        assert q["wall"][k]["F"] == pytest.approx(32 * 1e-3, rel=1e-12)
+        assert q["wall"][k]["B"] == pytest.approx(32 * 2e-3, rel=1e-12)
+    # one core: every pass of every stage in turn, nothing overlapped
+    one = PS.play(costs, "1f1b", 1, 32, cores=1)
+    assert one["makespan"] == pytest.approx(32 * 4 * 3e-3, rel=1e-12)
+    ps = PS.play(costs, "1f1b", 1, 32, cores=2, sharing="ps")
+    assert max(w["F"] for w in ps["wall"]) > 32 * 1e-3 * 1.01
+    with pytest.raises(ValueError, match="sharing"):
+        PS.play(costs, "1f1b", 1, 4, cores=2, sharing="fair")
+
+
 @pytest.mark.parametrize("model,K", [("digits", 2), ("digits", 3), ("cifar", 3), ("cifar", 5)])
 def test_balanced_partition_is_optimal(model, K):
     prof = Profile.load()

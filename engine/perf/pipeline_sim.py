@@ -7,8 +7,16 @@ can feed them equal stages and check the textbook results.
 :func:`play` runs the stages' real instruction lists (engine.parallel.
 pipeline_schedule) on one clock: an instruction starts when its stage is
 free and the messages it needs have arrived; a message arrives ``t_c``
-after the pass that sends it ends. With ``cores`` the running stages share
-that many processors equally (how the ranks of a one-machine run progress);
+after the pass that sends it ends. With ``cores`` (ranks sharing a CPU
+host) at most that many stages run at once, each at full speed, and a stage
+whose instruction is ready waits for a free core, first ready first served
+(``sharing="queue"``, the default): a pass of 0.1-1 ms ends inside one of
+the OS scheduler's time slices, so the kernel does not interleave two of
+them on a core, and a rank waiting for a message sleeps in its polls. The
+earlier ``sharing="ps"`` (every running stage gets an equal share of the
+cores, passes stretched) priced 1f1b's passes on 4 ranks / 2 cores a
+median 23 % off on the earlier session's runs, where the queue gives 16 %
+(bench/RESULTS.md, "Pipelines");
 with ``cv`` every instruction's duration is drawn from a gamma distribution
 of that spread around its cost, as the ASGD simulator draws its steps. A
 cost's ``t_x`` (the executor's untimed work around each instruction:
@@ -59,7 +67,7 @@ def _phases(c, op, overlap, jitter):
 
 
 def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap: float = 0.0,
-         cv: float = 0.0, seed: int = 0) -> dict:
+         cv: float = 0.0, seed: int = 0, sharing: str = "queue") -> dict:
     """Play the stages' instruction lists over ``n_mb`` micro-batches.
 
     Returns makespan, per-stage busy time (work done) and bubble (the share
@@ -67,7 +75,11 @@ def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap
     each kind of pass (``wall``: {"F": s, ...}; with shared cores a pass runs
     longer than its work) with their counts (``passes``), which is what a
     rank's own timers measure. ``cores``: None when each stage owns its
-    processor, else the cores the running stages share equally."""
+    processor, else the cores the stages share: ``sharing`` "queue" (at
+    most ``cores`` instructions run, the others wait) or "ps" (all run,
+    each at ``cores / running`` speed)."""
+    if sharing not in ("queue", "ps"):
+        raise ValueError(f"sharing must be 'queue' or 'ps', got {sharing!r}")
     K = len(costs)
     lists = [S.schedule(schedule, K, k, n_mb, microbatches) for k in range(K)]
     if cv and cv > 0:
@@ -118,11 +130,17 @@ def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap
             return False
         return True
 
+    since = {}                                 # k -> when its next instruction became ready (queue sharing)
     while True:
         for k in range(K):
-            if k not in running and pos[k] < len(lists[k]) and deps_met(k, lists[k][pos[k]]):
-                op = lists[k][pos[k]]
-                running[k] = [op, _phases(costs[k], op, overlap, jitter)]
+            if k not in running and k not in since and pos[k] < len(lists[k]) and deps_met(k, lists[k][pos[k]]):
+                since[k] = now
+        for k in sorted(since, key=since.get):
+            if sharing == "queue" and cores is not None and len(running) >= cores:
+                break
+            op = lists[k][pos[k]]
+            running[k] = [op, _phases(costs[k], op, overlap, jitter)]
+            del since[k]
         if not running:
             if all(pos[k] >= len(lists[k]) for k in range(K)):
                 break
@@ -130,7 +148,7 @@ def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap
                 raise RuntimeError("pipeline simulation deadlocked")
             now = heapq.heappop(arrivals)
             continue
-        rate = 1.0 if cores is None else min(1.0, cores / len(running))
+        rate = 1.0 if cores is None or sharing == "queue" else min(1.0, cores / len(running))
         dt = min(r[1][0][0] for r in running.values()) / rate
         if arrivals and arrivals[0] < now + dt:
             dt = arrivals[0] - now
