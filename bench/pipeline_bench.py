@@ -168,8 +168,8 @@ def main():
         keys = (args.keys or args.key).split(",")
         out[f"judge {args.keys}"] = j = judge([out[k] for k in keys], args.profile, args.executor)
         print_rows(j["rows"])
-        print(json.dumps({k: j[k] for k in ("errors", "per_pass_errors", "spread_median", "spread_max",
-                                            "host_ratios")}, indent=1))
+        print(json.dumps({k: j[k] for k in ("errors", "per_pass_errors", "per_pass_errors_unscaled",
+                                            "spread_median", "spread_max", "host_ratios")}, indent=1))
     if args.part in ("spectrain", "all"):
         out["spectrain"] = part_spectrain()
         for k, v in out["spectrain"].items():

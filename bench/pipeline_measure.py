@@ -111,13 +111,12 @@ def _net(net, tmp):
         {"model": str(spec), "data": str(data), "fmt": "cifar", "lr": 0.01}
 
 
-def host_ratio(prof, seconds=1.5) -> float:
-    """This host's speed now against the profile's calibration (wall time of
-    engine.perf.calibrate's workload now / then): what this run's
-    predictions are rescaled by."""
-    from engine.perf.calibrate import calibration_step
+def host_ratio(run, prof) -> float:
+    """The host's speed during ``run`` against ``prof``'s calibration (wall
+    time of engine.perf.calibrate's workload then / the profile's): what the
+    run's predictions are rescaled by."""
     then = (prof.data.get("fingerprint") or {}).get("calibration", {}).get("wall_s")
-    return calibration_step(seconds)["wall_s"] / then if then else 1.0
+    return run["calibration_wall_s"] / then if then and run.get("calibration_wall_s") else 1.0
 
 
 def measure_run(net, K, sched, tmp, prof, epochs=1, M=4, batch=32):
@@ -126,10 +125,13 @@ def measure_run(net, K, sched, tmp, prof, epochs=1, M=4, batch=32):
     the evaluation prices against."""
     spec, model_arg, train_args, _ = _net(net, tmp)
     parts = P.balanced_partition(spec, K, batch, M, prof)
+    from engine.perf.calibrate import calibration_step
     probed = probe_stage_costs(parts, spec)
-    ratio = host_ratio(prof)
+    cal = calibration_step(1.5)["wall_s"]
     r = PP.run_timers(model_arg, K, sched, parts, Path(tmp) / f"{net}-k{K}{sched}", train_args, epochs, M, batch)
-    return dict(r, net=net, model=spec, probed=probed, host_ratio=ratio)
+    r = dict(r, net=net, model=spec, probed=probed, calibration_wall_s=cal)
+    r["host_ratio"] = host_ratio(r, prof)
+    return r
 
 
 def evaluate(run, prof, executor, ncpu, rescale=True):
@@ -140,7 +142,7 @@ def evaluate(run, prof, executor, ncpu, rescale=True):
     times x the run's calibration ratio."""
     K, sched, M = run["K"], run["schedule"], run["M"]
     prof = Profile(prof.data, prof.source)
-    prof.time_scale = run.get("host_ratio", 1.0) if rescale else 1.0
+    prof.time_scale = host_ratio(run, prof) if rescale else 1.0
     cores = None if K <= ncpu else ncpu
     base = P.stage_costs(run["model"], run["partition"], run["batch"], M, prof, schedule=sched)
     withx = P.stage_costs(run["model"], run["partition"], run["batch"], M, prof, executor=executor,
@@ -246,6 +248,8 @@ def judge(passes, path=None, executor=None) -> dict:
     executor = P.Executor.load(executor) if executor else P.Executor.of_profile(prof)
     ncpu = passes[0].get("cpus", os.cpu_count() or 1)
     per_pass = [[row for r in p["runs"] for row in evaluate(r, prof, executor, ncpu)] for p in passes]
+    unscaled = [summarize_rows([row for r in p["runs"] for row in evaluate(r, prof, executor, ncpu, False)])
+                for p in passes]
     by_key = {}
     for rows in per_pass:
         for r in rows:
@@ -263,9 +267,10 @@ def judge(passes, path=None, executor=None) -> dict:
                 v = [r[q] for r in rs]
                 spread.append((max(v) - min(v)) / float(np.median(v)))
     return {"rows": med, "errors": summarize_rows(med), "per_pass_errors": [summarize_rows(r) for r in per_pass],
+            "per_pass_errors_unscaled": unscaled,
             "spread_median": float(np.median(spread)) if spread else None,
             "spread_max": float(np.max(spread)) if spread else None,
-            "host_ratios": [r["host_ratio"] for p in passes for r in p["runs"]], "executor": vars(executor)}
+            "host_ratios": [host_ratio(r, prof) for p in passes for r in p["runs"]], "executor": vars(executor)}
 
 
 def print_rows(rows):
