@@ -229,9 +229,9 @@ def _make_gpu() -> Backend:
             from engine import _sprint_cuda
             if _sprint_cuda.device_count() > 0:
                 return Backend("gpu", cupy, _sprint_cuda, "compiled")
-            why = "it sees no device"
+            why = "sees no device"
         except ImportError as e:
-            why = f"it is not importable ({e})"
+            why = f"is not importable ({e})"
         if mode == "compiled":
             raise BackendError(f"SPRINT_KERNELS=compiled but engine._sprint_cuda {why}")
     return Backend("gpu", cupy, RawKernels(cupy), "rawmodule")

@@ -1,10 +1,19 @@
 """Shared test configuration: the `gpu` and `mpi` markers; gpu tests skip
-with the reason when CuPy or a CUDA device is missing."""
+with the reason when CuPy or a CUDA device is missing.
+
+The suite runs on the CPU backend on every machine: its references are NumPy
+arrays, and on a GPU machine the default device ('auto') would otherwise be
+the GPU for every test (and for the `sprint` processes the tests start). GPU
+tests select the GPU themselves, and each test gets back the backend it
+started with, so one that fails half-way cannot move the next onto the GPU."""
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
+
+os.environ.setdefault("SPRINT_DEVICE", "cpu")
 
 
 def pytest_configure(config):
@@ -27,3 +36,11 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason=f"no GPU: {reason}")
         for it in gpu_items:
             it.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _restore_backend():
+    from engine import backend
+    before = backend._current
+    yield
+    backend._current = before

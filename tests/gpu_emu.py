@@ -50,6 +50,7 @@ raising (a survey of every hand-over of a strategy at once).
 from __future__ import annotations
 
 import atexit
+import importlib.machinery
 import os
 import sys
 import types
@@ -387,6 +388,8 @@ def make_module() -> types.ModuleType:
     cp = types.ModuleType("cupy")
     cp.__file__ = __file__
     cp.__doc__ = "emulated CuPy (tests/gpu_emu.py)"
+    # importlib.util.find_spec("cupy") reads this once the module is installed
+    cp.__spec__ = importlib.machinery.ModuleSpec("cupy", None, origin=__file__)
     cp.ndarray = ndarray
     for n in _PASS:
         setattr(cp, n, getattr(np, n))

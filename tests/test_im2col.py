@@ -236,6 +236,8 @@ def test_gpu_im2col_family_matches_cpu(win):
     get_backend().ext.cnhw_to_nchw(yt, bias, cpu_y)
     cpu_db = np.empty(M, np.float32)
     get_backend().ext.channel_sum(cpu_y, cpu_db, False)
+    cpu_yt = np.empty((M, B * P), np.float32)  # the transpose back: yt plus the bias
+    get_backend().ext.nchw_to_cnhw(cpu_y, cpu_yt, None, False)
     for be in _gpu_backends():
         dcols = cupy.full(cpu_cols.shape, cupy.nan, cupy.float32)
         conv._k_im2col(be, cupy.asarray(x), dcols, g)
@@ -249,7 +251,7 @@ def test_gpu_im2col_family_matches_cpu(win):
         dyt = cupy.full((M, B * P), cupy.nan, cupy.float32)
         ddb = cupy.full(M, cupy.nan, cupy.float32)
         conv._k_nchw_to_cnhw(be, dy, dyt, ddb, False)
-        assert np.array_equal(dyt.get(), yt), be.kernels
+        assert np.array_equal(dyt.get(), cpu_yt), be.kernels
         np.testing.assert_allclose(ddb.get(), cpu_db, rtol=1e-5, atol=1e-5, err_msg=be.kernels)
         z = dy.copy()
         conv._k_add_channel_bias(be, z, cupy.asarray(bias))
