@@ -12,6 +12,12 @@
 #
 # Results: $OUT/gpu_check.tar.gz (every log and JSON) and $OUT/summary.txt when
 # $OUT is set (the device tool brings back at most 8 files), else bench/results.
+# On the device tool's H200 image, which has no MPI library: first, on the
+# machine you call from, `pip download --no-deps --only-binary=:all:
+# --python-version 3.12 --platform manylinux_2_28_x86_64 --platform
+# manylinux1_x86_64 -d .whl mpich==5.0.2 mpi4py==4.1.2`, carry `.whl`, and
+# start the command with `python3 -m pip install -q --no-index --no-deps
+# --force-reinstall .whl/*.whl;`.
 # Needs: nvcc (CUDA 13), CMake, a C++17 compiler, CuPy for CUDA 13, pytest,
 # pytest-benchmark, mpi4py + an MPI (mpiexec), PyTorch with CUDA for the cuDNN
 # comparison (skipped without it).
