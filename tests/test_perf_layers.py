@@ -113,3 +113,45 @@ def test_runner_step_excess_is_per_call_plus_a_share_of_the_kernel():
     gpu.data["overhead"] = {"runner_steps": exc}
     assert model.step_costs("tiny", 1, 1, 4, gpu)["load"][0] == pytest.approx(
         model.step_costs("tiny", 1, 1, 4, Profile.synthetic(backend="gpu"))["load"][0])
+
+
+def test_weights_beyond_the_l2_are_priced_per_byte():
+    """Records whose passes pay w per byte of weights beyond the L2 (cifar's
+    fc1 and its widest convs): f, b and w come back, a held-out net with
+    large weights is priced with them, and small weights pay nothing."""
+    prof = Profile.synthetic(backend="cpu").data
+    l2 = 1 << 20
+    prof["cache"] = {"l2_bytes": l2}
+    W = {"conv_fwd": 1e-10, "conv_bwd": 2e-10, "fc_fwd": 3e-10, "fc_bwd": 5e-10}
+
+    def truth(net, n):
+        base = _truth(prof, net, n)
+        geoms = {g.name: g for g in spec_mod.layers(spec_mod.get_spec(net))}
+        kinds = {g.name: g.kind for g in geoms.values()}
+        return {k: t + W[f"{kinds[k[0]]}_{k[1]}"] * max(4 * spec_mod._prod(geoms[k[0]].w_shape) - l2, 0)
+                for k, t in base.items()}
+    recs = []
+    for net in ("tiny", "cifar", "mnist"):
+        for n in (1, 4, 16):
+            for (layer, pas), t in truth(net, n).items():
+                recs.append({"kind": "layer_pass", "model": net, "n_subbatch": n, "layer": layer, "pass": pas,
+                             "t": t, "holdout": n == 4})
+    lt = fit.fit_layer_terms(prof, recs)
+    for key in F:
+        assert lt[key]["f"] == pytest.approx(F[key], rel=1e-5)
+        assert lt[key]["w"] == pytest.approx(W[key], rel=1e-4)
+        assert lt[key]["error"]["holdout"]["max"] < 1e-5
+    priced = Profile(dict(prof, layer_terms=lt))
+    big = spec_mod.NetSpec("big", 16, 3, 3, ((64, 2), (128, 2)), (1024, 10))   # fc1: 8 MiB of weights
+    for net, n in ((big, 8), ("digits", 8)):
+        want, got = truth(net, n), {}
+        for layer, pas, kern, _, t in model.compute_gradient_terms(spec_mod.get_spec(net), n, priced):
+            if pas != "loss":
+                got[(layer, pas)] = got.get((layer, pas), 0.0) + t
+        for k in want:
+            assert got[k] == pytest.approx(want[k], rel=1e-5)
+    rows = model.compute_gradient_terms(spec_mod.get_spec("digits"), 8, priced)
+    assert not [r for r in rows if r[2] == "cold-weights"]       # digits' weights fit the L2
+    # A profile without the L2 size (older ones) prices no such row.
+    old = Profile(dict(prof, layer_terms=lt, cache={}))
+    assert not [r for r in model.compute_gradient_terms(big, 8, old) if r[2] == "cold-weights"]

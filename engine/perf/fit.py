@@ -300,6 +300,14 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
     llc = [r["llc_bytes"] for r in records if r.get("llc_bytes")]
     if llc:
         prof["cache"] = {"llc_bytes": int(llc[0])}
+    l2 = [r["l2_bytes"] for r in records if r.get("l2_bytes")]
+    if any(r.get("kind") == "layer_pass" for r in records):
+        # Records swept before they carried it: this machine's (a refit runs
+        # where its records were swept).
+        from .sweep_kernels import cache_bytes
+        got = int(l2[0]) if l2 else cache_bytes(2)
+        if got:
+            prof.setdefault("cache", {})["l2_bytes"] = got
     loops = [r for r in records if r.get("kind") == "loop"]
     overhead = {}
     if loops:

@@ -9,7 +9,10 @@ import numpy as np
 
 from scipy.optimize import nnls
 
+from engine import spec as spec_mod
+
 from .fit import error_summary, nnls_relative
+from .layer_cost import cold_weight_bytes
 from .profile import Profile
 
 
@@ -46,36 +49,47 @@ def fit_layer_terms(prof: dict, records) -> dict:
     ``b`` carries what small layers are made of: the per-call Python of the
     layer and its ops, allocation, the per-call cost of each kernel beyond
     its swept one; ``f`` the caches a whole step leaves cold for the next
-    kernel. Fitted on the ``layer_pass`` records of the swept nets; the held
-    out ones are whole batch sizes (and, in bench/validate_model.py, whole
-    nets no sweep saw)."""
+    kernel; ``w`` seconds per byte of weights beyond the L2
+    (``cold_weight_bytes``; 0 where no fitted layer has such weights).
+    Without ``w`` cifar's fc layers, 1.5-4x their op sweep in a step, pulled
+    ``f`` up and every small FC layer 20-40 % slow. Fitted on the
+    ``layer_pass`` records of the swept nets; the held out ones are whole
+    batch sizes (and, in bench/validate_model.py, whole nets no sweep saw)."""
     p = Profile({k: v for k, v in prof.items() if k not in ("overhead", "layer_terms")})
+    l2 = (prof.get("cache") or {}).get("l2_bytes")
     recs = [r for r in records if r.get("kind") == "layer_pass" and r.get("t", 0) > 0]
     cache, rows = {}, {}
     for r in recs:
         key = (r["model"], r["n_subbatch"])
         if key not in cache:
             try:
-                cache[key] = _kernel_sums(p, r.get("spec") or r["model"], r["n_subbatch"])
+                sp = spec_mod.get_spec(r.get("spec") or r["model"])
+                cold = {g.name: cold_weight_bytes(g, l2) for g in spec_mod.layers(sp)}
+                cache[key] = (_kernel_sums(p, sp, r["n_subbatch"]), cold)
             except ValueError:        # a kernel this net needs was not swept
-                cache[key] = {}
-        got = cache[key].get((r["layer"], r["pass"]))
+                cache[key] = ({}, {})
+        got = cache[key][0].get((r["layer"], r["pass"]))
         if got is None:
             continue
-        rows.setdefault(f"{got[1]}_{r['pass']}", []).append((got[0], r["t"], bool(r.get("holdout"))))
+        rows.setdefault(f"{got[1]}_{r['pass']}", []).append(
+            (got[0], cache[key][1][r["layer"]], r["t"], bool(r.get("holdout"))))
     out = {}
     for key, rs in sorted(rows.items()):
-        fit_r = [(k, t) for k, t, h in rs if not h]
-        hold = [(k, t) for k, t, h in rs if h]
+        fit_r = [(k, c, t) for k, c, t, h in rs if not h]
+        hold = [(k, c, t) for k, c, t, h in rs if h]
         if len(fit_r) < 3:
             continue
-        X = lambda rr: np.array([[k, 1.0] for k, _ in rr])
-        f, b = map(float, nnls_relative(X(fit_r), [t for _, t in fit_r]))
-        ev = lambda rr: error_summary(X(rr) @ np.array([f, b]), [t for _, t in rr]) if rr else {"n": 0}
-        out[key] = {"f": f, "b": b, "error": {"fit": ev(fit_r), "holdout": ev(hold),
-                                              "kernels_only_holdout": error_summary([k for k, _ in hold],
-                                                                                    [t for _, t in hold])
-                                              if hold else {"n": 0}}}
+        X = lambda rr: np.array([[k, 1.0, c] for k, c, _ in rr])
+        A = X(fit_r)
+        coef = np.zeros(3)
+        used = [0, 1, 2] if A[:, 2].any() else [0, 1]
+        coef[used] = nnls_relative(A[:, used], [t for _, _, t in fit_r])
+        f, b, w = map(float, coef)
+        ev = lambda rr: error_summary(X(rr) @ coef, [t for _, _, t in rr]) if rr else {"n": 0}
+        out[key] = {"f": f, "b": b, "w": w,
+                    "error": {"fit": ev(fit_r), "holdout": ev(hold),
+                              "kernels_only_holdout": error_summary([k for k, _, _ in hold], [t for _, _, t in hold])
+                              if hold else {"n": 0}}}
     return out
 
 

@@ -233,12 +233,22 @@ def sweep_vectors(cfg, skipped=None):
     return recs
 
 
+def cache_bytes(level, default=None):
+    """Size of cpu0's unified (or data) cache of ``level`` from sysfs; ``default`` if unknown."""
+    import glob
+    for d in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            if int(open(f"{d}/level").read()) != level or open(f"{d}/type").read().strip() == "Instruction":
+                continue
+            txt = open(f"{d}/size").read().strip()
+            return int(txt[:-1]) * {"K": 1 << 10, "M": 1 << 20}[txt[-1]]
+        except (OSError, ValueError, KeyError):
+            continue
+    return default
+
+
 def _llc_bytes():
-    try:
-        txt = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
-        return int(txt[:-1]) * {"K": 1 << 10, "M": 1 << 20}[txt[-1]]
-    except (OSError, ValueError, KeyError):
-        return 32 << 20
+    return cache_bytes(3, 32 << 20)
 
 
 def sweep_vectors_cold(cfg, skipped=None):
@@ -399,5 +409,6 @@ def sweep_layer_passes(cfg, skipped=None):
             for (layer, pas), (t, s) in got.items():
                 recs.append({"kind": "layer_pass", "model": name, "spec": sp.to_dict(), "n_subbatch": n,
                              "layer": layer, "layer_kind": kinds[layer], "pass": pas, "t": t, "std": s,
-                             "clock": CLOCK["name"], "holdout": n == held or name in LAYER_PASS_HELDOUT})
+                             "clock": CLOCK["name"], "holdout": n == held or name in LAYER_PASS_HELDOUT,
+                             "l2_bytes": cache_bytes(2)})
     return recs
