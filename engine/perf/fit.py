@@ -366,7 +366,8 @@ def format_errors(prof: dict) -> str:
         lines.append(f"{'allreduce':<22}{cell(a['error']['fit'])}  {cell(a['error']['holdout'])}")
     for key, t in sorted(prof.get("layer_terms", {}).items()):
         lines.append(f"{'layer ' + key.replace('_', ' '):<22}{cell(t['error']['fit'])}  {cell(t['error']['holdout'])}"
-                     f"  f {t['f']:.2f}, b {1e6 * t['b']:.1f} us")
+                     f"  f {t['f']:.2f}, b {1e6 * t['b']:.1f} us"
+                     + (f", w {1e3 * t['w'] * 2 ** 20:.2f} ms/MiB beyond the L2" if t.get("w") else ""))
     ov = prof.get("overhead", {})
     if "error" in ov and isinstance(ov["error"], dict):
         e = ov["error"]
