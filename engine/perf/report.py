@@ -28,13 +28,15 @@ GLOSSARY = {
     "WaitGradient": "the updater waiting for the first local gradient of its cycle",
     "SumGradient": "summing the node's non-empty gradient buffers",
     "AddMomentum": "momentum added to the node's slice of the sum",
-    "Allreduce": "the weight-carrying allreduce, including T_Barrier",
+    "Allreduce": "the weight-carrying allreduce, including T_Barrier (and, with more ranks than cores, the "
+                 "updaters' wait for time slices)",
     "T_Barrier": "waiting in the allreduce for the slowest node (its sum had more buffers)",
     "UpdateMomentum": "the new momentum from the reduced slice",
     "UpdateWeights": "publishing the new weights to the workers (plus the loop's Python)",
     "T_Update": "seconds per global update (sum of the updater steps)",
     "fwd / bwd": "ComputeGradient per layer: its kernels times the fitted factor of its kind and pass, plus "
-                 "that pass's fitted per-call cost (the last layer's fwd includes the softmax)",
+                 "that pass's fitted per-call cost and, for weights larger than one core's L2 cache, a fitted "
+                 "cost per byte beyond it (the last layer's fwd includes the softmax)",
     "P(fetch)": "probability a worker finds new weights to copy = min(T_GPU/T_Update, 1)",
     "P(GradBuf non-empty)": "probability a worker's buffer holds a gradient when the updater looks = "
                             "min(T_Update/T_GPU, 1)",
