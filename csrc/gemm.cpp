@@ -136,14 +136,13 @@ struct Scratch {
         return mem.get() + ((64 - addr % 64) % 64) / sizeof(float);
     }
 };
-thread_local Scratch t_arena, t_flipped;
+thread_local Scratch t_arena;
 
 // Drops a calling thread's scratch after a call that grew it past 64 MiB
 // (an odd huge GEMM must not pin its buffers for the life of the thread).
 struct TrimScratch {
     ~TrimScratch() {
-        for (Scratch* s : {&t_arena, &t_flipped})
-            if (s->cap > (i64(1) << 24)) s->mem.reset(), s->cap = 0;
+        if (t_arena.cap > (i64(1) << 24)) t_arena.mem.reset(), t_arena.cap = 0;
     }
 };
 
@@ -301,19 +300,10 @@ const char* conv_backward_x(Isa isa, const Conv& g, const float* w, const float*
     // dx[c, h, w] = sum_{m,i,j} dy[m, h+ph-i, w+pw-j] w[m,c,i,j]: a stride-1
     // convolution of dy (M channels) with wt[c,m,i',j'] = w[m,c,kh-1-i',kw-1-j'].
     const Conv t{g.B, g.M, g.OH, g.OW, g.C, g.kh, g.kw, 1, 1, g.kh - 1 - g.ph, g.kw - 1 - g.pw, g.H, g.W};
-    // the flipped filters in per-thread scratch: a fresh vector of this size
-    // is fresh pages (page faults) on every call
-    float* wt = nullptr;
-    try {
-        wt = t_flipped.aligned(g.M * g.K());
-    } catch (const std::bad_alloc&) {
-        return kAlloc;
-    }
-    const i64 khw = g.kh * g.kw;
-    for (i64 m = 0; m < g.M; ++m)
-        for (i64 c = 0; c < g.C; ++c)
-            for (i64 q = 0; q < khw; ++q) wt[(c * g.M + m) * khw + q] = w[(m * g.C + c) * khw + khw - 1 - q];
-    return conv_forward(isa, t, dy, wt, nullptr, false, dx);
+    // The flipped filters are read from w by the A packing (gemm_conv_pack.h).
+    return run_conv(isa, t, t.M, t.B * t.P(), t.K(), [&](const Kernels& kr, const Plan& p) {
+        kr.conv_dx(p, t, dy, w, dx);
+    });
 }
 
 }  // namespace gemm

@@ -31,6 +31,26 @@ struct V256 {
                           std::int64_t ld) {
         transpose_scalar<L>(x, off, q, mask, d, ld);
     }
+    // 4 rows x 8 k: pairs interleaved, 4-row groups per 128-bit lane, then
+    // the lanes of two elements joined (12 shuffles for 32 floats).
+    template <int MR>
+    static void panel(const float* const* s, int n, std::int64_t q, float* d) {
+        if constexpr (MR != 4) {
+            panel_scalar<L, MR>(s, n, q, d);
+        } else {
+            __m256 r[4];
+            for (int i = 0; i < 4; ++i) r[i] = i < n ? _mm256_loadu_ps(s[i] + q) : _mm256_setzero_ps();
+            const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            // u[e]: lane h holds rows 0-3 of element 4h + e
+            const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+            const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u1, 0x20));
+            _mm256_storeu_ps(d + 8, _mm256_permute2f128_ps(u2, u3, 0x20));
+            _mm256_storeu_ps(d + 16, _mm256_permute2f128_ps(u0, u1, 0x31));
+            _mm256_storeu_ps(d + 24, _mm256_permute2f128_ps(u2, u3, 0x31));
+        }
+    }
 };
 
 using UK = MicroKernel<V256, 4, 3>;

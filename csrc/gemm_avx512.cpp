@@ -69,6 +69,45 @@ struct V512 {
             _mm512_storeu_ps(d + (12 + e) * ld, _mm512_shuffle_f32x4(u1, u3, 0xDD));
         }
     }
+    // 8 rows x 16 k (an A panel's MR = 8): pairs interleaved, 4-row groups
+    // per 128-bit lane (u[e], lane h: rows 0-3 -- u[4+e]: rows 4-7 -- of
+    // element 4h + e), then each output register joins the two halves of two
+    // consecutive elements: 32 shuffles for 128 floats, all stores whole
+    // registers (the 16 x 16 transpose wasted half its work on MR = 8 and
+    // needed a copy after it).
+    template <int MR>
+    static void panel(const float* const* s, int n, std::int64_t q, float* d) {
+        if constexpr (MR != 8) {
+            panel_scalar<L, MR>(s, n, q, d);
+        } else {
+            __m512 r[8], t[8], u[8];
+            for (int i = 0; i < 8; ++i) r[i] = i < n ? _mm512_loadu_ps(s[i] + q) : _mm512_setzero_ps();
+            for (int i = 0; i < 4; ++i) {
+                t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+            }
+            for (int h = 0; h < 2; ++h) {  // rows 4h..4h+3
+                u[4 * h + 0] = _mm512_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+                u[4 * h + 1] = _mm512_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+                u[4 * h + 2] = _mm512_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+                u[4 * h + 3] = _mm512_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+            }
+            // from a = (u[e] lanes x, y, u[e+1] lanes x, y) and b = the same of u[4+e], u[5+e]:
+            // lanes (a0 b0 a2 b2) = elements e, e+1 of lane pair x; (a1 b1 a3 b3) of y
+            const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+            const __m512i i1 = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+            for (int e = 0; e < 4; e += 2) {
+                const __m512 alo = _mm512_shuffle_f32x4(u[e], u[e + 1], 0x44);
+                const __m512 blo = _mm512_shuffle_f32x4(u[4 + e], u[5 + e], 0x44);
+                const __m512 ahi = _mm512_shuffle_f32x4(u[e], u[e + 1], 0xEE);
+                const __m512 bhi = _mm512_shuffle_f32x4(u[4 + e], u[5 + e], 0xEE);
+                _mm512_storeu_ps(d + e * 8, _mm512_permutex2var_ps(alo, i0, blo));
+                _mm512_storeu_ps(d + (4 + e) * 8, _mm512_permutex2var_ps(alo, i1, blo));
+                _mm512_storeu_ps(d + (8 + e) * 8, _mm512_permutex2var_ps(ahi, i0, bhi));
+                _mm512_storeu_ps(d + (12 + e) * 8, _mm512_permutex2var_ps(ahi, i1, bhi));
+            }
+        }
+    }
 };
 
 using UK = MicroKernel<V512, SPRINT_AVX512_MR, SPRINT_AVX512_NV>;

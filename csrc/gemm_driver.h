@@ -107,6 +107,16 @@ void run_plan(const Plan& p, i64 m, i64 n, i64 k, PA pack_a, PB pack_b, WB wb) {
 }
 
 // ---- plain matrices ------------------------------------------------------------
+// The A panel of rows s[r] (r < mr; rows up to MR zero), k = 0..kc-1:
+// dst[kk*MR + r] = s[r][kk], L k at a time through the register transpose.
+inline void pack_rows(const float* const* s, i64 mr, i64 kc, float* dst) {
+    constexpr int MR = UK::MR, L = UK::Vec::L;
+    i64 q = 0;
+    for (; q + L <= kc; q += L) UK::Vec::template panel<MR>(s, int(mr), q, dst + q * MR);
+    for (; q < kc; ++q)
+        for (int r = 0; r < MR; ++r) dst[q * MR + r] = r < mr ? s[r][q] : 0.f;
+}
+
 struct PackA {  // alpha * op(A) m x k; A is m x k (lda) or, transposed, k x m
     const float* A;
     i64 lda;
@@ -128,16 +138,11 @@ struct PackA {  // alpha * op(A) m x k; A is m x k (lda) or, transposed, k x m
             }
             return;
         }
-        for (i64 r = 0; r < mr; ++r) {
-            const float* s = A + (i0 + r) * lda + p0;
-            if (al == 1.f) {
-                for (i64 kk = 0; kk < kc; ++kk) dst[kk * MR + r] = s[kk];
-            } else {
-                for (i64 kk = 0; kk < kc; ++kk) dst[kk * MR + r] = al * s[kk];
-            }
-        }
-        for (i64 r = mr; r < MR; ++r)
-            for (i64 kk = 0; kk < kc; ++kk) dst[kk * MR + r] = 0.f;
+        const float* rows[MR] = {};
+        for (i64 r = 0; r < mr; ++r) rows[r] = A + (i0 + r) * lda + p0;
+        pack_rows(rows, mr, kc, dst);
+        if (al != 1.f)  // the same single rounding of al * a as scaling while copying
+            for (i64 q = 0; q < kc * MR; ++q) dst[q] *= al;
     }
 };
 

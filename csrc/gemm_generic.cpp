@@ -36,6 +36,10 @@ struct VPlain {
                           std::int64_t ld) {
         transpose_scalar<L>(x, off, q, mask, d, ld);
     }
+    template <int MR>
+    static void panel(const float* const* s, int n, std::int64_t q, float* d) {
+        panel_scalar<L, MR>(s, n, q, d);
+    }
 };
 
 using UK = MicroKernel<VPlain, 4, 4>;

@@ -45,6 +45,9 @@ struct Kernels {
     void (*conv_fwd)(const Plan&, const Conv&, const float* x, const float* w, const float* bias, bool relu,
                      float* y);
     void (*conv_dw)(const Plan&, const Conv&, const float* x, const float* dy, float* dw, bool accumulate);
+    // dX as the forward convolution t of dy with w flipped and transposed (w as
+    // the layer holds it, read so by the packing)
+    void (*conv_dx)(const Plan&, const Conv& t, const float* dy, const float* w, float* dx);
 };
 
 const Kernels& kernels_generic();

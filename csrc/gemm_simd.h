@@ -8,6 +8,9 @@
 //   transpose(x, off, q, mask, dst, ld): the L x L block
 //     dst[e*ld + r] = x[off[r] + q + e] where bit e of mask[r] is set, else 0
 //     (only those elements are read)
+//   panel<MR>(s, n, q, dst): the L x MR block of an A panel,
+//     dst[e*MR + r] = s[r][q + e] for rows r < n, 0 for n <= r < MR
+//     (rows past n are not read)
 // so the ISA units only say which instructions and which tile they use.
 // Internal linkage only (see gemm_plan.h): an AVX-512 instance must never be
 // merged with, or serve, a caller of another unit.
@@ -66,6 +69,14 @@ inline void transpose_scalar(const float* x, const std::int64_t* off, std::int64
         for (int r = 0; r < L; ++r) dst[e * ld + r] = (mask[r] >> e & 1u) ? x[off[r] + q + e] : 0.f;
 }
 
+// panel<MR> done element by element (the traits without a register
+// version for their MR use it).
+template <int L, int MR>
+inline void panel_scalar(const float* const* s, int n, std::int64_t q, float* dst) {
+    for (int e = 0; e < L; ++e)
+        for (int r = 0; r < MR; ++r) dst[e * MR + r] = r < n ? s[r][q + e] : 0.f;
+}
+
 // Lanes lo <= l < hi of a mask.
 inline std::uint32_t lane_range(int lo, int hi) { return lo >= hi ? 0u : ((2u << (hi - 1)) - 1u) & ~((1u << lo) - 1u); }
 
@@ -110,7 +121,8 @@ double fma_peak_t(std::int64_t iters, int threads) {
     namespace gemm {                                                                                      \
     namespace detail {                                                                                    \
     const Kernels& kernels_##name() {                                                                     \
-        static const Kernels k{UK::MR, UK::NR, lanes, fma_peak_t<V>, sgemm_isa, conv_fwd_isa, conv_dw_isa}; \
+        static const Kernels k{UK::MR, UK::NR, lanes, fma_peak_t<V>, sgemm_isa, conv_fwd_isa, conv_dw_isa, \
+                                conv_dx_isa};                                                     \
         return k;                                                                                         \
     }                                                                                                     \
     }                                                                                                     \
