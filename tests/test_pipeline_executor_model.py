@@ -104,7 +104,8 @@ def test_predict_cli_reads_the_probe_file(tmp_path, capsys):
     got = json.loads(capsys.readouterr().out)
     want = P.predict("digits", stages=2, n_subbatch=32, profile=PROF, executor=P.Executor.load(f))
     assert got["t_minibatch"] == pytest.approx(want.t_minibatch)
-    assert got["extra"]["executor"] == {"per_pass": 1e-4, "cold": 0.1, "per_instruction": 5e-5, "shared": 0.0}
+    assert got["extra"]["executor"] == {"per_pass": 1e-4, "cold": 0.1, "per_instruction": 5e-5, "shared": 0.0,
+                                        "conv_f": 1.0, "conv_b": 1.0, "other_f": 1.0, "other_b": 1.0}
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert cli.main([*argv, "--executor", str(bad)]) == 2

@@ -116,3 +116,41 @@ def test_sprint_profile_update_writes_the_section_from_saved_records(tmp_path, c
     recs.write_text(json.dumps({"records": []}))
     assert cli.main(["profile", "--update", str(src), "--from-records", str(recs)]) == 2
     assert capsys.readouterr().err.strip() == f"sprint: error: no pipeline runs among the records ({recs})"
+
+
+def test_kind_factors_recovered_where_each_pass_holds_one_kind():
+    ex = P.Executor(per_pass=1e-4, cold=0.1)
+    want = {"conv_f": 0.9, "conv_b": 0.75, "other_f": 1.2}
+    kernels = {"conv_f": [2e-4, 5e-4], "conv_b": [4e-4, 9e-4], "other_f": [1e-4, 3e-4]}
+    passes = [(kind, k, 1e-5, 1.1 * want[kind] * k + 1e-5 + 1e-4) for kind, ks in kernels.items() for k in ks]
+    got = P.fit_kind_factors(ex, passes)
+    for kind, f in want.items():
+        assert getattr(got, kind) == pytest.approx(f, rel=1e-9)
+    assert got.other_b == 1.0 and (got.per_pass, got.cold) == (ex.per_pass, ex.cold)
+
+
+def test_kind_factors_price_conv_and_other_layers_apart():
+    ex = P.Executor(per_pass=1e-4, conv_b=0.5, other_f=2.0)
+    parts = [(0, 2), (2, 4)]                    # digits: conv1, conv2 | fc1, fc2
+    prof = _profile()
+    base = P.stage_costs("digits", parts, 32, 4, prof)
+    got = P.stage_costs("digits", parts, 32, 4, prof, executor=ex)
+    n_f, n_b = P.executor_copies("gpipe")
+    copy = [prof.term("copy", c.params) for c in base]
+    assert got[0].t_f == pytest.approx(base[0].t_f + n_f * copy[0] + 1e-4)
+    assert got[0].t_b == pytest.approx(0.5 * base[0].t_b + n_b * copy[0] + 1e-4)
+    assert got[1].t_f == pytest.approx(2.0 * base[1].t_f + n_f * copy[1] + 1e-4)
+    assert got[1].t_b == pytest.approx(base[1].t_b + n_b * copy[1] + 1e-4)
+    # a section written before the factors loads with all of them 1
+    old = P.Executor.load({"executor": {"per_pass": 1e-4, "cold": 0.0, "per_instruction": 0.0, "shared": 0.0}})
+    assert (old.conv_f, old.conv_b, old.other_f, old.other_b) == (1.0, 1.0, 1.0, 1.0)
+
+
+def test_fit_with_kind_factors_reproduces_the_runs_it_was_fitted_on():
+    true = replace(TRUE, conv_b=0.8, other_f=1.15)
+    prof = _profile()
+    runs = [_run(n, K, s, prof, true, 2, False, 1.0) for n, K, s in PP.FIT_CONFIGS]
+    ex = P.Executor.load(PP.fit_section(prof, runs, cores=2))
+    for r in runs:
+        for s, (f, b) in zip(r["stages"], PP.predicted_passes(r, prof, ex, 2)):
+            assert f == pytest.approx(s["fwd_mean"], rel=0.03) and b == pytest.approx(s["bwd_mean"], rel=0.03)

@@ -91,6 +91,8 @@ def _update_profile(args, only) -> int:
     print(f"pipeline section: per pass {1e3 * ex['per_pass']:.3f} ms, cold x{1 + ex['cold']:.2f}, per instruction "
           f"{1e3 * ex['per_instruction']:.3f} ms, shared x{1 + ex['shared']:.2f}"
           + ("" if sec.get("shared_fitted") else " (not measured: the ranks fit the cores)")
+          + "; kernels x " + ", ".join(f"{ex.get(k, 1.0):.2f} {k.replace('_f', ' fwd').replace('_b', ' bwd')}"
+                                       for k in ("conv_f", "conv_b", "other_f", "other_b"))
           + f", eager size {sec.get('p2p', {}).get('eager_bytes', '?')} B; host at x{sec['calibration_ratio']:.2f} "
           f"the profile's calibration (stored rescaled)")
     print(f"profile written to {out}")

@@ -26,7 +26,11 @@ Per stage k (layers [lo, hi), micro-batch of b = ceil(B / M) samples):
   passes and message copies, and its kernels re-load their data from colder
   caches: ``(1 + cold)`` x the profile's price (a pass timed alone after a
   0.5 ms sleep or after touching 8 MB takes 1.1-1.9x its warm time, more
-  for the small ones). ``per_pass``: the executor's Python around each
+  for the small ones), and x a factor per layer kind and direction
+  (``conv_f``, ``conv_b``, ``other_f``, ``other_b``: fitted on the probe's
+  stages that hold one kind only; the shipped CPU profile prices conv
+  backwards 20-55 % above what they take inside the pipeline and the other
+  passes within 20 %, so one factor for all cannot fit both). ``per_pass``: the executor's Python around each
   timed pass. :func:`executor_copies`: the executor's own passes over the
   stage's weights inside the timers (the trace's checksum, the stale copy,
   the gradient copy), priced as the profile's ``copy``. ``per_instruction``:
@@ -172,6 +176,9 @@ class StageCost:
     t_h: float = 0.0    # t_c's rendezvous handshake (rendezvous_time; 0: an eager message)
 
 
+KINDS = ("conv_f", "conv_b", "other_f", "other_b")
+
+
 @dataclass(frozen=True)
 class Executor:
     """The executor's costs beyond the kernels (the module docstring); a
@@ -180,15 +187,30 @@ class Executor:
     cold: float = 0.0               # the kernels' slowdown inside the pipeline, x their profile price
     per_instruction: float = 0.0    # s of untimed work per instruction
     shared: float = 0.0             # the extra slowdown of everything when ranks outnumber cores
+    # x (1 + cold) on the kernels of conv / other layers, forward / backward:
+    # what the profile's prices miss for each kind inside the pipeline (KINDS)
+    conv_f: float = 1.0
+    conv_b: float = 1.0
+    other_f: float = 1.0
+    other_b: float = 1.0
 
     @classmethod
     def load(cls, src) -> "Executor":
-        """From a dict or a JSON file holding one (an "executor" key or the fields)."""
+        """From a dict or a JSON file holding one (an "executor" key or the
+        fields; factors it lacks are 1: a section written before them)."""
         import json
         from pathlib import Path
         d = src if isinstance(src, dict) else json.loads(Path(src).read_text())
         d = d.get("executor", d)
-        return cls(**{k: float(d.get(k, 0.0)) for k in ("per_pass", "cold", "per_instruction", "shared")})
+        kw = {k: float(d.get(k, 0.0)) for k in ("per_pass", "cold", "per_instruction", "shared")}
+        kw.update({k: float(d.get(k, 1.0)) for k in KINDS})
+        return cls(**kw)
+
+    def kernels(self, conv: float, other: float, direction: str) -> float:
+        """The kernels of a pass whose conv and other layers the profile prices
+        at ``conv`` and ``other`` seconds, as they run inside the pipeline."""
+        d = direction[0]
+        return (1.0 + self.cold) * (getattr(self, f"conv_{d}") * conv + getattr(self, f"other_{d}") * other)
 
     def scaled(self, k: float) -> "Executor":
         """Its seconds x ``k`` (a profile's ``time_scale``: the host runs k x
@@ -227,6 +249,25 @@ def fit_executor(passes, untimed=()) -> Executor:
     return Executor(float(a), float(b - 1.0), float(np.median(untimed)) if len(untimed) else 0.0)
 
 
+def fit_kind_factors(ex: Executor, passes) -> Executor:
+    """``ex`` with each KINDS factor fitted on its own passes: ``passes``
+    holds (kind, kernels' profile price, copies' price, measured); the
+    factor is the least-squares (relative) ratio of measured - copies -
+    per_pass to (1 + cold) x kernels over that kind's passes, 1 where it has
+    none. A pass mixing kinds is left out of both."""
+    import numpy as np
+    out = {}
+    for kind in KINDS:
+        rows = [(k, c, m) for kd, k, c, m in passes if kd == kind and k > 0]
+        if not rows:
+            continue
+        k = np.array([(1.0 + ex.cold) * r[0] for r in rows])
+        y = np.array([r[2] - r[1] - ex.per_pass for r in rows])
+        w = 1.0 / np.array([r[2] for r in rows])
+        out[kind] = float(max(0.2, np.sum(k * y * w * w) / np.sum(k * k * w * w)))
+    return replace(ex, **out)
+
+
 def executor_copies(schedule: str = "gpipe", predict_mode: str = "none"):
     """(forward, backward) passes over the stage's weights that
     engine.parallel.pipeline.StageExecutor makes inside its timers, beyond
@@ -236,6 +277,14 @@ def executor_copies(schedule: str = "gpipe", predict_mode: str = "none"):
     copies the gradient into the update's buffer."""
     fwd = 1 + (0 if schedule == "gpipe" else 1 + (predict_mode == "spectrain"))
     return fwd, 2
+
+
+def kind_split(geoms, lt, lo, hi):
+    """((conv, other) forward, (conv, other) backward) kernel seconds of
+    layers [lo, hi) (``lt``: layer_times' rows)."""
+    conv = [g.kind == "conv" for g in geoms[lo:hi]]
+    pick = lambda i, c: sum(t[i] for t, is_c in zip(lt[lo:hi], conv) if is_c == c)
+    return (pick(1, True), pick(1, False)), (pick(2, True), pick(2, False))
 
 
 def stage_costs(spec, parts, batch: int, microbatches: int, profile=None, replicas: int = 1,
@@ -264,8 +313,9 @@ def stage_costs(spec, parts, batch: int, microbatches: int, profile=None, replic
         sh = 1.0 + (ex.shared if oversubscribed else 0.0)
         if executor is not None:
             n_f, n_b = executor_copies(schedule, predict_mode)
-            t_f = sh * ex.pass_time(t_f, n_f * vec("copy", n_p))
-            t_b = sh * ex.pass_time(t_b, n_b * vec("copy", n_p))
+            kf, kb = kind_split(geoms, lt, lo, hi)
+            t_f = sh * (ex.kernels(kf[0], kf[1], "f") + n_f * vec("copy", n_p) + ex.per_pass)
+            t_b = sh * (ex.kernels(kb[0], kb[1], "b") + n_b * vec("copy", n_p) + ex.per_pass)
         out.append(StageCost(tuple(g.name for g in geoms[lo:hi]), n_p, t_f, t_b, sh * t_u,
                              p2p_time(profile, act) if hi < len(geoms) else 0.0, sh * ex.per_instruction,
                              rendezvous_time(profile, act) if hi < len(geoms) else 0.0))

@@ -141,16 +141,26 @@ def untimed_per_instruction(run) -> list:
 
 def fit_passes(runs, prof):
     """engine.perf.pipeline.fit_executor on runs' timed passes (kernels priced
-    by the profile, the executor's copies by its "copy")."""
+    by the profile, the executor's copies by its "copy"), then each layer
+    kind's factor (fit_kind_factors) on the stages holding one kind only."""
+    from engine import spec as spec_mod
     from engine.perf import pipeline as P
-    passes = []
+    passes, kinds = [], []
     vec = lambda n: prof.term("copy", n) if prof.has("copy") else 0.0
     for r in runs:
         costs = P.stage_costs(r["model"], r["partition"], r["batch"], r["M"], prof)
+        sp = spec_mod.get_spec(r["model"])
+        geoms, lt = spec_mod.layers(sp), P.layer_times(sp, max(1, -(-r["batch"] // r["M"])), prof)
         n_f, n_b = P.executor_copies(r["schedule"])
-        for c, s in zip(costs, r["stages"]):
-            passes += [(c.t_f, n_f * vec(c.params), s["fwd_mean"]), (c.t_b, n_b * vec(c.params), s["bwd_mean"])]
-    return P.fit_executor(passes, [u for r in runs for u in untimed_per_instruction(r)])
+        for c, s, (lo, hi) in zip(costs, r["stages"], r["partition"]):
+            f, b = (c.t_f, n_f * vec(c.params), s["fwd_mean"]), (c.t_b, n_b * vec(c.params), s["bwd_mean"])
+            passes += [f, b]
+            kf, kb = P.kind_split(geoms, lt, lo, hi)
+            for (conv, other), d, row in ((kf, "f", f), (kb, "b", b)):
+                if not (conv and other):           # one kind only: its factor's evidence
+                    kinds.append((f"{'conv' if conv else 'other'}_{d}", *row))
+    ex = P.fit_executor(passes, [u for r in runs for u in untimed_per_instruction(r)])
+    return P.fit_kind_factors(ex, kinds)
 
 
 def predicted_passes(run, prof, executor, cores) -> list:
