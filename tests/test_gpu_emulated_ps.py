@@ -91,3 +91,26 @@ def test_sync_on_two_gpu_ranks_follows_the_cpu(small_data, tmp_path, emu_cache, 
     if workers > 1:
         assert any(t.startswith("sprint-sync-worker") for t in ledgers[1]["threads_devices"]), ledgers[1]
     assert np.abs(params(run) - params(cpu)).max() < 1e-4
+
+
+@pytest.mark.parametrize("strategy", ["downpour", "sandblaster"])
+def test_parameter_server_run_on_gpu_replicas_resumes_as_if_never_stopped(small_data, tmp_path, emu_cache, strategy):
+    """Stopped after one epoch and resumed with --resume: the server state
+    (Downpour's momentum, Sandblaster's L-BFGS history) goes back to the
+    servers and the weights back onto the replicas' GPUs, and the second
+    epoch is the one the straight two-epoch run made. One replica that
+    fetches and pushes every step keeps Downpour's result independent of
+    timing; Sandblaster's sums over slices are (one replica)."""
+    extra = (["--servers", "1", "--server-opt", "sgd", "--fetch-every", "1", "--push-every", "1"]
+             if strategy == "downpour" else ["--servers", "1", "--batch", "128", "--slice", "32"])
+    args = [*COMMON, "--data", small_data, "--parallel", strategy, *extra]
+    rc, out, part, ledgers = sprint([*args, "--epochs", "1"], 2, emu_cache, tmp_path, "part")
+    assert rc == 0, out[-3000:]
+    check_on_own_gpus(ledgers, 2)
+    rc, out, _, ledgers = sprint(["--resume", part, "--epochs", "2"], 2, emu_cache, tmp_path, "resumed")
+    assert rc == 0, out[-3000:]
+    check_on_own_gpus(ledgers, 2)
+    rc, out, straight, _ = sprint([*args, "--epochs", "2"], 2, emu_cache, tmp_path, "straight")
+    assert rc == 0, out[-3000:]
+    assert [m["epoch"] for m in metrics(part)] == [1, 2]
+    np.testing.assert_array_equal(params(part), params(straight))

@@ -79,6 +79,28 @@ def test_sharded_gram_and_direction_equal_the_whole_vector():
     assert lbfgs.choose_pairs(bad, 3, 3) == [0, 2] and lbfgs.choose_pairs(G, 3, 2) == [1, 2]
 
 
+def test_saved_state_restores_the_same_basis_pending_pair_included():
+    """A checkpoint taken after an accepted step (its pair not yet judged)
+    must give a resumed shard the same basis, hence the same Gram matrix and
+    direction, as the shard that kept running."""
+    rng = np.random.default_rng(4)
+    live = lbfgs.ShardLBFGS(rng.standard_normal(50), m=3)
+    for _ in range(4):
+        live.g = rng.standard_normal(50).astype(np.float32)
+        G = live.gram()
+        k = (G.shape[0] - 1) // 2
+        keep = lbfgs.choose_pairs(G, k, live.m)
+        live.set_direction(lbfgs.two_loop_coeffs(lbfgs.select(G, k, keep), len(keep)), keep)
+        live.accept(0.5, rng.standard_normal(50).astype(np.float32))
+    assert live.pending is not None
+    st = live.state()
+    resumed = lbfgs.ShardLBFGS(st["x"], m=3)
+    resumed.S, resumed.Y = list(st["s"]), list(st["y"])
+    g = rng.standard_normal(50).astype(np.float32)
+    live.g, resumed.g = g, g.copy()
+    np.testing.assert_array_equal(resumed.gram(), live.gram())
+
+
 def test_backtracking_step_is_the_clamped_quadratic_minimiser():
     # f(t) = (t - 0.3)^2: f0 = 0.09, slope -0.6, f(1) = 0.49 -> minimiser 0.3
     assert lbfgs.backtrack(1.0, 0.09, -0.6, 0.49) == pytest.approx(0.3)

@@ -129,9 +129,14 @@ class ShardLBFGS:
         self.g = g_new
 
     def state(self):
+        """What a resumed run needs: x and the whole basis, the pending pair
+        included (it is judged with the others at the next direction, so
+        restored as an ordinary pair it gives the same basis; dropping it made
+        a resumed run take another direction at its first batch)."""
         n = self.x.size
-        return {"x": self.x, "s": np.array(self.S, np.float32).reshape(len(self.S), n),
-                "y": np.array(self.Y, np.float32).reshape(len(self.Y), n)}
+        S, Y = self.basis()
+        return {"x": self.x, "s": np.array(S, np.float32).reshape(len(S), n),
+                "y": np.array(Y, np.float32).reshape(len(Y), n)}
 
 
 def choose_pairs(G: np.ndarray, k: int, m: int) -> list[int]:
