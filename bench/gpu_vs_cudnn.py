@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from test_bench_conv import BATCH, LAYERS, layer_case  # noqa: E402
+from test_bench_conv import BATCH, LAYERS, layer_case, torch_case  # noqa: E402
 from test_bench_train import BATCHES, engine_step_fn, torch_step_fn  # noqa: E402
 
 
@@ -66,7 +66,6 @@ def engine_times(kernels, reps):
 
 def torch_times(reps, device="cuda"):
     """The same cases in PyTorch on CUDA (run in a process of its own)."""
-    import numpy as np
     import torch
     torch.backends.cudnn.benchmark = True
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -77,15 +76,7 @@ def torch_times(reps, device="cuda"):
         tag = "tf32" if tf32 else "fp32"
         for name, C, M, S in LAYERS:
             first = name == "conv1"
-            x, w, b, dy = (torch.from_numpy(np.asarray(a)).to(device) for a in layer_case(C, M, S, first)[3])
-            x.requires_grad_(not first)
-            w.requires_grad_(True)
-            b.requires_grad_(True)
-
-            def run():
-                y = torch.nn.functional.conv2d(x, w, b, padding=1)
-                y.backward(dy)
-                x.grad = w.grad = b.grad = None
+            run = torch_case(torch, layer_case(C, M, S, first)[3], first, device)
             out[f"{name}/{tag}"] = median_time(run, sync, reps)
         for n in BATCHES:
             out[f"step{n}/{tag}"] = median_time(torch_step_fn(n, device), sync, reps)

@@ -82,8 +82,8 @@ def layer_case(C, M, S, first, xp=np):
     return conv, sgemm, flops, (x, w, b, dy)
 
 
-def torch_case(torch, arrays, first):
-    x, w, b, dy = (torch.from_numpy(np.asarray(a)) for a in arrays)
+def torch_case(torch, arrays, first, device="cpu"):
+    x, w, b, dy = (torch.from_numpy(np.asarray(a)).to(device) for a in arrays)
     x.requires_grad_(not first)
     w.requires_grad_(True)
     b.requires_grad_(True)
