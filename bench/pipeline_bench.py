@@ -150,8 +150,8 @@ def main():
                                                      "of the profile's pipeline section")
     ap.add_argument("--keys", default=None, help="judge: the measure passes' JSON keys, comma-separated")
     ap.add_argument("--configs", default=None,
-                    help="measure only these runs, e.g. digits:4:gpipe,cifar-small:2:1f1b, or set2 (the fitted runs "
-                         "and held-out set 2) (default: the fitted runs and held-out set 1)")
+                    help="measure only these runs, e.g. digits:4:gpipe,cifar-small:2:1f1b, or set2 / set3 (the "
+                         "fitted runs and held-out set 2 / 3) (default: the fitted runs and held-out set 1)")
     ap.add_argument("--key", default="measure", help="the JSON key measure writes (keep earlier runs apart)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/pipeline_bench.json"))
     args = ap.parse_args()
@@ -160,9 +160,9 @@ def main():
         print(json.dumps(part_probe(args.profile), indent=1))
     if args.part in ("measure", "all"):
         configs = None
-        if args.configs == "set2":
-            from pipeline_measure import FIT_RUNS, HELD_OUT_2
-            configs = FIT_RUNS + HELD_OUT_2
+        if args.configs in ("set2", "set3"):
+            import pipeline_measure as PM
+            configs = PM.FIT_RUNS + (PM.HELD_OUT_2 if args.configs == "set2" else PM.HELD_OUT_3)
         elif args.configs:
             configs = tuple((n, int(k), s) for n, k, s in (c.split(":") for c in args.configs.split(",")))
         out[args.key] = m = part_measure(configs, args.profile, args.executor)

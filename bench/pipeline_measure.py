@@ -89,6 +89,12 @@ HELD_OUT_RUNS = (("digits", 4, "1f1b"), ("digits", 3, "gpipe"), ("digits", 3, "1
 # (timing does not depend on it), 2 to 4 ranks.
 HELD_OUT_2 = (("heldout_b", 2, "gpipe"), ("heldout_b", 4, "1f1b"), ("heldout_deep", 3, "gpipe"),
               ("heldout_deep", 3, "1f1b"), ("heldout_fc", 2, "1f1b"), ("heldout_fc", 4, "gpipe"))
+# Held-out set 3, committed before the change it judges (no rendezvous hold
+# where each rank has its own core; sets 1 and 2 are seen): 2 ranks on 2
+# cores, configurations no earlier set ran, and one 3-rank control the change
+# leaves alone.
+HELD_OUT_3 = (("mnist", 2, "1f1b"), ("mnist", 2, "gpipe"), ("heldout_deep", 2, "1f1b"), ("heldout_b", 2, "1f1b"),
+              ("mnist_heldout", 2, "1f1b"), ("cifar-small", 3, "1f1b"))
 PROFILE = ROOT / "engine/perf/default_profile.json"
 RECORDS = ROOT / "bench/results/pipeline_probe_records.json"
 
@@ -100,7 +106,7 @@ def _net(net, tmp):
     net on its CIFAR-format digits."""
     if net == "digits":
         return "digits", "digits", ["--lr", "0.02"], {"lr": 0.02}
-    if net.startswith("heldout_"):
+    if (ROOT / "bench/specs" / f"{net}.json").exists():
         from engine.perf.sweep_runner import synthetic_npz
         spec, data = str(ROOT / "bench/specs" / f"{net}.json"), Path(tmp) / f"{net}.npz"
         if not data.exists():
