@@ -96,6 +96,7 @@ HELD_OUT_2 = (("heldout_b", 2, "gpipe"), ("heldout_b", 4, "1f1b"), ("heldout_dee
 HELD_OUT_3 = (("mnist", 2, "1f1b"), ("mnist", 2, "gpipe"), ("heldout_deep", 2, "1f1b"), ("heldout_b", 2, "1f1b"),
               ("mnist_heldout", 2, "1f1b"), ("cifar-small", 3, "1f1b"))
 PROFILE = ROOT / "engine/perf/default_profile.json"
+HOLD = None     # the rendezvous hold: None as the model plays it, True everywhere (before set 3's change)
 RECORDS = ROOT / "bench/results/pipeline_probe_records.json"
 
 
@@ -178,7 +179,9 @@ def evaluate(run, prof, executor, ncpu, rescale=True):
         else:
             costs = [replace(c, t_f=s["fwd_mean"], t_b=s["bwd_mean"], t_u=s["update_mean"], t_x=u)
                      for c, s, u in zip(base, meas, PP.untimed_per_instruction(run))]
-        sim = PS.play(costs, sched, M, run["n_mb"], cores=None if source == "run" else cores)
+        # the run's own passes already hold their core sharing; the hold follows the run's ranks
+        sim = PS.play(costs, sched, M, run["n_mb"], cores=None if source == "run" else cores,
+                      hold=cores is not None if HOLD is None else HOLD)
         for k, s in enumerate(meas):
             w, n = sim["wall"][k], sim["passes"][k]
             timed = sum(v for kind, v in w.items() if kind != "X")

@@ -134,11 +134,15 @@ def test_a_busy_sender_holds_its_rendezvous_message_until_its_next_pass_ends():
     free = PS.play(costs(0.0), "gpipe", 2, 2)
     # F0 0-1, F0 1-2 | F1 1.5-2.5, 2.5-3.5 | B1 3.5-5.5, 5.5-7.5 | B0 6-8, 8-10
     assert free["makespan"] == pytest.approx(10e-3, rel=1e-9)
-    held = PS.play(costs(3e-4), "gpipe", 2, 2)
+    held = PS.play(costs(3e-4), "gpipe", 2, 2, hold=True)
     # F0(0)'s activation waits for F0(1) to end: in at 2.2; F0(1)'s leaves while
     # stage 0 waits (in at 2.5). F1 2.2-3.2, 3.2-4.2; B1(0)'s gradient waits for
     # B1(1) (in at 8.4), B1(1)'s for the update (in at 8.7); B0 8.4-10.4, 10.4-12.4
     assert held["makespan"] == pytest.approx(12.4e-3, rel=1e-9)
+    # by default the hold is played only where ranks share cores: with a core
+    # each the messages move in t_c, as without a handshake
+    assert PS.play(costs(3e-4), "gpipe", 2, 2)["makespan"] == pytest.approx(free["makespan"], rel=1e-9)
+    assert PS.play(costs(3e-4), "gpipe", 2, 2, cores=2)["makespan"] == pytest.approx(12.4e-3, rel=1e-9)
 
 
 def test_ranks_outnumbering_cores_slow_every_pass_by_shared():

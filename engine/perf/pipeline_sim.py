@@ -27,7 +27,12 @@ cost's ``t_h`` > 0: the handshake part of ``t_c``) moves only while the
 sender is inside MPI: when the sender's next pass can start before the
 handshake is done, the data waits for that pass to end and arrives
 ``t_c - t_h`` later (not before ``t_c`` after it was sent); otherwise the
-sender's polling moves it in ``t_c``. The closed forms leave this out.
+sender's polling moves it in ``t_c``. That hold is played only where ranks
+share cores (``hold`` None: with ``cores``): with a core each, MPI's
+receiver pulls a large message itself once the executor's next MPI call
+has announced it, and the recorded 2-rank runs idle as if nothing were held
+(bench/RESULTS.md, "Pipelines", held-out set 3). The closed forms leave
+this out.
 
 :func:`closed_form` is what the simulation should give when each stage has
 its own processor and nothing varies: gpipe's fill-drain (a flow shop of M
@@ -67,7 +72,7 @@ def _phases(c, op, overlap, jitter):
 
 
 def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap: float = 0.0,
-         cv: float = 0.0, seed: int = 0, sharing: str = "queue") -> dict:
+         cv: float = 0.0, seed: int = 0, sharing: str = "queue", hold=None) -> dict:
     """Play the stages' instruction lists over ``n_mb`` micro-batches.
 
     Returns makespan, per-stage busy time (work done) and bubble (the share
@@ -77,9 +82,11 @@ def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap
     rank's own timers measure. ``cores``: None when each stage owns its
     processor, else the cores the stages share: ``sharing`` "queue" (at
     most ``cores`` instructions run, the others wait) or "ps" (all run,
-    each at ``cores / running`` speed)."""
+    each at ``cores / running`` speed). ``hold``: play the rendezvous hold
+    (None: only with ``cores``)."""
     if sharing not in ("queue", "ps"):
         raise ValueError(f"sharing must be 'queue' or 'ps', got {sharing!r}")
+    hold = cores is not None if hold is None else hold
     K = len(costs)
     lists = [S.schedule(schedule, K, k, n_mb, microbatches) for k in range(K)]
     if cv and cv > 0:
@@ -114,7 +121,7 @@ def play(costs, schedule: str, microbatches: int, n_mb: int, cores=None, overlap
     def send(k, box, mb, t_c, t_h, nxt):
         """Stage k's message (arriving in ``box[mb]``), sent now; ``nxt``
         the index of k's next instruction."""
-        if t_h > 0 and nxt < len(lists[k]):
+        if hold and t_h > 0 and nxt < len(lists[k]):
             start = max(now + getattr(costs[k], "t_x", 0.0), ready_at(k, lists[k][nxt]))
             if start < now + t_h:
                 held[k].append((box, mb, now, t_c, t_h))
