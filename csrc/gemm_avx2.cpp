@@ -20,10 +20,9 @@ struct V256 {
     static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
     static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
     static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
-    static reg load_merge(reg acc, const float* x, std::int64_t off, int lo, int hi) {
-        const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        const __m256i m = _mm256_and_si256(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32(lo - 1)),
-                                           _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), idx));
+    static reg load_mask(reg acc, const float* x, std::int64_t off, std::uint32_t mask) {
+        const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        const __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(mask)), bit), bit);
         // masked lanes never touch memory
         return _mm256_blendv_ps(acc, _mm256_maskload_ps(x + off, m), _mm256_castsi256_ps(m));
     }

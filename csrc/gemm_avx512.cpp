@@ -33,9 +33,8 @@ struct V512 {
     static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
     static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
     static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
-    static __mmask16 lanes(int lo, int hi) { return __mmask16(((1u << hi) - 1u) & ~((1u << lo) - 1u)); }
-    static reg load_merge(reg acc, const float* x, std::int64_t off, int lo, int hi) {
-        return _mm512_mask_loadu_ps(acc, lanes(lo, hi), x + off);  // masked lanes never touch memory
+    static reg load_mask(reg acc, const float* x, std::int64_t off, std::uint32_t mask) {
+        return _mm512_mask_loadu_ps(acc, __mmask16(mask), x + off);  // masked lanes never touch memory
     }
     // 16 x 16 in registers: pairs of rows interleaved, then 4-row groups,
     // then 128-bit lanes (64 shuffles for 256 elements instead of 256

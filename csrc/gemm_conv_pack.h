@@ -22,10 +22,11 @@ struct PackIm2col {
     const Conv* g;
     const float* x;
     // Unit stride: for each filter tap (i, j), lane l of an L-lane group reads
-    // x[base + l + c*HW] for lanes lo <= l < hi of each segment (a run's
-    // columns inside the image), the other lanes are zero. The table of
-    // segments is made once per panel, so a row of the panel costs one vector
-    // load per segment -- one plain load where a group is one whole segment --
+    // x[base + l + c*HW] for the lanes in the mask of each segment (the
+    // columns inside the image of the runs that read at that base), the other
+    // lanes are zero. The table of segments, masks included, is made once per
+    // panel, so a row of the panel costs one vector load per segment -- one
+    // plain load where a group is one whole segment --
     // and padding needs neither a zero-bordered copy of x nor per-element
     // tests. A tap whose whole panel row lies in one image row is read in
     // place (no copy). False when the panel needs more table than fits
@@ -38,7 +39,7 @@ struct PackIm2col {
         const i64 HW = G.H * G.W, khw = G.kh * G.kw;
         if (khw > kMaxTaps) return false;
         struct Seg {
-            int lo, hi;
+            std::uint32_t mask;
             i64 base;
         };
         Seg seg[kMaxTaps][NG][kMaxSeg];
@@ -57,11 +58,17 @@ struct PackIm2col {
                     const i64 shift = R.col - gi * L - iw;  // lane l reads column l - shift
                     const int lo = int(hi_(a, shift)), hi = int(lo_(e, G.W + shift));
                     if (lo >= hi) continue;
-                    if (n == kMaxSeg) return false;
-                    seg[q][gi][n++] = Seg{lo, hi, R.img + ih * G.W - shift};
+                    // Runs whose lanes read at one base share a load: when W == OW (same
+                    // padding), the output rows of an image a group holds do.
+                    const i64 base = R.img + ih * G.W - shift;
+                    int s = 0;
+                    while (s < n && seg[q][gi][s].base != base) ++s;
+                    if (s == kMaxSeg) return false;
+                    if (s == n) seg[q][gi][n++] = Seg{0u, base};
+                    seg[q][gi][s].mask |= lane_range(lo, hi);
                 }
                 nseg[q][gi] = n;
-                whole[q][gi] = n == 1 && seg[q][gi][0].lo == 0 && seg[q][gi][0].hi == L;
+                whole[q][gi] = n == 1 && seg[q][gi][0].mask == lane_range(0, L);
                 inplace[q] = inplace[q] && whole[q][gi];
             }
         }
@@ -80,7 +87,7 @@ struct PackIm2col {
                         continue;
                     }
                     typename V::reg acc = V::zero();
-                    for (int t = 0; t < nseg[q][gi]; ++t) acc = V::load_merge(acc, x, sg[t].base + off, sg[t].lo, sg[t].hi);
+                    for (int t = 0; t < nseg[q][gi]; ++t) acc = V::load_mask(acc, x, sg[t].base + off, sg[t].mask);
                     V::store(d + gi * L, acc);
                 }
             }
@@ -136,7 +143,7 @@ struct PackIm2col {
                         // lane l of the group reads column iw + (l - (R.col - g0)), where inside the row
                         const int a = R.col - g0;
                         const int lo = int(hi_(hi_(a, a - iw), 0)), hi = int(lo_(lo_(a + R.len, a + G.W - iw), L));
-                        if (lo < hi) acc = V::load_merge(acc, x, R.img + c * HW + ih * G.W + iw - a, lo, hi);
+                        if (lo < hi) acc = V::load_mask(acc, x, R.img + c * HW + ih * G.W + iw - a, lane_range(lo, hi));
                     }
                     if (r > 0 && runs[r - 1].col + runs[r - 1].len > g0 + L) --r;  // a run spilling into the next group
                     V::store(d + g0, acc);

@@ -28,8 +28,9 @@ struct VPlain {
     static void store(float* p, reg v) {
         for (int i = 0; i < L; ++i) p[i] = v.v[i];
     }
-    static reg load_merge(reg acc, const float* x, std::int64_t off, int lo, int hi) {
-        for (int i = lo; i < hi; ++i) acc.v[i] = x[off + i];
+    static reg load_mask(reg acc, const float* x, std::int64_t off, std::uint32_t mask) {
+        for (int i = 0; i < L; ++i)
+            if (mask >> i & 1u) acc.v[i] = x[off + i];
         return acc;
     }
     static void transpose(const float* x, const std::int64_t* off, std::int64_t q, const std::uint32_t* mask, float* d,

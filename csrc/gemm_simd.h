@@ -3,8 +3,8 @@
 // gemm_avx2.cpp, gemm_generic.cpp) with its own traits `V`:
 //   V::reg, V::L (floats per register), zero(), load(p), bcast(p),
 //   fma(a, b, c) = a*b + c, add(a, b), store(p, v),
-//   load_merge(acc, x, off, lo, hi): acc with lanes lo <= l < hi replaced by
-//     x[off + l] (only those elements are read)
+//   load_mask(acc, x, off, mask): acc with the lanes l whose bit is set in
+//     mask replaced by x[off + l] (only those elements are read)
 //   transpose(x, off, q, mask, dst, ld): the L x L block
 //     dst[e*ld + r] = x[off[r] + q + e] where bit e of mask[r] is set, else 0
 //     (only those elements are read)
