@@ -28,18 +28,19 @@ namespace {
 // chains' start, t not read), over this k block, in k order,
 // and leaves the sums in `t` for the driver to store. B is read through one
 // row pointer per k (a packed panel row, or an image row read in place by
-// the implicit convolution).
-template <class V, int MR_, int NV>
+// the implicit convolution). TS is t's row stride: a narrower kernel (fewer
+// registers per row) runs the tiles of a wide one's edge panels.
+template <class V, int MR_, int NV, int TS = NV * V::L>
 struct MicroKernel {
     using Vec = V;
-    static constexpr int MR = MR_, NR = NV * V::L;
+    static constexpr int MR = MR_, NR = NV * V::L, NVEC = NV;
     static void run(std::int64_t k, const float* __restrict a, const float* const* __restrict brow,
                     float* __restrict t, bool from_zero) {
         typename V::reg c[MR][NV];
 #pragma GCC unroll 32
         for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) c[r][v] = from_zero ? V::zero() : V::load(t + r * NR + v * V::L);
+            for (int v = 0; v < NV; ++v) c[r][v] = from_zero ? V::zero() : V::load(t + r * TS + v * V::L);
         for (std::int64_t p = 0; p < k; ++p) {
             const float* b = brow[p];
             typename V::reg bv[NV];
@@ -56,7 +57,7 @@ struct MicroKernel {
 #pragma GCC unroll 32
         for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) V::store(t + r * NR + v * V::L, c[r][v]);
+            for (int v = 0; v < NV; ++v) V::store(t + r * TS + v * V::L, c[r][v]);
     }
 };
 
