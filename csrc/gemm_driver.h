@@ -118,6 +118,19 @@ void run_plan(const Plan& p, i64 m, i64 n, i64 k, PA pack_a, PB pack_b, WB wb) {
 }
 
 // ---- plain matrices ------------------------------------------------------------
+// Columns nr..NR-1 of kc B-panel rows zeroed by whole vector stores from the
+// vector holding column nr, before the rows' data is written. A scalar loop
+// per row compiled to a memset call (rep stos) per row: 30 % of cifar
+// conv1's dW (nr = 27) went there.
+inline void zero_edge(float* dst, i64 nr, i64 kc) {
+    using V = typename UK::Vec;
+    constexpr int NR = UK::NR, L = V::L;
+    if (nr >= NR) return;
+    const i64 v0 = nr / L * L;
+    for (i64 kk = 0; kk < kc; ++kk)
+        for (i64 v = v0; v < NR; v += L) V::store(dst + kk * NR + v, V::zero());
+}
+
 // The A panel of rows s[r] (r < mr; rows up to MR zero), k = 0..kc-1:
 // dst[kk*MR + r] = s[r][kk], L k at a time through the register transpose.
 inline void pack_rows(const float* const* s, i64 mr, i64 kc, float* dst) {
@@ -164,12 +177,12 @@ struct PackB {  // op(B) k x n; B is k x n (ldb) or, transposed, n x k
     void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
         constexpr int NR = UK::NR;
         for (i64 kk = 0; kk < kc; ++kk) rows[kk] = dst + kk * NR;
+        zero_edge(dst, nr, kc);
         if (!trans) {
             for (i64 kk = 0; kk < kc; ++kk) {
                 const float* s = B + (p0 + kk) * ldb + j0;
                 float* d = dst + kk * NR;
                 for (i64 j = 0; j < nr; ++j) d[j] = s[j];
-                for (i64 j = nr; j < NR; ++j) d[j] = 0.f;
             }
             return;
         }
@@ -177,8 +190,6 @@ struct PackB {  // op(B) k x n; B is k x n (ldb) or, transposed, n x k
             const float* s = B + (j0 + j) * ldb + p0;
             for (i64 kk = 0; kk < kc; ++kk) dst[kk * NR + j] = s[kk];
         }
-        for (i64 j = nr; j < NR; ++j)
-            for (i64 kk = 0; kk < kc; ++kk) dst[kk * NR + j] = 0.f;
     }
 };
 

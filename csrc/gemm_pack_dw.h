@@ -115,14 +115,13 @@ struct PackIm2colT {
             pp += len;
             if (pp == P) pp = 0, ++img;
         }
-        for (i64 kk = 0; kk < kc; ++kk)
-            for (i64 col = nr; col < NR; ++col) dst[kk * NR + col] = 0.f;
     }
     void operator()(float* dst, const float** rows, i64 j0, i64 nr, i64 p0, i64 kc) const {
         constexpr int NR = UK::NR;
         for (i64 kk = 0; kk < kc; ++kk) rows[kk] = dst + kk * NR;
         const Conv& G = *g;
         const i64 P = G.P(), HW = G.H * G.W, khw = G.kh * G.kw;
+        zero_edge(dst, nr, kc);  // columns past nr (the data written after it)
         if (G.sw == 1) {
             unit_stride(dst, j0, nr, p0, kc);
             return;
@@ -149,8 +148,6 @@ struct PackIm2colT {
                 if (++oh == G.OH) oh = 0, ++img;
             }
         }
-        for (i64 col = nr; col < NR; ++col)
-            for (i64 kk = 0; kk < kc; ++kk) dst[kk * NR + col] = 0.f;
     }
 };
 
