@@ -32,6 +32,8 @@
 // ISA compiled with its own -m flags; the running CPU's features pick one,
 // SPRINT_CPU_ISA=avx512|avx2|generic forces one (an ISA the CPU lacks is an
 // error, never a crash).
+// Edge panels of at most NR - L columns run on the same template one vector
+// per row narrower (8 x 32 on AVX-512; same chains, same bits).
 #pragma once
 
 #include <cstdint>
