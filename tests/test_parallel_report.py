@@ -53,6 +53,26 @@ def test_missing_stats_is_a_clear_error(tmp_path):
         load_stats(tmp_path)
 
 
+def test_report_of_what_is_not_a_parallel_run_is_one_line(tmp_path, capsys):
+    from engine import cli
+    one = tmp_path / "one"                       # a one-process run: config.json, no statistics
+    one.mkdir()
+    (one / "config.json").write_text(json.dumps({"model": "digits", "mode": "layerwise"}))
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "sync_stats.json").write_text('{"mode": "sync", "n_no')
+    cases = ((one, "no statistics of a parallel run", "pipeline_stats.json", f"({one})"),
+             (one / "config.json", "not the statistics of a parallel run", f"({one / 'config.json'})"),
+             (torn, "not a readable statistics file", f"({torn / 'sync_stats.json'})"),
+             (tmp_path / "none", "no such run directory", f"({tmp_path / 'none'})"))
+    for target, *fragments in cases:
+        assert cli.main(["report", str(target)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("sprint: error: "), err
+        assert all(f in err[0] for f in fragments), err[0]
+    assert not list(tmp_path.rglob("*.png"))
+
+
 @pytest.fixture(scope="module")
 def sync_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("sync")

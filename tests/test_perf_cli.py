@@ -183,3 +183,56 @@ def test_tune_count_agrees_with_rows(prof_file, capsys):
     rows = [l for l in out.splitlines() if l[:3].strip() in ("*", "") and l[3:].strip()[:1].isdigit()]
     assert rc == 0 and n_ok > 2 and len(rows) == 2 and rows[0].startswith("*")
     assert "the 2 fastest shown (--top)" in head
+
+
+def _one_line(capsys, *fragments):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sprint: error: "), err
+    for f in fragments:
+        assert f in err[0], err[0]
+
+
+def test_a_file_that_is_not_a_profile_is_one_line_naming_it(tmp_path, capsys):
+    bad_json, spec, binary = tmp_path / "bad.json", tmp_path / "spec.json", tmp_path / "bin.json"
+    bad_json.write_text('{"terms": {')
+    spec.write_text(json.dumps({"x0": 8, "m0": 1, "c": 3, "convs": [[16, 2]], "fcs": [64, 10]}))
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    for f in (bad_json, spec, binary):
+        for cmd in (["predict", "--model", "tiny", "--nodes", "1", "--subbatch", "1"],
+                    ["plan", "--model", "tiny", "--gpus", "2"]):
+            assert cli.main([*cmd, "--profile", str(f), "--no-calibrate"]) == 2
+            _one_line(capsys, "not a machine profile", f"({f})")
+
+
+def test_simulation_counts_and_spreads_are_checked(prof_file, capsys):
+    base = ["--model", "tiny", "--nodes", "2", "--subbatch", "4", "--profile", prof_file, "--no-calibrate"]
+    for extra, flag in ((["--updates", "0"], "(--updates)"), (["--cv", "-1"], "(--cv)"), (["--cv", "nan"], "(--cv)"),
+                        (["--parallel", "downpour", "--steps", "0"], "(--steps)"),
+                        (["--parallel", "downpour", "--cv", "-0.5"], "(--cv)"),
+                        (["--n-file", "0"], "(--n-file)")):
+        assert cli.main(["simulate", *base, *extra]) == 2, extra
+        _one_line(capsys, flag)
+    assert cli.main(["predict", *base, "--n-file", "-5"]) == 2
+    _one_line(capsys, "got -5 (--n-file)")
+    assert cli.main(["tune", "--model", "tiny", "--target-minibatch", "8", "--n-file", "0", "--profile", prof_file,
+                     "--no-calibrate"]) == 2
+    _one_line(capsys, "(--n-file)")
+
+
+def test_profile_refuses_outputs_and_records_before_it_sweeps(tmp_path, capsys, monkeypatch):
+    from engine.perf import sweep
+    ran = []
+    monkeypatch.setattr(sweep, "run_all", lambda **kw: ran.append(kw) or {"records": []})
+    assert cli.main(["profile", "--quick", "--out", str(tmp_path)]) == 2
+    _one_line(capsys, "is a folder", f"({tmp_path})")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert cli.main(["profile", "--quick", "--records", str(blocker / "rec.json")]) == 2
+    _one_line(capsys, f"({blocker})")
+    assert not ran
+    for text, what in (("{oops", "not valid JSON"), ('{"meta": {}}', 'no "records" list')):
+        rec = tmp_path / "rec.json"
+        rec.write_text(text)
+        assert cli.main(["profile", "--from-records", str(rec), "--out", str(tmp_path / "p.json")]) == 2
+        _one_line(capsys, what, f"({rec})")
+    assert not (tmp_path / "p.json").exists()

@@ -5,13 +5,16 @@ from pathlib import Path
 
 
 def register(subparsers):
-    p = subparsers.add_parser("report", help="summary of a parallel run's measured ASGD/sync statistics",
+    p = subparsers.add_parser("report", help="summary of a parallel run's measured statistics "
+                                             "(asgd, sync, pipeline, downpour, sandblaster)",
                               description="Print the step timers of a parallel run (ASGD: T_GPU, T_Update, "
                                           "N_Minibatch_avg, staleness; sync: T_Step and the allreduce's share) "
                                           "and plot what matters for its mode (ASGD: the staleness and "
                                           "minibatch distributions; sync: the allreduce time per step and the "
-                                          "throughput over time).")
-    p.add_argument("run_dir", help="run directory holding asgd_stats.json or sync_stats.json (or the file)")
+                                          "throughput over time; pipeline: per-stage times; downpour, "
+                                          "sandblaster: the servers' and replicas' tables).")
+    p.add_argument("run_dir", help="run directory holding asgd_stats.json, sync_stats.json, pipeline_stats.json, "
+                                       "downpour_stats.json or sandblaster_stats.json (or the file)")
     p.add_argument("--png", default=None, help="where to write the plot (default RUN_DIR/parallel_report.png)")
     p.add_argument("--no-png", action="store_true", help="print the table only")
     p.set_defaults(func=_report)

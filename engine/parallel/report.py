@@ -14,22 +14,27 @@ from .timers import UPDATER_STEPS, WORKER_STEPS
 
 
 def load_stats(run_dir) -> dict:
-    run_dir = Path(run_dir)
-    if run_dir.is_file():
-        return json.loads(run_dir.read_text())
-    for name in (STATS["asgd"], STATS["sync"]):
-        p = run_dir / name
-        if p.exists():
-            return json.loads(p.read_text())
+    """The statistics file of a parallel run (or that file itself): one error
+    naming the folder or file when there is none or it is not readable."""
+    from engine.errors import MissingFile, RunError
     from .pipeline_report import STATS_FILE as _PIPE   # pipelines: engine.parallel.pipeline_report
-    if (run_dir / _PIPE).exists():
-        return json.loads((run_dir / _PIPE).read_text())
-    # parameter-server strategies (Downpour, Sandblaster): engine.parallel.ps_report
-    from .ps_report import STATS_FILES
-    for name in STATS_FILES.values():
-        if (run_dir / name).exists():
-            return json.loads((run_dir / name).read_text())
-    raise FileNotFoundError(f"no {STATS['asgd']} or {STATS['sync']} in {run_dir}")
+    from .ps_report import STATS_FILES                 # Downpour, Sandblaster: engine.parallel.ps_report
+    run_dir = Path(run_dir)
+    names = (STATS["asgd"], STATS["sync"], _PIPE, *STATS_FILES.values())
+    path = run_dir if run_dir.is_file() else next((run_dir / n for n in names if (run_dir / n).exists()), None)
+    if path is None:
+        if not run_dir.is_dir():
+            raise MissingFile("no such run directory or statistics file", run_dir)
+        raise MissingFile(f"no statistics of a parallel run ({', '.join(names)}); a one-process run "
+                          f"writes none", run_dir)
+    try:
+        st = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunError(f"not a readable statistics file ({e})", path) from None
+    modes = ("asgd", "sync", "pipeline", *STATS_FILES)
+    if not isinstance(st, dict) or st.get("mode", "asgd" if "T_GPU" in st else None) not in modes:
+        raise RunError("not the statistics of a parallel run", path)
+    return st
 
 
 def _ms(s):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -57,6 +58,45 @@ def _config_args(p, need_config=True):
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _read_records(path):
+    """Saved sweep records (``--records``), or one error line naming the file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except UnicodeDecodeError:
+        raise RunError("not sweep records (not a text file)", path) from None
+    except json.JSONDecodeError as e:
+        raise RunError(f"not sweep records (not valid JSON: {e})", path) from None
+    data = {"records": data} if isinstance(data, list) else data
+    if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+        raise RunError("not sweep records (no \"records\" list; `sprint profile --records FILE` writes one)", path)
+    return data
+
+
+def _write_json(path, obj):
+    from engine.checkpoint import atomic_write
+    atomic_write(path, json.dumps(obj))
+
+
+def _check_outputs(*paths):
+    """Refuse an output that cannot be written before a sweep of minutes, not
+    after it (the sweep would be lost)."""
+    for path in paths:
+        if path is None:
+            continue
+        p = Path(path)
+        if p.is_dir():
+            raise RunError("is a folder, not a file", path)
+        folder = p.parent
+        if folder.exists() and not folder.is_dir():
+            raise RunError("not a folder", folder)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(folder)) from None
+        if not os.access(folder, os.W_OK):
+            raise RunError("cannot write into this folder", folder)
+
+
 # Sweeps fitted on top of an existing profile's prices: ``--update`` adds them alone.
 ON_TOP = ("pipeline",)
 
@@ -71,21 +111,19 @@ def _update_profile(args, only) -> int:
         raise RunError(f"only {', '.join(ON_TOP)} can be added to an existing profile, not {', '.join(bad)}",
                        "--only")
     prof = Profile.load(args.update)
+    _check_outputs(args.out or args.update, args.records)
     if args.from_records:
-        recs = json.loads(Path(args.from_records).read_text())
-        recs = recs.get("records", []) if isinstance(recs, dict) else recs
+        recs = _read_records(args.from_records)["records"]
     else:
         recs = sweep_pipeline(profile=prof, log=lambda m: print(m, file=sys.stderr, flush=True))
         if args.records:
-            Path(args.records).write_text(json.dumps({"records": recs}))
+            _write_json(args.records, {"records": recs})
     try:
         prof.data["pipeline"] = fit_section(prof, recs)
     except ValueError as e:
         raise RunError(str(e), args.from_records or args.update) from None
     out = Path(args.out or args.update)
-    tmp = out.with_name(out.name + ".tmp")
-    prof.save(tmp)
-    tmp.replace(out)
+    prof.save(out)
     sec = prof.data["pipeline"]
     ex = sec["executor"]
     print(f"pipeline section: per pass {1e3 * ex['per_pass']:.3f} ms, cold x{1 + ex['cold']:.2f}, per instruction "
@@ -113,7 +151,8 @@ def cmd_profile(args) -> int:
     only = [n.strip() for n in args.only.split(",")] if args.only else None
     if args.update:
         return _update_profile(args, only)
-    old = json.loads(Path(args.from_records).read_text()) if args.from_records else None
+    _check_outputs(args.out or "profile.json", args.records, args.plots and Path(args.plots) / "x.png")
+    old = _read_records(args.from_records) if args.from_records else None
     if old is not None and only is None:
         data = old
     else:
@@ -121,7 +160,7 @@ def cmd_profile(args) -> int:
         data = sweep.run_all(quick=args.quick, threads=args.threads, allreduce=not args.no_allreduce,
                              contention=not args.no_contention, log=log, only=only, merge=old)
         if args.records:
-            Path(args.records).write_text(json.dumps(data))
+            _write_json(args.records, data)
     from engine import backend
     prof = fit.fit_profile(data["records"], machine=args.machine, backend=backend.get_backend().name)
     prof["sweep"] = {k: v for k, v in data.get("meta", {}).items() if k != "fingerprint"}
@@ -140,6 +179,19 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def _check_counts(args):
+    """The options every strategy reads the same way: a count of samples or
+    simulated steps is >= 1, a spread is >= 0 (each strategy checks its own)."""
+    import math
+    for flag in ("n_file", "updates", "steps"):
+        v = getattr(args, flag, None)
+        if v is not None and v < 1:
+            raise RunError(f"must be >= 1, got {v}", "--" + flag.replace("_", "-"))
+    cv = getattr(args, "cv", None)
+    if cv is not None and not (math.isfinite(cv) and cv >= 0):
+        raise RunError(f"must be a finite number >= 0, got {cv}", "--cv")
+
+
 def _strategy_call(args):
     """(strategy, n_node, keywords) of predict/simulate: the chosen strategy's
     own options (others' refused) and the common ones."""
@@ -148,6 +200,7 @@ def _strategy_call(args):
     n_node = kw.pop("n_node", args.nodes)
     if n_node is None:
         raise RunError(f"required with --parallel {args.strategy}", "--nodes")
+    _check_counts(args)
     return n_node, dict(kw, n_file=args.n_file, ranks_per_host=args.ranks_per_host, threads=args.threads)
 
 
@@ -165,6 +218,7 @@ def cmd_predict(args) -> int:
 def cmd_tune(args) -> int:
     from .report import TUNE_TERMS, explain
     from .tune import format_candidates, search
+    _check_counts(args)
     workers = range(1, args.max_workers + 1) if args.max_workers else (args.workers,)
     refused = []
     cands = search(args.model, _profile(args), args.target_minibatch, args.tolerance, args.max_nodes,
@@ -203,7 +257,7 @@ def _parallel_option(p, command):
 def register(sub):
     from .sweep import SWEEPS
     p = sub.add_parser("profile", help="sweep the kernels and fit a machine profile (SPEC section 4)")
-    p.add_argument("--quick", action="store_true", help="small grids (about 5 minutes on 2 cores)")
+    p.add_argument("--quick", action="store_true", help="small grids (about 8 minutes on 2 quiet cores)")
     p.add_argument("--out", default=None, help="profile JSON to write (default profile.json)")
     p.add_argument("--records", default=None, help="also save the raw sweep records here")
     p.add_argument("--from-records", default=None, help="refit saved records instead of sweeping")

@@ -68,10 +68,21 @@ class Profile:
         if path is None:
             text = resources.files("engine.perf").joinpath("default_profile.json").read_text()
             return cls(json.loads(text), source="default_profile.json")
+        from engine.errors import MissingFile, RunError
         p = Path(path)
         if not p.exists():
-            raise FileNotFoundError(f"profile {p} does not exist")
-        return cls(json.loads(p.read_text()), source=str(p))
+            raise MissingFile("profile does not exist", p)
+        try:
+            data = json.loads(p.read_text())
+        except UnicodeDecodeError:
+            raise RunError("not a machine profile (not a text file)", p) from None
+        except json.JSONDecodeError as e:
+            raise RunError(f"not a machine profile (not valid JSON: {e})", p) from None
+        # A spec file or another run's JSON would otherwise predict with no
+        # fitted term at all and fail far from the cause.
+        if not isinstance(data, dict) or not ("terms" in data or "sgemm" in data):
+            raise RunError("not a machine profile (no fitted terms; `sprint profile` writes one)", p)
+        return cls(data, source=str(p))
 
     @classmethod
     def resolve(cls, profile) -> "Profile":
@@ -82,7 +93,8 @@ class Profile:
         return profile
 
     def save(self, path):
-        Path(path).write_text(json.dumps(self.data, indent=1, sort_keys=True))
+        from engine.checkpoint import atomic_write
+        atomic_write(path, json.dumps(self.data, indent=1, sort_keys=True))
 
     # -- evaluation -------------------------------------------------------
     def _term(self, name):
