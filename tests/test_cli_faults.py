@@ -66,7 +66,10 @@ def test_ctrl_c_says_how_to_resume_and_exits_130(tmp_path, delay):
     # A shell's background job starts with SIGINT ignored, and Python keeps
     # an inherited SIG_IGN (as it should: nohup). The suite may run that way
     # (`.ci/run &`): the child gets the terminal's default back.
-    p = subprocess.Popen([sys.executable, "-m", "engine.cli", "train", "--out", str(run), "--no-progress"],
+    # 30 epochs: the default 10 of digits now end in about 2 s, before the
+    # latest signal would arrive, and a signal after the run is no Ctrl-C test.
+    p = subprocess.Popen([sys.executable, "-m", "engine.cli", "train", "--out", str(run), "--no-progress",
+                          "--epochs", "30"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     p.stdout.readline()                  # the header: training has begun
