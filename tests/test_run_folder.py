@@ -169,3 +169,41 @@ def test_os_errors_name_the_target_file_not_the_temporary(tmp_path, monkeypatch)
     with pytest.raises(OSError) as e:
         checkpoint.atomic_write(tmp_path / "run" / "metrics.jsonl", "x")
     assert describe(e.value).endswith(f"({tmp_path / 'run' / 'metrics.jsonl'})")
+
+
+def test_a_new_run_into_a_trained_runs_folder_is_refused_and_leaves_it_whole(tmp_path, reference):
+    data = reference[0]
+    run = tmp_path / "run"
+    train(TrainConfig(**_cfg(data, run, epochs=2)))
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    for kw in ({}, {"init_from": str(run)}, {"epochs": 1, "seed": 3}):
+        with pytest.raises(RunError, match=r"already holds a trained run .*--resume") as e:
+            train(TrainConfig(**_cfg(data, run, **kw)))
+        assert e.value.where == str(run)
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SPRINT_DEVICE="cpu")
+    p = subprocess.run([sys.executable, "-m", "engine.cli", "train", "--model", "tiny", "--data", str(data),
+                        "--epochs", "1", "--out", str(run)], capture_output=True, text=True, timeout=120,
+                       env=env, cwd=ROOT)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("sprint: error: already holds"), p.stderr
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    # a folder with a config alone (a run stopped before its first epoch) holds nothing to lose
+    (run / "checkpoint.npz").unlink()
+    assert train(TrainConfig(**_cfg(data, run, epochs=1)))["epochs"] == 1
+    # and resuming stays what continues a run
+    assert train(resume_config(run, epochs=2))["epochs"] == 2
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_train(tmp_path, reference, capsys):
+    data = reference[0]
+    run = tmp_path / "run"
+    first = train(TrainConfig(**_cfg(data, run, epochs=2)))
+    ckpt = (run / "checkpoint.npz").read_bytes()
+    for epochs in (1, 2):
+        res = train(resume_config(run, epochs=epochs, verbose=True))
+        out = capsys.readouterr().out
+        assert f"the run already has 2 epochs (--epochs {epochs}): nothing to train" in out
+        assert res["epochs"] == 2 and res["history"] == []
+        assert res["test_acc"] == first["test_acc"] is not None
+        assert (run / "checkpoint.npz").read_bytes() == ckpt

@@ -58,6 +58,14 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         return _ckpt.remove_stale_temps(self.path, WRITTEN)
 
+    def refuse_a_run(self) -> None:
+        """A new run never replaces another: a folder whose checkpoint holds
+        trained epochs is refused (one with a config alone, a run stopped
+        before its first epoch ended, holds nothing to lose)."""
+        if self.file(CHECKPOINT).exists():
+            raise RunError(f"already holds a trained run ({CHECKPOINT}); continue it with sprint train "
+                           f"--resume {self.path}, or choose another --out", self.path)
+
     def clean(self) -> list:
         """Remove temporaries a killed writer left (the folder may not exist yet)."""
         return _ckpt.remove_stale_temps(self.path, WRITTEN)

@@ -25,6 +25,8 @@ class Session:
         self.watchdog = Watchdog(self.comm, cfg.timeout)
         self.backend = setup_device(cfg)
         self.gpu = getattr(self.backend, "name", "cpu") == "gpu"
+        if cfg.out and not cfg.resume:
+            self._on_root(RunDir(cfg.out).refuse_a_run)
         self.spec = get_spec(cfg.model)
         check_memory(cfg, self.spec, self.backend)
         self.train_ds, self.test_ds, self.deform = prepare_data(cfg, self.spec)
@@ -125,6 +127,9 @@ class Session:
         """Write config.json and metrics.jsonl (from the checkpoint's history)."""
         self.history = [r for r in self.history if r.get("epoch", 0) <= start_epoch]
         self.first_new = len(self.history)
+        if self.cfg.resume and start_epoch >= self.cfg.epochs:
+            self.log(f"the run already has {start_epoch} epochs (--epochs {self.cfg.epochs}): nothing to "
+                     f"train; a larger --epochs continues it")
         self._say_replanned(start_epoch)
         if self.run is None or not self.root:
             return
@@ -205,7 +210,8 @@ class Session:
 
     def result(self, net, epochs: int, **more) -> dict:
         new = self.history[self.first_new:]
-        final = new[-1] if new else {}
+        # nothing new (a resume of a finished run): the run's own last epoch
+        final = (new or self.history or [{}])[-1]
         out = {"run_dir": str(self.run) if self.run else None, "epochs": int(epochs), "history": new,
                "test_acc": final.get("test_acc"), "test_loss": final.get("test_loss"),
                "train_loss": final.get("train_loss"), "time_s": time.perf_counter() - self.t0,
