@@ -146,6 +146,25 @@ def _as_option_error(make):
         raise
 
 
+def _saved_train_options(run_dir) -> dict:
+    """The options a run folder's config.json saved ({} when unreadable:
+    resume_config then says why)."""
+    from pathlib import Path
+    from .session.rundir import CONFIG, read_json
+    try:
+        d = read_json(Path(run_dir) / CONFIG).get("train")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _same_as_saved(key, value, saved) -> bool:
+    if key == "extra":
+        own = saved.get("extra") or {}
+        return isinstance(value, dict) and all(k in own and own[k] == v for k, v in value.items())
+    return key in saved and saved[key] == value
+
+
 def cmd_train(args) -> int:
     from . import train as _train
     from .errors import RunError
@@ -176,7 +195,10 @@ def cmd_train(args) -> int:
                        "--workers")
     common = dict(device=_device(args), progress=args.progress, verbose=not args.quiet)
     if args.resume:
-        extra = set(given) - set(RESUME_MAY_CHANGE)
+        saved = _saved_train_options(args.resume)
+        # an option given again with the run's own value changes nothing (under
+        # mpiexec one naturally repeats --parallel): only a different value is refused
+        extra = {k for k in set(given) - set(RESUME_MAY_CHANGE) if not _same_as_saved(k, given[k], saved)}
         if extra:
             raise RunError(f"--resume continues with the run's saved options; only "
                            f"{', '.join(_flag(k) for k in RESUME_MAY_CHANGE if hasattr(args, k))} may change",

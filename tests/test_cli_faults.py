@@ -145,3 +145,14 @@ def test_every_train_and_eval_option_has_help():
         for a in sub.choices[name]._actions:
             if not isinstance(a, argparse._HelpAction):
                 assert a.help and a.help.strip(), f"sprint {name} {a.option_strings or a.dest} has no help"
+
+
+def test_resume_accepts_options_repeated_with_the_runs_own_values(tmp_path):
+    run = tmp_path / "run"
+    assert sprint("train", "--out", run, "--epochs", "1", "--no-progress").returncode == 0
+    # as under mpiexec, where --parallel is naturally repeated: the same values change nothing
+    p = sprint("train", "--resume", run, "--epochs", "2", "--model", "digits", "--lr", "0.05", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert [json.loads(l)["epoch"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    one_error_line(sprint("train", "--resume", run, "--epochs", "3", "--lr", "0.1", "--model", "digits"),
+                   "may change (--lr)")
