@@ -81,6 +81,12 @@ def describe(e: BaseException) -> str:
     return " ".join(line.split())
 
 
+def is_usage_error(e: BaseException) -> bool:
+    """A mistake in what the user gave (exit 2, no traceback), not a failure."""
+    from engine.backend import BackendError
+    return isinstance(e, (ValueError, TypeError, FileNotFoundError, BackendError))
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -89,6 +95,8 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     from engine import backend
     from engine.errors import Interrupted
+    if args.debug:  # the ranks' abort path reads it too (engine.parallel.comm.abort_on_error)
+        os.environ["SPRINT_DEBUG"] = "1"
     try:
         if args.device:
             backend.set_backend(args.device)
@@ -105,8 +113,7 @@ def main(argv=None) -> int:
             traceback.print_exc()
         if not getattr(e, "reported_by_root", False):
             print(f"sprint: error: {describe(e)}", file=sys.stderr, flush=True)
-        usage = isinstance(e, (ValueError, TypeError, FileNotFoundError, backend.BackendError))
-        return EXIT_USAGE if usage else EXIT_FAILED
+        return EXIT_USAGE if is_usage_error(e) else EXIT_FAILED
     return int(rc or 0)
 
 

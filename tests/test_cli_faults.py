@@ -156,3 +156,23 @@ def test_resume_accepts_options_repeated_with_the_runs_own_values(tmp_path):
     assert [json.loads(l)["epoch"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     one_error_line(sprint("train", "--resume", run, "--epochs", "3", "--lr", "0.1", "--model", "digits"),
                    "may change (--lr)")
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(__import__("shutil").which("mpiexec") is None, reason="mpiexec not on PATH")
+@pytest.mark.parametrize("n,args,fragment", [
+    (2, ["--parallel", "sync", "--data", "/nonexistent"], "data source '/nonexistent' does not exist"),
+    (3, ["--parallel", "pipeline", "--stages", "2"], "needs mpiexec -n 2, not 3 rank(s)"),
+])
+def test_an_input_mistake_under_mpiexec_is_one_error_line_not_a_traceback_per_rank(tmp_path, n, args, fragment):
+    """Every rank meets the same mistake: rank 0 reports it, the job ends
+    with exit 2, no rank prints a traceback or says it again."""
+    env = dict(ENV, MPIEXEC_TIMEOUT="60", OMP_NUM_THREADS="1")
+    env.pop("SPRINT_DEBUG", None)
+    p = subprocess.run(["mpiexec", "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "engine.cli", "train",
+                        "--no-progress", "--epochs", "1", "--out", str(tmp_path / "run"), *args],
+                       capture_output=True, text=True, timeout=90, env=env, cwd=ROOT)
+    out = p.stdout + p.stderr
+    errors = [ln for ln in out.splitlines() if ln.startswith("sprint: error: ")]
+    assert p.returncode == 2 and "Traceback" not in out, out[-3000:]
+    assert len(errors) == 1 and fragment in errors[0], out[-3000:]

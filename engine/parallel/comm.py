@@ -36,6 +36,10 @@ class CommError(RuntimeError):
     """A collective could not be completed."""
 
 
+# seconds a rank other than 0 waits before reporting an input error (abort_on_error)
+USAGE_ERROR_GRACE_S = 3.0
+
+
 class ConfigMismatch(CommError, ValueError):
     """Ranks were started with different networks, data or options."""
 
@@ -417,6 +421,18 @@ def abort_on_error(comm: Comm):
     except BaseException as e:
         if comm.size <= 1:
             raise
+        from engine.cli import describe, is_usage_error
+        if is_usage_error(e) and not os.environ.get("SPRINT_DEBUG"):
+            # A mistake in the job's inputs (data, model, options, run folder),
+            # as the CLI would report it: one line, no traceback. It is usually
+            # made on every rank alike, so rank 0 says it at once and the others
+            # wait a moment first: when rank 0 has it too, its abort ends them
+            # before they print the same line again.
+            if comm.rank:
+                time.sleep(USAGE_ERROR_GRACE_S)
+            who = f" (rank {comm.rank} of {comm.size})" if comm.rank else ""
+            say_before_abort(f"sprint: error: {describe(e)}{who}\n")
+            comm.abort(describe(e), code=2, report=False)
         import traceback
         # the line naming the rank first: it is what the other ranks' logs need
         _report_failure(comm.rank, comm.size, f"{type(e).__name__}: {e}")
