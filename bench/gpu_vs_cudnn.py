@@ -21,26 +21,20 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from test_bench_conv import BATCH, LAYERS, layer_case, torch_case  # noqa: E402
-from test_bench_train import BATCHES, engine_step_fn, torch_step_fn  # noqa: E402
+from test_bench_train import BATCHES, _times, engine_step_fn, torch_step_fn  # noqa: E402
 
 
 def median_time(fn, sync, reps):
-    for _ in range(min(5, reps)):  # warm-up: cuDNN's algorithm search, NVRTC compiles, workspaces
-        fn()
-    sync()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        sync()
-        ts.append(time.perf_counter() - t)
+    """(median seconds, (max - min) / median) of fn with the device
+    synchronised after each call; the warm-up covers cuDNN's algorithm
+    search, NVRTC compiles and workspaces."""
+    ts = _times(lambda: (fn(), sync()), reps, warmup=min(5, reps))
     return statistics.median(ts), (max(ts) - min(ts)) / statistics.median(ts)
 
 
