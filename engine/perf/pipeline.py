@@ -320,25 +320,6 @@ def predict(spec, n_node: int = None, n_gpu: int = 1, n_subbatch: int = 32, prof
                                "notes": notes})
 
 
-def format_prediction(p: PipelinePrediction, per_layer: bool = True, explain_terms: bool = False) -> str:
-    from engine.parallel.stage import format_partition
-    lines = [f"{p.model}: {p.stages} stage(s) x {p.replicas} replica(s), schedule {p.schedule}, "
-             f"{p.microbatches} micro-batch(es) of mini-batch {p.batch}, partition {format_partition(p.partition)}",
-             f"{'stage':>5} {'layers':<24}{'params':>12}{'fwd ms':>9}{'bwd ms':>9}{'upd ms':>9}"
-             f"{'send ms':>9}{'bubble':>8}"]
-    for k, c in enumerate(p.costs):
-        lines.append(f"{k:>5} {','.join(c.layers):<24}{c.params:>12,}{1e3 * c.t_f:>9.3f}{1e3 * c.t_b:>9.3f}"
-                     f"{1e3 * c.t_u:>9.3f}{1e3 * c.t_c:>9.3f}{100 * p.bubble[k]:>7.1f}%")
-    lines.append(f"mini-batch {1e3 * p.t_minibatch:.3f} ms, {p.throughput:,.1f} img/s, T_Epoch "
-                 f"{p.t_epoch:.4g} s; GPipe bubble (K-1)/(M+K-1) = {100 * p.bubble_gpipe:.1f} %")
-    lines += [f"note: {n}" for n in p.extra.get("notes", ())]
-    if explain_terms:
-        lines.append("fwd/bwd: the stage's layers' kernels on one micro-batch (profile); upd: momentum "
-                     "update of its slice (+ replica allreduce); send: one activation message; bubble: "
-                     "idle share of a simulated stream")
-    return "\n".join(lines)
-
-
 @dataclass
 class PipelineSimulation:
     prediction: PipelinePrediction
@@ -381,33 +362,8 @@ def simulate(spec, n_node: int = None, n_gpu: int = 1, n_subbatch: int = 32, pro
     return PipelineSimulation(p, cf, sim, updates, cv or 0.0, seed, time.perf_counter() - t0)
 
 
-def format_simulation(s: PipelineSimulation, explain_terms: bool = False) -> str:
-    from .simulate import format_compare
-    p, cf, sim = s.prediction, s.closed, s.sim
-    head = format_prediction(p).splitlines()[0]
-    where = "each stage its own processor" if p.extra["cores"] is None else \
-        f"the stages sharing {p.extra['cores']:g} cores"
-    lines = [head, f"simulated {s.minibatches} mini-batch(es) ({s.minibatches * p.microbatches} micro-batches), "
-                   f"{where}, cv {s.cv:g}, seed {s.seed}: {sim['makespan']:.4g} s simulated in {s.wall_s:.2f} s",
-             f"{'stage':>5} {'layers':<24}{'busy s':>10}{'bubble closed form':>20}{'simulated':>11}"]
-    for k, c in enumerate(p.costs):
-        lines.append(f"{k:>5} {','.join(c.layers):<24}{sim['busy'][k]:>10.4g}{100 * cf['bubble'][k]:>19.1f}%"
-                     f"{100 * sim['bubble'][k]:>10.1f}%")
-    n_img = s.minibatches * p.batch * p.replicas
-    rows = [("stream s", s.closed_stream, sim["makespan"]),
-            ("mini-batch s", cf["t_minibatch"], sim["makespan"] / s.minibatches),
-            ("img/s", n_img / s.closed_stream, n_img / sim["makespan"])]
-    lines.append(format_compare([(n, a, b, (a - b) / b if b else 0.0, "") for n, a, b in rows]))
-    lines.append(f"GPipe bubble (K-1)/(M+K-1) = {100 * cf['bubble_gpipe']:.1f} %")
-    if explain_terms:
-        lines.append("closed form: fill-drain (gpipe) or steady state (1f1b, dualpipe) of these stage costs; "
-                     "simulated: the schedules' instruction lists played with them (engine.perf.pipeline_sim); "
-                     "stream: the whole simulated run, one fill and drain included for 1f1b/dualpipe; "
-                     "mini-batch: stream / mini-batches; bubble: idle share of the stream")
-    return "\n".join(lines)
-
-
 # The command-line half of this strategy's row in the strategy table
-# (engine.perf.strategies) and `sprint info --stages`, kept apart for size.
+# (engine.perf.strategies), `sprint info --stages` and the printed tables,
+# kept apart for size.
 from .pipeline_cli import (add_cli_arguments, add_info_options, add_simulate_arguments,  # noqa: E402,F401
-                           cli_kwargs, info_table)
+                           cli_kwargs, format_prediction, format_simulation, info_table)
