@@ -9,6 +9,7 @@ A checkpoint is one .npz holding the arrays of a state dict plus its other
 values as JSON (``__meta__.json``)."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -40,6 +41,17 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
+def make_folder(folder) -> Path:
+    """``folder`` and its parents; a file in the way is ENOTDIR naming
+    ``folder`` (mkdir says "File exists", which misleads)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder)) from None
+    return folder
+
+
 def atomic_write(path, write) -> Path:
     """Write ``path`` through ``write(binary file)`` (or bytes/str given
     directly) via temp file + fsync + rename + folder fsync. An OSError names
@@ -52,7 +64,7 @@ def atomic_write(path, write) -> Path:
         write = lambda f: f.write(blob)  # noqa: E731
     tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             write(f)

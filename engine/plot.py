@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import metrics as _metrics
+from .checkpoint import atomic_write, make_folder
 
 
 def plot_run(run_dir, out=None) -> list:
@@ -17,8 +18,7 @@ def plot_run(run_dir, out=None) -> list:
     recs = _metrics.read(run_dir)
     if not recs:
         raise ValueError(f"{run_dir}: metrics.jsonl holds no epochs yet")
-    out = Path(out) if out else run_dir
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_folder(out) if out else run_dir
     ep = [r["epoch"] for r in recs]
     figs = {
         "loss.png": ("loss", [("train_loss", "train"), ("test_loss", "test")]),
@@ -38,8 +38,8 @@ def plot_run(run_dir, out=None) -> list:
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        p = out / name
-        fig.savefig(p)
-        plt.close(fig)
-        paths.append(p)
+        try:
+            paths.append(atomic_write(out / name, lambda f: fig.savefig(f, format="png")))
+        finally:
+            plt.close(fig)
     return paths

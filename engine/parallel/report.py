@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.checkpoint import atomic_write
+
 from .runner import STATS
 from .timers import UPDATER_STEPS, WORKER_STEPS
 
@@ -165,7 +167,7 @@ def plot_distributions(st: dict, path) -> Path:
     fig.suptitle(f"{st.get('mode', 'asgd')} {st.get('model', '')}: N_Node {st.get('n_node')} x "
                  f"N_GPU {st.get('n_gpu')}, N_Subbatch {st.get('n_subbatch', '?')}")
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    try:
+        return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    finally:
+        plt.close(fig)

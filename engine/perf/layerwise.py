@@ -247,11 +247,8 @@ class Plan:
             raise ValueError(f"{where}: missing or malformed entry {e}") from None
 
     def save(self, path):
-        from pathlib import Path
-        p = Path(path)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        tmp.replace(p)
+        from engine.checkpoint import atomic_write
+        return atomic_write(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def load(cls, path) -> "Plan":
