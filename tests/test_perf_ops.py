@@ -131,7 +131,7 @@ def test_per_step_work_is_a_constant_plus_a_per_parameter_cost():
 
 
 def test_layer_passes_of_spec_nets_hold_out_a_whole_net():
-    from engine.perf.sweep_kernels import LAYER_PASS_HELDOUT, sweep_layer_passes
+    from engine.perf.sweep_layer_passes import LAYER_PASS_HELDOUT, sweep_layer_passes
     held = {"name": LAYER_PASS_HELDOUT[0], "x0": 8, "m0": 1, "c": 3, "convs": [[2, 2]], "fcs": [4, 3]}
     recs = sweep_layer_passes({"net_batches": (1, 2, 3), "repeats": 1, "nets": ("tiny",),
                                "layer_pass_nets": ("tiny", held)})
@@ -140,3 +140,27 @@ def test_layer_passes_of_spec_nets_hold_out_a_whole_net():
     assert all(by[(held["name"], n)] for n in (1, 2, 3))                 # the whole net
     r = next(r for r in recs if r["model"] == held["name"])
     assert spec_mod.get_spec(r["spec"]).name == held["name"]            # a fit can rebuild it
+
+
+def test_sweeps_see_the_seen_test_nets_and_never_test_set_5():
+    """The op and layer-pass sweeps time the nets of test sets 1-4 (seen:
+    7x7 kernels among them) and none of test set 5 (bench/specs/heldout_k5c3,
+    heldout_pool4), which stays held out of every fit."""
+    from pathlib import Path
+    from engine.perf.sweep import mode_config
+    from engine.perf.sweep_kernels import LAYER_NETS, SWEPT_NETS
+    from engine.perf.sweep_layer_passes import LAYER_PASS_NETS, SEEN_NETS
+    from engine.perf.sweep_ops import conv_op_shapes, fc_op_shapes
+    cfg = mode_config(True)
+    convs, fcs = conv_op_shapes(cfg), fc_op_shapes(cfg)
+    specs = Path(__file__).resolve().parents[1] / "bench" / "specs"
+    test5 = {spec_mod.get_spec(specs / f).name for f in ("heldout_k5c3.json", "heldout_pool4.json")}
+    swept = {spec_mod.get_spec(n).name for n in LAYER_PASS_NETS + LAYER_NETS + SWEPT_NETS}
+    assert "heldout-k7" in swept and not test5 & swept
+    k7 = spec_mod.get_spec(next(n for n in SEEN_NETS if isinstance(n, dict) and n["name"] == "heldout-k7"))
+    for g in spec_mod.layers(k7, 1):
+        if g.kind == "conv":
+            assert (cfg["batches"][-1], g.in_shape[0], g.in_shape[1], 7, g.w_shape[0]) in convs
+        else:
+            assert (cfg["net_batches"][0], g.w_shape[1], g.w_shape[0]) in fcs
+    assert sum(s[3] == 7 for s in convs) >= 0.1 * len(convs)

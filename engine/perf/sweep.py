@@ -22,11 +22,11 @@ import time
 import numpy as np
 
 from .timing import CLOCK, set_threads, time_call, use_clock  # noqa: F401  (public API)
-from .sweep_kernels import (LAYER_NETS, LAYER_PASS_NETS, SWEPT_NETS, TRANS, conv_shapes,  # noqa: F401
-                            net_gemm_shapes, sgemm_grid,
-                            layer_pass_times, sweep_data, sweep_fc_softmax, sweep_handover, sweep_layer_passes,
+from .sweep_kernels import (LAYER_NETS, SWEPT_NETS, TRANS, conv_shapes,  # noqa: F401
+                            net_gemm_shapes, sgemm_grid, sweep_data, sweep_fc_softmax, sweep_handover,
                             sweep_layers, sweep_net_steps,
                             sweep_sgemm, sweep_vectors, sweep_vectors_cold)
+from .sweep_layer_passes import LAYER_PASS_NETS, layer_pass_times, sweep_layer_passes  # noqa: F401
 from .sweep_ops import sweep_conv_ops, sweep_fc_ops  # noqa: F401
 from .sweep_mpi import (_allreduce_after_last, _allreduce_child, _contention_child, sweep_allreduce,  # noqa: F401
                         sweep_contention)

@@ -25,15 +25,6 @@ TRANS = {"nn": (False, False), "nt": (False, True), "tn": (True, False)}
 LAYER_NETS = ("tiny", "cifar", "cnn-a")
 # Nets whose SGEMM shapes and whole steps the sweeps time.
 SWEPT_NETS = ("tiny", "cifar")
-# Nets whose layer passes fit the per-layer terms: the swept nets and the
-# nets of held-out test sets 1 and 2, which count as seen since they were
-# scored (bench/RESULTS.md section 4); ``heldout-b`` is held out of the fit
-# whole. Spec dicts, so that any install can sweep them.
-LAYER_PASS_NETS = SWEPT_NETS + (
-    "digits", "mnist",
-    {"name": "mnist-heldout", "x0": 28, "m0": 1, "c": 5, "convs": [[16, 2], [32, 2]], "fcs": [128, 10]},
-    {"name": "heldout-b", "x0": 16, "m0": 3, "c": 3, "convs": [[12, 2], [24, 2]], "fcs": [48, 10]})
-LAYER_PASS_HELDOUT = ("heldout-b",)
 
 # -- SGEMM ----------------------------------------------------------------------
 
@@ -350,65 +341,4 @@ def sweep_net_steps(cfg, skipped=None):
             except Exception as e:
                 (skipped if skipped is not None else []).append(f"net {name}: {type(e).__name__}: {e}")
                 break
-    return recs
-
-
-
-# -- each layer's forward and backward inside a net step ----------------------------
-
-def layer_pass_times(spec, n, repeats=7, clock=None):
-    """{(layer, "fwd"|"bwd"): (median, std) seconds} of each layer's forward
-    and backward inside ``Net.loss_and_grad`` of ``spec`` on ``n`` samples,
-    one thread. A layer's pass costs more than its kernels: the Python of
-    the layer and the ops between them, the buffers it allocates, and caches
-    the neighbouring layers left cold -- what the kernel sweeps cannot see."""
-    from engine.net import Net
-    clock = clock or CLOCK["fn"]
-    sp = spec_mod.get_spec(spec)
-    net = Net(sp, seed=0)
-    acc = {}
-
-    def wrap(layer, kind, key):
-        f = getattr(layer, kind)
-
-        def timed(*a, **k):
-            t0 = clock()
-            r = f(*a, **k)
-            acc.setdefault((layer.name, key), []).append(clock() - t0)
-            return r
-        setattr(layer, kind, timed)
-    for layer in net.layers:
-        wrap(layer, "forward", "fwd")
-        wrap(layer, "backward", "bwd")
-    x = _rand((n,) + sp.input_shape, 9)
-    y = _xp().asarray(np.random.default_rng(0).integers(0, sp.n_classes, n))
-    net.loss_and_grad(x, y)
-    acc.clear()
-    for _ in range(repeats):
-        net.loss_and_grad(x, y)
-    return {k: (float(np.median(v)), float(np.std(v))) for k, v in acc.items()}
-
-
-def sweep_layer_passes(cfg, skipped=None):
-    """``layer_pass`` records of ``LAYER_PASS_NETS`` at every net batch size;
-    the middle batch size of each net and the nets of ``LAYER_PASS_HELDOUT``
-    are held out whole (shapes and nets, not points)."""
-    recs = []
-    batches = cfg["net_batches"]
-    held = batches[len(batches) // 2]
-    for net in cfg.get("layer_pass_nets", cfg["nets"]):
-        sp = spec_mod.get_spec(net)
-        name = sp.name
-        kinds = {g.name: g.kind for g in spec_mod.layers(sp)}
-        for n in batches:
-            try:
-                got = layer_pass_times(sp, n, repeats=3 * cfg["repeats"])
-            except Exception as e:    # kernels still missing
-                (skipped if skipped is not None else []).append(f"layer passes {name}: {type(e).__name__}: {e}")
-                break
-            for (layer, pas), (t, s) in got.items():
-                recs.append({"kind": "layer_pass", "model": name, "spec": sp.to_dict(), "n_subbatch": n,
-                             "layer": layer, "layer_kind": kinds[layer], "pass": pas, "t": t, "std": s,
-                             "clock": CLOCK["name"], "holdout": n == held or name in LAYER_PASS_HELDOUT,
-                             "l2_bytes": cache_bytes(2)})
     return recs

@@ -1,0 +1,90 @@
+"""Each layer's forward and backward timed inside a whole net step: what
+the per-layer terms (``fit_steps.fit_layer_terms``) are fitted on, and what
+bench/validate_model.py compares the model's layer terms with.
+
+A layer's pass costs more than its ops in their sweeps: the Python of the
+layer and the ops between them, the buffers it allocates, and the caches
+the neighbouring layers left cold. These records see all of it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engine import spec as spec_mod
+
+from .sweep_kernels import SWEPT_NETS, cache_bytes
+from .timing import CLOCK, _rand, _xp
+
+# The nets of held-out test sets 1-4 (bench/RESULTS.md section 4): each was
+# scored once and counts as seen since, so the sweeps may fit on them. Spec
+# dicts, so that any install can sweep them. Sets 3 and 4 bring what the
+# swept nets lack: 7x7 kernels (heldout-k7), three conv layers, three FC
+# layers. Test set 5's nets are in none of these lists.
+SEEN_NETS = (
+    "digits", "mnist",
+    {"name": "mnist-heldout", "x0": 28, "m0": 1, "c": 5, "convs": [[16, 2], [32, 2]], "fcs": [128, 10]},
+    {"name": "heldout-b", "x0": 16, "m0": 3, "c": 3, "convs": [[12, 2], [24, 2]], "fcs": [48, 10]},
+    {"name": "heldout-fc", "x0": 12, "m0": 1, "c": 3, "convs": [[8, 2]], "fcs": [256, 128, 10]},
+    {"name": "heldout-deep", "x0": 20, "m0": 2, "c": 5, "convs": [[12, 1], [16, 2], [32, 2]], "fcs": [64, 10]},
+    {"name": "heldout-k7", "x0": 28, "m0": 1, "c": 7, "convs": [[10, 2], [20, 2]], "fcs": [100, 10]},
+    {"name": "heldout-wide", "x0": 28, "m0": 1, "c": 3, "convs": [[24, 1], [24, 2], [48, 2]], "fcs": [96, 10]})
+# Nets whose layer passes fit the per-layer terms; ``heldout-b`` is held
+# out of that fit whole.
+LAYER_PASS_NETS = SWEPT_NETS + SEEN_NETS
+LAYER_PASS_HELDOUT = ("heldout-b",)
+
+
+def layer_pass_times(spec, n, repeats=7, clock=None):
+    """{(layer, "fwd"|"bwd"): (median, std) seconds} of each layer's forward
+    and backward inside ``Net.loss_and_grad`` of ``spec`` on ``n`` samples,
+    one thread."""
+    from engine.net import Net
+    clock = clock or CLOCK["fn"]
+    sp = spec_mod.get_spec(spec)
+    net = Net(sp, seed=0)
+    acc = {}
+
+    def wrap(layer, kind, key):
+        f = getattr(layer, kind)
+
+        def timed(*a, **k):
+            t0 = clock()
+            r = f(*a, **k)
+            acc.setdefault((layer.name, key), []).append(clock() - t0)
+            return r
+        setattr(layer, kind, timed)
+    for layer in net.layers:
+        wrap(layer, "forward", "fwd")
+        wrap(layer, "backward", "bwd")
+    x = _rand((n,) + sp.input_shape, 9)
+    y = _xp().asarray(np.random.default_rng(0).integers(0, sp.n_classes, n))
+    net.loss_and_grad(x, y)
+    acc.clear()
+    for _ in range(repeats):
+        net.loss_and_grad(x, y)
+    return {k: (float(np.median(v)), float(np.std(v))) for k, v in acc.items()}
+
+
+def sweep_layer_passes(cfg, skipped=None):
+    """``layer_pass`` records of ``LAYER_PASS_NETS`` at every net batch size;
+    the middle batch size of each net and the nets of ``LAYER_PASS_HELDOUT``
+    are held out whole (shapes and nets, not points)."""
+    recs = []
+    batches = cfg["net_batches"]
+    held = batches[len(batches) // 2]
+    for net in cfg.get("layer_pass_nets", cfg["nets"]):
+        sp = spec_mod.get_spec(net)
+        name = sp.name
+        kinds = {g.name: g.kind for g in spec_mod.layers(sp)}
+        for n in batches:
+            try:
+                got = layer_pass_times(sp, n, repeats=3 * cfg["repeats"])
+            except Exception as e:    # kernels still missing
+                (skipped if skipped is not None else []).append(f"layer passes {name}: {type(e).__name__}: {e}")
+                break
+            for (layer, pas), (t, s) in got.items():
+                recs.append({"kind": "layer_pass", "model": name, "spec": sp.to_dict(), "n_subbatch": n,
+                             "layer": layer, "layer_kind": kinds[layer], "pass": pas, "t": t, "std": s,
+                             "clock": CLOCK["name"], "holdout": n == held or name in LAYER_PASS_HELDOUT,
+                             "l2_bytes": cache_bytes(2)})
+    return recs
