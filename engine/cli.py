@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import errno
+import contextlib
 import importlib
 import os
+import re
 import sys
 
 # (module, function) pairs; each function gets the subparsers object and adds
@@ -32,8 +34,31 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises its complaint instead of printing usage and
+    exiting, so that it is one ``sprint: error:`` line like every other
+    failure (and said once under mpiexec). Subcommand parsers are of this
+    class too (argparse makes them of the parent's)."""
+
+    def error(self, message):
+        from engine.errors import RunError
+        m = re.fullmatch(r"argument (\S+): (.*)", message, re.S)
+        if m:                          # a bad value: the option names where
+            raise RunError(m.group(2), m.group(1))
+        raise RunError(f"{message}; `{self.prog} --help` lists the options")
+
+    def parse_args(self, args=None, namespace=None):
+        # arguments left over belong to the subcommand's line: its parser says so
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            owner = subs[0].choices.get(getattr(ns, "command", None), self) if subs else self
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sprint", description="SPRINT CNN training engine")
+    p = _Parser(prog="sprint", description="SPRINT CNN training engine")
     p.add_argument("--version", action="version", version=f"sprint {_version()}")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default=None,
                    help="compute backend (default: $SPRINT_DEVICE or auto)")
@@ -87,33 +112,71 @@ def is_usage_error(e: BaseException) -> bool:
     return isinstance(e, (ValueError, TypeError, FileNotFoundError, BackendError))
 
 
+def _job_size() -> int:
+    from engine.parallel.comm import launcher_world_size
+    return launcher_world_size()
+
+
+@contextlib.contextmanager
+def _said_by_rank_0():
+    """Under mpiexec every rank parses the same command line: only rank 0
+    prints the help or the version."""
+    from engine.parallel.comm import launcher_rank
+    if _job_size() > 1 and launcher_rank() != 0:
+        with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+            yield
+    else:
+        yield
+
+
+def _fail(e: BaseException, debug: bool) -> int:
+    """The one ``sprint: error:`` line of ``e`` and its exit status. Under
+    mpiexec (an error before the ranks share a run, or one only this rank
+    met) it is said once for the job and ends every rank, as a failure
+    inside a run does (engine.parallel.comm.abort_once)."""
+    if debug:
+        import traceback
+        traceback.print_exc()
+    code = EXIT_USAGE if is_usage_error(e) else EXIT_FAILED
+    if getattr(e, "reported_by_root", False):
+        return code
+    line = f"sprint: error: {describe(e)}"
+    if not debug and _job_size() > 1:
+        from engine.parallel.comm import abort_once, get_comm
+        abort_once(get_comm(), line, code)
+    print(line, file=sys.stderr, flush=True)
+    return code
+
+
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return EXIT_USAGE
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    debug = bool(os.environ.get("SPRINT_DEBUG")) or "--debug" in argv
+    try:
+        parser = build_parser()
+        with _said_by_rank_0():
+            args = parser.parse_args(argv)
+            if not getattr(args, "func", None):
+                parser.print_help()
+                return EXIT_USAGE
+    except Exception as e:
+        return _fail(e, debug)
     from engine import backend
     from engine.errors import Interrupted
-    if args.debug:  # the ranks' abort path reads it too (engine.parallel.comm.abort_on_error)
+    debug = args.debug
+    if debug:  # the ranks' abort path reads it too (engine.parallel.comm.abort_on_error)
         os.environ["SPRINT_DEBUG"] = "1"
     try:
         if args.device:
             backend.set_backend(args.device)
         rc = args.func(args)
     except KeyboardInterrupt as e:
-        if args.debug:
+        if debug:
             import traceback
             traceback.print_exc()
         print(str(e) if isinstance(e, Interrupted) else "interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     except Exception as e:
-        if args.debug:
-            import traceback
-            traceback.print_exc()
-        if not getattr(e, "reported_by_root", False):
-            print(f"sprint: error: {describe(e)}", file=sys.stderr, flush=True)
-        return EXIT_USAGE if is_usage_error(e) else EXIT_FAILED
+        return _fail(e, debug)
     return int(rc or 0)
 
 

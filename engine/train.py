@@ -87,13 +87,10 @@ def refuse_launcher_ranks(cfg):
     n = launcher_world_size()
     if n > 1:
         choices = [s.name for s in _registry.STRATEGIES.values() if s.distributed]
-        e = RunError(f"{n} MPI ranks were started but no parallel strategy was chosen (each rank would "
-                     f"train its own copy into the same folder); choose --parallel "
-                     f"{' | '.join(choices)}, or run without mpiexec", "--parallel")
-        import os
-        rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
-        e.reported_by_root = rank != "0"     # one line for the job, from rank 0
-        raise e
+        # every rank raises it; the CLI says it once for the job (engine.cli._fail)
+        raise RunError(f"{n} MPI ranks were started but no parallel strategy was chosen (each rank would "
+                       f"train its own copy into the same folder); choose --parallel "
+                       f"{' | '.join(choices)}, or run without mpiexec", "--parallel")
 
 
 # ---- the trivial strategy ----------------------------------------------------

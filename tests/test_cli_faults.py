@@ -94,6 +94,11 @@ def test_bad_options_and_files_are_one_line_each(tmp_path):
     one_error_line(sprint("train", "--momentum", "1.5"), "momentum must be in [0, 1), got 1.5 (--momentum)")
     one_error_line(sprint("train", "--workers", "2"), "--parallel asgd | sync", "(--workers)")
     one_error_line(sprint("train", "--max-pending", "2"), "(--max-pending)")
+    # argparse's own complaints too: one line, no usage dump
+    one_error_line(sprint("train", "--epochs", "x"), "invalid int value: 'x' (--epochs)")
+    one_error_line(sprint("train", "--format", "foo"), "invalid choice: 'foo'", "(--format)")
+    one_error_line(sprint("train", "--bogus", "1"), "unrecognized arguments: --bogus 1", "`sprint train --help`")
+    one_error_line(sprint("plan", "--gpus", "2"), "required: --model", "`sprint plan --help`")
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"x0": 8, "m0": 1, "c": 3, "convs": [[32, 1]], "fcs": [200000000, 10]}))
     one_error_line(sprint("train", "--model", big), "needs at least", "GiB", "(--model)")
@@ -158,21 +163,67 @@ def test_resume_accepts_options_repeated_with_the_runs_own_values(tmp_path):
                    "may change (--lr)")
 
 
+def _mpiexec(*ranks, timeout=90):
+    """mpiexec with one argument list per rank group ([n, args...] each)."""
+    env = dict(ENV, MPIEXEC_TIMEOUT="60", OMP_NUM_THREADS="1")
+    env.pop("SPRINT_DEBUG", None)
+    cmd = ["mpiexec"]
+    for n, *args in ranks:
+        cmd += [":"] * (len(cmd) > 1) + ["-n", str(n), sys.executable, *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    out = p.stdout + p.stderr
+    return p, out, [ln for ln in out.splitlines() if ln.startswith("sprint: error: ")]
+
+
+MPI_TRAIN = ["-m", "mpi4py", "-m", "engine.cli", "train", "--no-progress", "--epochs", "1"]
+needs_mpiexec = pytest.mark.skipif(__import__("shutil").which("mpiexec") is None, reason="mpiexec not on PATH")
+
+
 @pytest.mark.mpi
-@pytest.mark.skipif(__import__("shutil").which("mpiexec") is None, reason="mpiexec not on PATH")
+@needs_mpiexec
 @pytest.mark.parametrize("n,args,fragment", [
     (2, ["--parallel", "sync", "--data", "/nonexistent"], "data source '/nonexistent' does not exist"),
     (3, ["--parallel", "pipeline", "--stages", "2"], "needs mpiexec -n 2, not 3 rank(s)"),
+    # refused by the CLI before any run is set up
+    (2, ["--parallel", "sync", "--lr", "nan"], "lr must be finite and > 0, got nan (--lr)"),
+    (2, ["--parallel", "sync", "--epochs", "x"], "invalid int value: 'x' (--epochs)"),
+    (2, ["--parallel", "sync", "--bogus"], "unrecognized arguments: --bogus"),
+    (2, ["--max-pending", "2"], "applies to --parallel asgd only (--max-pending)"),
 ])
 def test_an_input_mistake_under_mpiexec_is_one_error_line_not_a_traceback_per_rank(tmp_path, n, args, fragment):
     """Every rank meets the same mistake: rank 0 reports it, the job ends
     with exit 2, no rank prints a traceback or says it again."""
-    env = dict(ENV, MPIEXEC_TIMEOUT="60", OMP_NUM_THREADS="1")
-    env.pop("SPRINT_DEBUG", None)
-    p = subprocess.run(["mpiexec", "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "engine.cli", "train",
-                        "--no-progress", "--epochs", "1", "--out", str(tmp_path / "run"), *args],
-                       capture_output=True, text=True, timeout=90, env=env, cwd=ROOT)
-    out = p.stdout + p.stderr
-    errors = [ln for ln in out.splitlines() if ln.startswith("sprint: error: ")]
+    p, out, errors = _mpiexec([n, *MPI_TRAIN, "--out", tmp_path / "run", *args])
     assert p.returncode == 2 and "Traceback" not in out, out[-3000:]
     assert len(errors) == 1 and fragment in errors[0], out[-3000:]
+    assert "(rank " not in errors[0] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+def test_under_mpiexec_without_mpi4py_a_cli_mistake_is_said_once_and_ends_every_rank(tmp_path):
+    """`mpiexec -n 2 sprint ...` (MPI not yet initialised when the CLI refuses)."""
+    p, out, errors = _mpiexec([2, "-m", "engine.cli", "train", "--parallel", "sync", "--lr", "-1",
+                               "--out", tmp_path / "run"], timeout=60)
+    assert p.returncode == 2 and len(errors) == 1 and "got -1.0 (--lr)" in errors[0], out[-3000:]
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+def test_a_mistake_on_one_rank_only_names_it_and_ends_the_job(tmp_path):
+    run = tmp_path / "run"
+    p, out, errors = _mpiexec([1, *MPI_TRAIN, "--parallel", "sync", "--out", run],
+                              [1, *MPI_TRAIN, "--parallel", "sync", "--out", run, "--lr", "nan"])
+    assert p.returncode == 2 and "Traceback" not in out, out[-3000:]
+    assert errors == ["sprint: error: lr must be finite and > 0, got nan (--lr) (rank 1 of 2)"], out[-3000:]
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+def test_under_mpiexec_help_is_printed_once_and_debug_keeps_every_ranks_traceback(tmp_path):
+    p, out, _ = _mpiexec([2, *MPI_TRAIN, "--help"])
+    assert p.returncode == 0 and p.stdout.count("usage: sprint train") == 1, out[-3000:]
+    p, out, errors = _mpiexec([2, "-m", "mpi4py", "-m", "engine.cli", "--debug", "train", "--parallel", "sync",
+                               "--lr", "nan", "--out", tmp_path / "run"])
+    # each rank prints its own; the first abort may cut another's short
+    assert p.returncode == 2 and "Traceback" in out and errors, out[-3000:]

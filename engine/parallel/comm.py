@@ -65,6 +65,18 @@ def launcher_world_size() -> int:
     return get_comm().size
 
 
+def launcher_rank() -> int:
+    """This process's rank as the launcher numbered it (0 without one),
+    read from its environment so that MPI need not be initialised."""
+    if not launched_under_mpi():
+        return 0
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        v = os.environ.get(var, "")
+        if v.isdigit():
+            return int(v)
+    return get_comm().rank
+
+
 def config_hash(obj) -> str:
     """Stable short hash of a JSON-able object (keys sorted)."""
     blob = json.dumps(obj, sort_keys=True, default=str).encode()
@@ -421,20 +433,27 @@ def abort_on_error(comm: Comm):
     except BaseException as e:
         if comm.size <= 1:
             raise
-        from engine.cli import describe, is_usage_error
+        from engine.cli import EXIT_USAGE, describe, is_usage_error
         if is_usage_error(e) and not os.environ.get("SPRINT_DEBUG"):
             # A mistake in the job's inputs (data, model, options, run folder),
-            # as the CLI would report it: one line, no traceback. It is usually
-            # made on every rank alike, so rank 0 says it at once and the others
-            # wait a moment first: when rank 0 has it too, its abort ends them
-            # before they print the same line again.
-            if comm.rank:
-                time.sleep(USAGE_ERROR_GRACE_S)
-            who = f" (rank {comm.rank} of {comm.size})" if comm.rank else ""
-            say_before_abort(f"sprint: error: {describe(e)}{who}\n")
-            comm.abort(describe(e), code=2, report=False)
+            # as the CLI would report it: one line, no traceback.
+            abort_once(comm, f"sprint: error: {describe(e)}", EXIT_USAGE)
         import traceback
         # the line naming the rank first: it is what the other ranks' logs need
         _report_failure(comm.rank, comm.size, f"{type(e).__name__}: {e}")
         traceback.print_exc()
         comm.abort(f"{type(e).__name__}: {e}", report=False)
+
+
+def abort_once(comm: Comm, line: str, code: int):
+    """End the whole job with exit ``code`` after saying ``line`` once. A
+    mistake in the job's inputs is usually made on every rank alike, so
+    rank 0 says it at once and the others wait USAGE_ERROR_GRACE_S first:
+    when rank 0 has it too, its abort ends them before they say it again;
+    when it does not (a file only this rank cannot read), they say it
+    naming their rank."""
+    if comm.rank:
+        time.sleep(USAGE_ERROR_GRACE_S)
+        line = f"{line} (rank {comm.rank} of {comm.size})"
+    say_before_abort(line + "\n")
+    comm.abort(line, code=code, report=False)
