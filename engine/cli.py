@@ -133,7 +133,7 @@ def _fail(e: BaseException, debug: bool) -> int:
     """The one ``sprint: error:`` line of ``e`` and its exit status. Under
     mpiexec (an error before the ranks share a run, or one only this rank
     met) it is said once for the job and ends every rank, as a failure
-    inside a run does (engine.parallel.comm.abort_once)."""
+    inside a run does (engine.parallel.abort.abort_once)."""
     if debug:
         import traceback
         traceback.print_exc()
@@ -142,7 +142,8 @@ def _fail(e: BaseException, debug: bool) -> int:
         return code
     line = f"sprint: error: {describe(e)}"
     if not debug and _job_size() > 1:
-        from engine.parallel.comm import abort_once, get_comm
+        from engine.parallel.abort import abort_once
+        from engine.parallel.comm import get_comm
         abort_once(get_comm(), line, code)
     print(line, file=sys.stderr, flush=True)
     return code
@@ -163,7 +164,7 @@ def main(argv=None) -> int:
     from engine import backend
     from engine.errors import Interrupted
     debug = args.debug
-    if debug:  # the ranks' abort path reads it too (engine.parallel.comm.abort_on_error)
+    if debug:  # the ranks' abort path reads it too (engine.parallel.abort.abort_on_error)
         os.environ["SPRINT_DEBUG"] = "1"
     try:
         if args.device:

@@ -127,7 +127,7 @@ class RawKernel:
         if len(args) != len(self.sig):
             raise TypeError(f"{self.name}: {len(args)} arguments for {len(self.sig)} parameters")
         conv = []
-        from gpu_emu import _unsupported, ndarray
+        from gpu_emu_array import _unsupported, ndarray
         for i, (a, (kind, pointee, const)) in enumerate(zip(args, self.sig)):
             what = f"{self.name} argument {i}"
             if kind == "ptr":

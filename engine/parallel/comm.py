@@ -4,7 +4,8 @@ One small interface, two implementations:
 
 * ``MPIComm`` over mpi4py when the process was started by an MPI launcher
   (``mpiexec -n N ...``): in-place sum-allreduce of flat float32 vectors,
-  broadcast, agreement checks and job-wide abort;
+  broadcast, agreement checks and job-wide abort (how a failing rank
+  ends the job, and what it says: engine.parallel.abort);
 * ``LocalComm`` (one node) otherwise, so a plain ``sprint train --parallel
   asgd`` runs without MPI at all.
 
@@ -17,7 +18,6 @@ actually provided is checked by :func:`require_thread_level`.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -34,10 +34,6 @@ _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
 
 class CommError(RuntimeError):
     """A collective could not be completed."""
-
-
-# seconds a rank other than 0 waits before reporting an input error (abort_on_error)
-USAGE_ERROR_GRACE_S = 3.0
 
 
 class ConfigMismatch(CommError, ValueError):
@@ -150,7 +146,8 @@ class Comm:
     def abort(self, message: str, code: int = 1, report: bool = True):
         """Print a message naming this rank and end the whole job."""
         if report:
-            _report_failure(self.rank, self.size, message)
+            from .abort import report_failure
+            report_failure(self.rank, self.size, message)
         os._exit(code)
 
     def slice_bounds(self, n: int, rank=None):
@@ -196,22 +193,6 @@ class _Pending:
 
     def wait(self):
         self.req.Wait()
-
-
-def say_before_abort(text: str):
-    """Write ``text`` to stderr after whatever stdout holds, flushed: the
-    last words of a rank before MPI_Abort."""
-    try:
-        sys.stdout.flush()
-    except Exception:
-        pass
-    sys.stderr.write(text)
-    sys.stderr.flush()
-
-
-def _report_failure(rank, size, message):
-    say_before_abort(f"sprint: rank {rank} of {size} failed: {message}\n"
-                     f"sprint: aborting all ranks because rank {rank} failed\n")
 
 
 class LocalComm(Comm):
@@ -305,7 +286,8 @@ class MPIComm(Comm):
 
     def abort(self, message: str, code: int = 1, report: bool = True):
         if report:
-            _report_failure(self.rank, self.size, message)
+            from .abort import report_failure
+            report_failure(self.rank, self.size, message)
         # MPI_Abort makes the launcher kill every process at once and output
         # still in the pipes can be lost: give the forwarders a moment.
         time.sleep(0.5)
@@ -384,76 +366,3 @@ def get_comm() -> Comm:
     return _COMM
 
 
-def install_abort_hooks(comm: Comm) -> None:
-    """Make an uncaught exception in any thread end the whole job (naming the
-    rank) instead of leaving the other ranks waiting in a collective."""
-    if comm.size <= 1:
-        return
-
-    def _hook(exc_type, exc, tb):
-        import traceback
-        _report_failure(comm.rank, comm.size, f"{exc_type.__name__}: {exc}")
-        traceback.print_exception(exc_type, exc, tb)
-        comm.abort(f"{exc_type.__name__}: {exc}", report=False)
-
-    def _thread_hook(args):
-        _hook(args.exc_type, args.exc_value, args.exc_traceback)
-
-    sys.excepthook = _hook
-    threading.excepthook = _thread_hook
-
-
-def run_guarded(body, cfg):
-    """``body(cfg, comm)`` on this rank under the abort rules every MPI
-    strategy shares: the job's communicator, the abort hooks, and an
-    exception turned into a job-wide abort that names the rank."""
-    comm = get_comm()
-    install_abort_hooks(comm)
-    with abort_on_error(comm):
-        return body(cfg, comm)
-
-
-@contextlib.contextmanager
-def abort_on_error(comm: Comm):
-    """Turn an exception on this rank into a job-wide abort naming the rank,
-    so the other ranks do not wait forever in the next collective. A
-    ConfigMismatch is raised on every rank alike and is let through."""
-    try:
-        yield comm
-    except KeyboardInterrupt as e:
-        if comm.size <= 1:
-            raise
-        # a peer may sit in a blocking collective that never returns once this
-        # rank leaves: say how to resume (rank 0) and end the whole job
-        if comm.rank == 0:
-            say_before_abort(f"{e or 'interrupted'}\n")
-        comm.abort("interrupted", code=130, report=False)
-    except (ConfigMismatch, SystemExit):
-        raise
-    except BaseException as e:
-        if comm.size <= 1:
-            raise
-        from engine.cli import EXIT_USAGE, describe, is_usage_error
-        if is_usage_error(e) and not os.environ.get("SPRINT_DEBUG"):
-            # A mistake in the job's inputs (data, model, options, run folder),
-            # as the CLI would report it: one line, no traceback.
-            abort_once(comm, f"sprint: error: {describe(e)}", EXIT_USAGE)
-        import traceback
-        # the line naming the rank first: it is what the other ranks' logs need
-        _report_failure(comm.rank, comm.size, f"{type(e).__name__}: {e}")
-        traceback.print_exc()
-        comm.abort(f"{type(e).__name__}: {e}", report=False)
-
-
-def abort_once(comm: Comm, line: str, code: int):
-    """End the whole job with exit ``code`` after saying ``line`` once. A
-    mistake in the job's inputs is usually made on every rank alike, so
-    rank 0 says it at once and the others wait USAGE_ERROR_GRACE_S first:
-    when rank 0 has it too, its abort ends them before they say it again;
-    when it does not (a file only this rank cannot read), they say it
-    naming their rank."""
-    if comm.rank:
-        time.sleep(USAGE_ERROR_GRACE_S)
-        line = f"{line} (rank {comm.rank} of {comm.size})"
-    say_before_abort(line + "\n")
-    comm.abort(line, code=code, report=False)

@@ -1,7 +1,7 @@
 """``sprint train --parallel layerwise --plan PLAN.json`` under ``mpiexec -n N``:
 the training loop around engine.parallel.layerwise, on engine.session.Session
 (run folder, watchdog, evaluation, metrics) and under the abort rules every
-MPI strategy shares (comm.run_guarded: a failed rank ends the job naming it).
+MPI strategy shares (abort.run_guarded: a failed rank ends the job naming it).
 
 Every rank reads the same mini-batches (same seed) and runs its part of
 every layer as the plan says; the plan is checked against the net, the
@@ -25,6 +25,7 @@ import math
 import time
 
 from . import comm as _comm
+from .abort import run_guarded
 
 STATS = "layerwise_stats.json"
 
@@ -54,7 +55,7 @@ def load_checked_plan(cfg, n_ranks):
 
 
 def run(cfg) -> dict:
-    return _comm.run_guarded(_run, cfg)
+    return run_guarded(_run, cfg)
 
 
 def _run(cfg, comm):

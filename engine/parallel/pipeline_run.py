@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from . import comm as _comm
+from .abort import run_guarded
 from . import pipeline_ckpt as _ck
 from .pipeline import TRACE_KEEP, StageExecutor, micro_sizes, split_micro, _host
 from .stage import Stage, even_partition, format_partition, parse_partition
@@ -117,7 +118,7 @@ def choose_partition(cfg, spec, K, manifest=None):
 
 
 def run(cfg) -> dict:
-    return _comm.run_guarded(_run, cfg)
+    return run_guarded(_run, cfg)
 
 
 def _run(cfg, comm):

@@ -271,7 +271,7 @@ def launch(cfg, mode, body):
     """``body(job)`` on every rank of a Downpour or Sandblaster job, inside the
     engine's session (device, data, run folder, watchdog) and abort rules."""
     from engine.session import Session
-    from .comm import run_guarded
+    from .abort import run_guarded
 
     def in_session(cfg, comm):
         with Session(cfg, comm) as s:

@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from . import comm as _comm
+from .abort import run_guarded
 from .asgd import ASGD, ASGDConfig, Step
 from .sync import SyncConfig, SyncSGD
 from .threads import limit_this_thread, threads_per_worker
@@ -182,7 +183,7 @@ def _to_host(a):
 
 
 def run(cfg) -> dict:
-    return _comm.run_guarded(_run, cfg)
+    return run_guarded(_run, cfg)
 
 
 def _run(cfg, comm):

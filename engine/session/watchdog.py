@@ -87,7 +87,7 @@ class Watchdog:
         answering = [r for r in range(self.size) if r not in silent]
         who = self._name(silent)
         if self.rank == answering[0]:
-            from engine.parallel.comm import say_before_abort
+            from engine.parallel.abort import say_before_abort
             say_before_abort(f"sprint: error: {who} stopped answering (no heartbeat for "
                              f"{quiet_for:.0f} s; --timeout {self.timeout:g}); ending the job\n")
             time.sleep(0.5)
@@ -109,7 +109,7 @@ class Watchdog:
         """This rank's main thread stopped ticking while its process runs:
         only this rank knows, so it names itself (its peers still see its
         heartbeats and stay quiet) and ends the job."""
-        from engine.parallel.comm import say_before_abort
+        from engine.parallel.abort import say_before_abort
         say_before_abort(f"sprint: error: {self._name([self.rank])} made no progress for "
                          f"{quiet_for:.0f} s although its process runs (its main loop is stuck; --timeout "
                          f"{self.timeout:g}); ending the job\n")

@@ -18,7 +18,8 @@ import numpy as np  # noqa: E402
 
 from toy import SoftmaxSource, init_weights, make_data  # noqa: E402
 from engine.parallel.asgd import ASGD, ASGDConfig  # noqa: E402
-from engine.parallel.comm import abort_on_error, get_comm  # noqa: E402
+from engine.parallel.abort import abort_on_error  # noqa: E402
+from engine.parallel.comm import get_comm  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--workers", type=int, default=2)

@@ -14,7 +14,8 @@ import numpy as np  # noqa: E402
 
 from engine.parallel import ps  # noqa: E402
 from engine.parallel.asgd import Step  # noqa: E402
-from engine.parallel.comm import abort_on_error, get_comm  # noqa: E402
+from engine.parallel.abort import abort_on_error  # noqa: E402
+from engine.parallel.comm import get_comm  # noqa: E402
 from engine.parallel.downpour import DownpourConfig, DownpourReplica, DownpourServer  # noqa: E402
 
 ap = argparse.ArgumentParser()

@@ -16,7 +16,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from toy import SoftmaxSource, init_weights, make_data  # noqa: E402
 from engine.parallel.asgd import ASGD, ASGDConfig  # noqa: E402
-from engine.parallel.comm import ConfigMismatch, abort_on_error, config_hash, get_comm  # noqa: E402
+from engine.parallel.abort import abort_on_error  # noqa: E402
+from engine.parallel.comm import ConfigMismatch, config_hash, get_comm  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--mode", required=True, choices=["raise", "raise-main", "kill", "mismatch"])

@@ -16,7 +16,8 @@ import numpy as np
 from engine.net import Net
 from engine.optim import SGD, constant
 from engine.parallel import pipeline_schedule as S
-from engine.parallel.comm import MPIComm, abort_on_error, get_comm
+from engine.parallel.abort import abort_on_error
+from engine.parallel.comm import MPIComm, get_comm
 from engine.parallel.pipeline import StageExecutor, micro_sizes, split_micro
 from engine.parallel.stage import Stage, even_partition
 

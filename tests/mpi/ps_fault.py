@@ -10,7 +10,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from toy import SoftmaxSource, init_weights, make_data  # noqa: E402
 from engine.parallel import ps  # noqa: E402
-from engine.parallel.comm import abort_on_error, get_comm, install_abort_hooks  # noqa: E402
+from engine.parallel.abort import abort_on_error, install_abort_hooks  # noqa: E402
+from engine.parallel.comm import get_comm  # noqa: E402
 from engine.parallel.downpour import DownpourConfig, DownpourReplica, DownpourServer  # noqa: E402
 
 ap = argparse.ArgumentParser()

@@ -11,7 +11,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from toy import SoftmaxSource, init_weights, make_data  # noqa: E402
-from engine.parallel.comm import LocalComm, abort_on_error, get_comm  # noqa: E402
+from engine.parallel.abort import abort_on_error  # noqa: E402
+from engine.parallel.comm import LocalComm, get_comm  # noqa: E402
 from engine.parallel.sync import SyncConfig, SyncSGD  # noqa: E402
 
 ap = argparse.ArgumentParser()
