@@ -186,9 +186,24 @@ struct PackB {  // op(B) k x n; B is k x n (ldb) or, transposed, n x k
             }
             return;
         }
+        // L columns x L k per register transpose: the element-by-element
+        // strided copy made the FC layers' forward (x @ W^T) pack-bound.
+        using V = typename UK::Vec;
+        constexpr int L = V::L;
+        const i64 kv = kc / L * L;
+        for (i64 col = 0; col < nr; col += L) {
+            i64 off[L];
+            std::uint32_t mask[L];
+            for (int r = 0; r < L; ++r) {
+                const bool in = col + r < nr;
+                off[r] = in ? (j0 + col + r) * ldb + p0 : 0;
+                mask[r] = in ? lane_range(0, L) : 0u;
+            }
+            for (i64 q = 0; q < kv; q += L) V::transpose(B, off, q, mask, dst + q * NR + col, NR);
+        }
         for (i64 j = 0; j < nr; ++j) {
             const float* s = B + (j0 + j) * ldb + p0;
-            for (i64 kk = 0; kk < kc; ++kk) dst[kk * NR + j] = s[kk];
+            for (i64 kk = kv; kk < kc; ++kk) dst[kk * NR + j] = s[kk];
         }
     }
 };

@@ -217,3 +217,26 @@ def test_engine_sgemm_beta_one_continues_the_sums_exactly(isa):
                       0.0 if lo == 0 else 1.0, isa)
             lo = hi
         assert np.array_equal(got, full), cuts
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 47, 48, 49, 97])
+def test_engine_sgemm_transposed_b_packs_the_same_panels(isa, n):
+    """op(B) = B^T (an FC layer's x @ W^T, packed by register transposes of
+    L columns x L k, the k tail element by element) gives bitwise the
+    product of the same matrix stored untransposed: the same panels, the same
+    chains. k crosses whole transposes, their tail and the cache block."""
+    ext = _ext()
+    if isa not in ext.gemm_info("")["supported"]:
+        pytest.skip(f"this CPU cannot run {isa}")
+    rng = np.random.default_rng(n)
+    for m, k in ((1, 1), (7, 15), (9, 16), (13, 17), (33, 37), (8, 1000)):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        want = np.full((m, n), np.nan, np.float32)
+        got = np.full((m, n), np.nan, np.float32)
+        ext.sgemm(a, b, want, False, False, 1.0, 0.0, isa)
+        ext.sgemm(a, np.ascontiguousarray(b.T), got, False, True, 1.0, 0.0, isa)
+        assert np.array_equal(got, want), (m, k)
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        assert np.all(np.abs(got - ref) <= _bound(a, b, 1.0, 0.0, np.zeros_like(got), k)), (m, k)
