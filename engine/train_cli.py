@@ -11,6 +11,7 @@ _FORMATS = ["digits", "tree", "mnist", "cifar", "npz"]
 
 
 def register(sub):
+    from .cli import nonneg_int, positive_int
     from .session import registry
     from .session.config import DEFAULT_TIMEOUT, TrainConfig
     d = TrainConfig()
@@ -45,7 +46,7 @@ def register(sub):
     p.add_argument("--schedule", choices=["constant", "step", "cosine"], default=None,
                    help=f"learning-rate schedule (default {d.schedule})")
     p.add_argument("--warmup", type=float, default=None, help=f"epochs of linear warm-up (default {d.warmup})")
-    p.add_argument("--seed", type=int, default=None, help="seed of weights, order and augmentation (default 0)")
+    p.add_argument("--seed", type=nonneg_int, default=None, help="seed of weights, order and augmentation (default 0)")
     p.add_argument("--device", dest="sub_device", choices=["auto", "cpu", "gpu"], default=None,
                    help="compute backend (default: the global --device, $SPRINT_DEVICE or auto)")
     p.add_argument("--out", default=None, help="run directory (default runs/MODEL-TIMESTAMP)")
@@ -58,19 +59,19 @@ def register(sub):
                    help=f"training strategy (default none); {strategies}. Under mpiexec each rank is a node")
     p.add_argument("--workers", type=int, default=None,
                    help="worker threads per process (parallel strategies only; default 1)")
-    p.add_argument("--max-pending", type=int, default=None,
+    p.add_argument("--max-pending", type=nonneg_int, default=None,
                    help="asgd: cap on gradients a worker queues before the updater takes them "
                         f"(0: unbounded, as the seed; default {asgd.extra['max_pending']} guards against a "
                         "starved updater)")
     p.add_argument("--timeout", type=float, default=None,
                    help=f"MPI runs: seconds without a heartbeat from a rank before the whole job ends, "
                         f"naming it (default {DEFAULT_TIMEOUT:g})")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads for the kernels (default: 1 for nets under 20 MFLOP per image, else all)")
     p.add_argument("--conv-algo", choices=["implicit", "im2col"], default=None,
                    help="CPU convolution: implicit GEMM or explicit im2col + SGEMM (default $SPRINT_CONV_ALGO, "
                         "else implicit)")
-    p.add_argument("--crop-pad", type=int, default=None, help=f"random crop padding in pixels (default {d.crop_pad})")
+    p.add_argument("--crop-pad", type=nonneg_int, default=None, help=f"random crop padding in pixels (default {d.crop_pad})")
     p.add_argument("--flip", action="store_true", default=None, help="random horizontal flips")
     p.add_argument("--scale-jitter", type=float, default=None, help="random zoom in [1-j, 1+j] (default 0)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -90,7 +91,7 @@ def register(sub):
     p.add_argument("--format", dest="fmt", default=None, choices=_FORMATS,
                    help="data format (default: the run's, else guessed)")
     p.add_argument("--split", choices=["test", "train"], default="test", help="which split (default test)")
-    p.add_argument("--batch", type=int, default=256, help="evaluation batch size (default 256)")
+    p.add_argument("--batch", type=positive_int, default=256, help="evaluation batch size (default 256)")
     p.add_argument("--resize", action="store_true", default=None,
                    help="scale images of another size than the network's input (default: as the run did; "
                         "else that is an error)")
@@ -108,7 +109,7 @@ def register(sub):
 
     p = sub.add_parser("info", help="layer table of a model (without one: the presets)")
     p.add_argument("model", nargs="?", default=None, help="preset name or spec file (omit to list the presets)")
-    p.add_argument("--batch", type=int, default=1, help="batch size for the FLOP columns")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch size for the FLOP columns")
     from .perf.pipeline import add_info_options
     add_info_options(p)           # --stages K: the pipeline partition, per-stage time, memory, bubble
     p.set_defaults(func=cmd_info)
@@ -242,8 +243,6 @@ def cmd_eval(args) -> int:
     name_all_skipped(args.verbose)
     if args.sub_device:
         backend.set_backend(args.sub_device)
-    if args.batch < 1:
-        raise ValueError(f"--batch must be >= 1, got {args.batch}")
     net, state = load_checkpoint(args.checkpoint)
     spec = net.spec
     run = _run_config(args.checkpoint) or {}
@@ -278,8 +277,6 @@ def cmd_plot(args) -> int:
 
 def cmd_info(args) -> int:
     from .spec import PRESETS, get_spec, n_params, n_params_formula, summary_table
-    if args.batch < 1:
-        raise ValueError(f"--batch must be >= 1, got {args.batch}")
     if args.model is None:
         print("presets (sprint info NAME for the layer table):")
         for name, spec in PRESETS.items():

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.errors import RunError
+
 from .dataset import Dataset
 from .binary import CIFAR_CLASSES, CIFAR_RECORD, load_cifar, load_mnist, load_npz, read_idx  # noqa: F401
 from .tree import LAZY_FILES, decode_many, load_tree  # noqa: F401
@@ -106,7 +108,8 @@ def detect_format(source) -> str:
             return "mnist"
         if p.suffix == ".bin":
             return "cifar"
-        raise ValueError(f"cannot tell the format of {p}; pass fmt= one of {FORMATS}")
+        raise RunError(f"cannot tell the data's format: name it with --format (fmt=), one of "
+                       f"{', '.join(FORMATS)}", p)
     if not p.is_dir():
         raise ValueError(f"{p}: neither a file nor a directory")
     names = [q.name for q in p.iterdir()]
@@ -116,7 +119,8 @@ def detect_format(source) -> str:
         return "cifar"
     if any(q.is_dir() for q in p.iterdir()):
         return "tree"
-    raise ValueError(f"cannot tell the format of directory {p}; pass fmt= one of {FORMATS}")
+    raise RunError(f"cannot tell the format of the data in this folder: name it with --format (fmt=), one of "
+                   f"{', '.join(FORMATS)}", p)
 
 
 def split_indices(n, test_fraction, seed, name):

@@ -38,6 +38,7 @@ OPTIONS = ("stages", "replicas", "schedule", "microbatches", "predict", "partiti
 
 def add_train_options(p):
     """The strategy's own ``sprint train`` options (they land in cfg.extra)."""
+    from engine.cli import positive_int
     from .pipeline import PREDICT
     from .pipeline_schedule import SCHEDULES
     # --schedule names the learning-rate schedule; the pipeline's names
@@ -47,11 +48,11 @@ def add_train_options(p):
         lr.choices = list(lr.choices) + [s for s in SCHEDULES if s not in lr.choices]
         lr.help = f"{lr.help}; with --parallel pipeline also {' | '.join(SCHEDULES)} (= --pipe-schedule)"
     g = p.add_argument_group("--parallel pipeline")
-    g.add_argument("--stages", type=int, default=None, help="pipeline stages K (default: the number of ranks / D)")
-    g.add_argument("--replicas", type=int, default=None, help="data-parallel copies D of every stage (K*D ranks)")
+    g.add_argument("--stages", type=positive_int, default=None, help="pipeline stages K (default: the number of ranks / D)")
+    g.add_argument("--replicas", type=positive_int, default=None, help="data-parallel copies D of every stage (K*D ranks)")
     g.add_argument("--pipe-schedule", dest="pipe_schedule", choices=SCHEDULES, default=None,
                    help="gpipe (default), 1f1b (PipeDream) or dualpipe (the seed's)")
-    g.add_argument("--microbatches", type=int, default=None, help="micro-batches M per mini-batch (default 4)")
+    g.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches M per mini-batch (default 4)")
     g.add_argument("--predict", choices=PREDICT, default=None,
                    help="weights a pass uses: none (live), stash (PipeDream), spectrain (predicted)")
     g.add_argument("--partition", default=None, help="layer ranges per stage, e.g. 0:2,2:4 (default: balanced "
@@ -78,16 +79,17 @@ def extra_from_args(args) -> dict:
 
 def options(cfg, n_ranks):
     """(K, D, schedule, M, predict) from cfg.extra, checked."""
-    extra = dict(cfg.extra or {})
-    D = int(extra.get("replicas") or 1)
+    extra = {k: v for k, v in (cfg.extra or {}).items() if v is not None}
+    # a 0 given is an error below, not "unset"
+    D = int(extra.get("replicas", 1))
     # --stages defaults to the ranks / D, as its help says (n_ranks // D; a
     # remainder is refused below)
-    K = int(extra.get("stages") or max(1, n_ranks // max(D, 1)))
+    K = int(extra.get("stages", max(1, n_ranks // max(D, 1))))
     if K < 1 or D < 1:
         raise ValueError(f"--stages and --replicas must be >= 1 (got {K} and {D})")
     if K * D != n_ranks:
         raise ValueError(f"--stages {K} x --replicas {D} needs mpiexec -n {K * D}, not {n_ranks} rank(s)")
-    M = int(extra.get("microbatches") or 4)
+    M = int(extra.get("microbatches", 4))
     if M < 1 or M > cfg.batch:
         raise ValueError(f"--microbatches must be between 1 and --batch ({cfg.batch}), got {M}")
     return K, D, str(extra.get("schedule") or "gpipe"), M, str(extra.get("predict") or "none")

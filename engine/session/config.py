@@ -7,7 +7,6 @@ and ``engine.parallel.run`` resolve them the same way.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -80,6 +79,13 @@ class TrainConfig:
             v = getattr(self, k)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{k} must be a positive int, got {v!r}")
+        if self.threads is not None:
+            _integer("threads", self.threads, 1)
+        _integer("seed", self.seed, 0)
+        _integer("crop_pad", self.crop_pad, 0)
+        if self.extra.get("max_pending") is not None:
+            # negative: every worker would wait for a drained buffer forever
+            _integer("max_pending", self.extra["max_pending"], 0)
         _number("lr", self.lr, lambda v: v > 0, "finite and > 0")
         _number("momentum", self.momentum, lambda v: 0 <= v < 1, "in [0, 1)")
         _number("weight_decay", self.weight_decay, lambda v: v >= 0, "finite and >= 0")
@@ -107,6 +113,11 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}")
         return cls(**d)
+
+
+def _integer(name, v, low):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
 
 
 def _number(name, v, ok, what):
@@ -137,6 +148,9 @@ def resume_config(run_dir, **overrides) -> TrainConfig:
         raise RunError("no 'train' options in the run's config", path)
     d = dict(d)
     d.pop("init_from", None)
+    if not isinstance(d.get("threads"), int) or d["threads"] < 1:
+        d["threads"] = None     # runs saved before 0 and negatives were refused ran with auto_threads
+
     d.update({k: v for k, v in overrides.items() if v is not None})
     d["resume"] = str(run_dir)
     d["out"] = str(run_dir)

@@ -23,6 +23,7 @@ class Strategy:
     help: str
     workers: bool = False          # takes --workers (threads of workers per process)
     distributed: bool = True       # may span MPI ranks
+    whole_set_batch: bool = False  # --batch may reach the whole training set (L-BFGS: at or past it, all of it)
     defaults: dict = field(default_factory=dict)   # TrainConfig fields
     extra: dict = field(default_factory=dict)      # defaults of cfg.extra
     # a module with add_train_options(parser) and extra_from_args(args) -> dict:
@@ -73,7 +74,7 @@ register(Strategy("downpour", "engine.parallel.downpour:run", "DistBelief Downpo
 _SANDBLASTER = dict(batch=256)
 register(Strategy("sandblaster", "engine.parallel.sandblaster_replica:run", "DistBelief Sandblaster L-BFGS: S "
                   "parameter-server ranks, server 0 coordinating slices of --batch", defaults=_SANDBLASTER,
-                  extra={"servers": 1}, cli="engine.parallel.sandblaster_replica"))
+                  whole_set_batch=True, extra={"servers": 1}, cli="engine.parallel.sandblaster_replica"))
 register(Strategy("layerwise", "engine.parallel.layerwise_run:run", "a layer-wise plan (sprint plan --out): "
                   "each layer split its own way over the ranks", cli="engine.parallel.layerwise_run"))
 

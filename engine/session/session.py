@@ -10,7 +10,7 @@ import time
 from engine.errors import Diverged, Interrupted, RunError
 
 from .rundir import CHECKPOINT, RunDir, new_run_id
-from .setup import check_memory, evaluate_sharded, prepare_data, setup_device
+from .setup import batch_note, check_memory, evaluate_sharded, prepare_data, setup_device
 
 
 class Session:
@@ -30,6 +30,10 @@ class Session:
         self.spec = get_spec(cfg.model)
         check_memory(cfg, self.spec, self.backend)
         self.train_ds, self.test_ds, self.deform = prepare_data(cfg, self.spec)
+        note = batch_note(cfg, self.train_ds)
+        if note and self.root:
+            from engine.data.dataset import warn
+            warn(note)
         path = cfg.out or cfg.resume
         self.run = RunDir(path) if path else None
         if self.run is not None and self.root:

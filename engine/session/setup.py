@@ -39,10 +39,26 @@ def prepare_data(cfg, spec):
         if ds.n_classes != spec.n_classes:
             raise ValueError(f"model {spec.name} has {spec.n_classes} outputs but {ds.name} has "
                              f"{ds.n_classes} classes")
+    if cfg.crop_pad >= spec.x0:
+        # the shifted window would show the net mostly padding (10 % on digits)
+        from engine.errors import RunError
+        raise RunError(f"crop_pad {cfg.crop_pad} must be smaller than the network's {spec.x0}x{spec.x0} input",
+                       "--crop-pad")
     j = cfg.scale_jitter
     deform = DeformConfig(crop_pad=cfg.crop_pad, flip=cfg.flip, scale=(1 - j, 1 + j),
                           out_hw=(spec.x0, spec.x0)).with_stats(train_ds)
     return train_ds, test_ds, deform
+
+
+def batch_note(cfg, train_ds) -> str | None:
+    """What a batch past the training set becomes, said rather than done
+    silently (L-BFGS strategies take it as "the whole set")."""
+    from .registry import get_strategy
+    n = len(train_ds)
+    if cfg.batch <= n or get_strategy(cfg.parallel).whole_set_batch:
+        return None
+    return (f"batch {cfg.batch} is larger than the training set ({n} images in {train_ds.name}): every epoch "
+            f"is a single, smaller batch (--batch)")
 
 
 def evaluate(net, dataset, batch=256, deform=None):

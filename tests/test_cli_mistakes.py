@@ -1,0 +1,102 @@
+"""A newcomer's plausible mistakes with `sprint`: each is refused with one
+`sprint: error: <what> (<option or file>)` line and exit 2 before any work,
+instead of being taken for "unset", trained on silently or left to hang."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch):
+    monkeypatch.delenv("SPRINT_DEBUG", raising=False)     # tracebacks would join the one line
+
+
+def one_line(capsys, argv, *fragments):
+    assert cli.main([str(a) for a in argv]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sprint: error: "), err
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv,fragments", [
+    (["train", "--seed", "-1"], ["must be an integer >= 0, got -1 (--seed)"]),
+    (["train", "--threads", "0"], ["must be an integer >= 1, got 0 (--threads)"]),
+    (["train", "--threads", "-3"], ["(--threads)"]),
+    (["train", "--crop-pad", "-1"], ["(--crop-pad)"]),
+    (["train", "--parallel", "pipeline", "--microbatches", "0"], ["got 0 (--microbatches)"]),
+    (["train", "--parallel", "pipeline", "--stages", "0"], ["(--stages)"]),
+    (["train", "--parallel", "pipeline", "--replicas", "0"], ["(--replicas)"]),
+    (["train", "--parallel", "downpour", "--servers", "0"], ["(--servers)"]),
+    (["train", "--parallel", "downpour", "--fetch-every", "0"], ["(--fetch-every)"]),
+    (["train", "--parallel", "downpour", "--push-every", "-1"], ["(--push-every)"]),
+    (["train", "--parallel", "sandblaster", "--slice", "0"], ["(--slice)"]),
+    (["train", "--parallel", "sandblaster", "--history", "0"], ["(--history)"]),
+    (["train", "--parallel", "sandblaster", "--slow-rank", "-1"], ["got -1 (--slow-rank)"]),
+    (["info", "tiny", "--batch", "0"], ["got 0 (--batch)"]),
+    (["eval", "nowhere", "--batch", "0"], ["got 0 (--batch)"]),
+])
+def test_counts_of_zero_or_below_are_refused_naming_the_option(capsys, tmp_path, argv, fragments):
+    one_line(capsys, [*argv, "--out", tmp_path / "run"] if argv[0] == "train" else argv, *fragments)
+    assert not (tmp_path / "run").exists()
+
+
+def test_values_this_net_or_data_cannot_use_are_refused_before_training(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    run = tmp_path / "run"
+    # a crop padding of the 8x8 input's size shows the net mostly padding (10 % accuracy)
+    one_line(capsys, ["train", "--crop-pad", "8", "--out", run], "smaller than the network's 8x8 input (--crop-pad)")
+    (tmp_path / "notes.txt").write_text("hello")
+    one_line(capsys, ["train", "--data", tmp_path / "notes.txt", "--out", run],
+             "name it with --format", f"({tmp_path / 'notes.txt'})")
+    assert not run.exists()
+
+
+def test_a_batch_past_the_training_set_is_said_not_done_silently(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    assert cli.main(["train", "--batch", "100000", "--epochs", "1", "--out", str(tmp_path / "run"),
+                     "--no-progress", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.strip() == ("sprint: warning: batch 100000 is larger than the training set (1438 images in "
+                           "digits/train): every epoch is a single, smaller batch (--batch)"), err
+
+
+def test_the_python_api_refuses_the_same_values():
+    from engine.parallel.pipeline_run import options
+    from engine.session import TrainConfig
+    for bad in (dict(seed=-1), dict(threads=0), dict(crop_pad=-2), dict(parallel="asgd", extra={"max_pending": -1})):
+        with pytest.raises(ValueError, match="must be an integer >= "):
+            TrainConfig(**bad)
+    for key in ("microbatches", "stages", "replicas"):      # 0 was taken for "unset"
+        with pytest.raises(ValueError, match="must be"):
+            options(TrainConfig(parallel="pipeline", extra={key: 0}), 2)
+    assert TrainConfig(parallel="sandblaster", batch=10**6).batch == 10**6   # L-BFGS: the whole set
+
+
+def test_a_negative_max_pending_is_refused_not_a_hang(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SPRINT_DEVICE="cpu")
+    p = subprocess.run([sys.executable, "-m", "engine.cli", "train", "--parallel", "asgd", "--max-pending", "-1",
+                        "--epochs", "1", "--out", str(tmp_path / "run"), "--no-progress"],
+                       capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.strip() == "sprint: error: must be an integer >= 0, got -1 (--max-pending)"
+
+
+def test_a_run_saved_with_threads_0_resumes_on_the_automatic_count(tmp_path):
+    from engine.session import TrainConfig, resume_config
+    from engine.train import train
+    run = tmp_path / "run"
+    train(TrainConfig(epochs=1, out=str(run), progress=False, verbose=False, device="cpu"))
+    conf = json.loads((run / "config.json").read_text())
+    conf["train"]["threads"] = 0              # what --threads 0 saved before it was refused
+    (run / "config.json").write_text(json.dumps(conf))
+    assert resume_config(run, epochs=2).threads is None
