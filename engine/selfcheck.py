@@ -220,7 +220,10 @@ def coverage(check_list=None) -> tuple[list, list]:
 
 
 def run(device: str | None = None, seed: int = 0) -> int:
-    be = backend.set_backend(device) if device else backend.get_backend()
+    if device:
+        backend.set_backend(device)
+    else:
+        backend.get_backend()     # chosen now: a backend error comes before the table
     rng = np.random.default_rng(seed)
     rows, bad = [], 0
     runnable, unchecked = coverage(checks(rng))

@@ -36,7 +36,7 @@ def test_divergence_ends_in_one_line_within_30_s(tmp_path):
     t = time.monotonic()
     p = sprint("train", "--lr", "36", "--out", tmp_path / "run", "--no-progress", timeout=60)
     assert time.monotonic() - t < 30
-    line = one_error_line(p, "training diverged: the loss became", "at epoch 1, step", "lower learning rate (--lr")
+    one_error_line(p, "training diverged: the loss became", "at epoch 1, step", "lower learning rate (--lr")
 
 
 def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
@@ -104,7 +104,7 @@ def test_bad_options_and_files_are_one_line_each(tmp_path):
     one_error_line(sprint("train", "--model", big), "needs at least", "GiB", "(--model)")
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"PK\x03\x04 not really a zip")
-    one_error_line(sprint("eval", bad), f"corrupt or truncated checkpoint", f"({bad})")
+    one_error_line(sprint("eval", bad), "corrupt or truncated checkpoint", f"({bad})")
     one_error_line(sprint("eval", tmp_path / "none"), f"no checkpoint ({tmp_path / 'none'})")
     one_error_line(sprint("train", "--resume", tmp_path), f"not a run directory (no config.json) ({tmp_path})")
     p = sprint("--debug", "eval", bad)

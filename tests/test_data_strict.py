@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from engine.data import Dataset, FileDataset, load_dataset, read_idx
-from engine.data import binary, tree
+from engine.data import binary
 from engine.parallel.runner import _check_ranks_agree, _data_fingerprint
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -29,8 +29,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.backend import get_backend
 from engine.ops._check import (check_array, check_bool, check_no_alias, check_nonneg_int, check_pair,
                                check_positive_int, out_array)
