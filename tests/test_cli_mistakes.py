@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine import cli
@@ -81,6 +82,9 @@ def test_the_python_api_refuses_the_same_values():
         with pytest.raises(ValueError, match="must be"):
             options(TrainConfig(parallel="pipeline", extra={key: 0}), 2)
     assert TrainConfig(parallel="sandblaster", batch=10**6).batch == 10**6   # L-BFGS: the whole set
+    from engine.parallel.asgd import ASGD, ASGDConfig
+    with pytest.raises(ValueError, match="max_pending must be >= 0, got -1"):   # its workers waited forever
+        ASGD(None, np.zeros(4, np.float32), [object()], ASGDConfig(max_pending=-1))
 
 
 def test_a_negative_max_pending_is_refused_not_a_hang(tmp_path):

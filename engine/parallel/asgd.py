@@ -8,14 +8,8 @@ Per process (= node): ``N_GPU`` worker threads run :meth:`ASGD._worker`
 (Algorithm 1) and the calling thread runs the updater (Algorithm 2) -- the
 only thread that talks to the communicator.
 
-Worker source protocol (one object per worker)::
-
-    src.weights            flat vector the worker computes on (FetchWeights copies into it)
-    src.load() -> batch    LoadImage: next N_Subbatch samples
-    src.deform(batch)      DeformImage
-    src.compute(batch) -> Step(grad, n, loss, correct, tag=None)
-                           ComputeGradient on src.weights; grad = mean gradient
-    src.setup_thread()     optional: called first in the worker's own thread
+The worker sources (what a worker computes on, and ``Step``, what it
+returns) follow the protocol of engine.parallel.source.
 
 Deviation from the seed, on purpose and reported: hand-overs are pointer swaps
 under the locks (a worker's full update-value buffer becomes GradBuf_t when
@@ -33,13 +27,14 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ._xp import array_module, device_sync, to_host
 from .comm import Comm, LocalComm
-from .timers import StepTimers, summarize
+from .source import Step, source_step  # noqa: F401  (engine.perf and bench import them from here)
+from .timers import StepTimers
 
 _now = time.perf_counter
 
@@ -48,16 +43,6 @@ _now = time.perf_counter
 # decision without another collective.
 X_SAMPLES, X_LOSS, X_CORRECT, X_GRADS, X_STOP = range(5)
 N_EXTRA = 5
-
-
-@dataclass
-class Step:
-    """What a worker source returns for one sub-batch."""
-    grad: Any           # flat mean gradient (the source's own buffer; read before the next compute)
-    n: int              # samples in the sub-batch
-    loss: float = 0.0   # mean loss over the sub-batch
-    correct: int = 0
-    tag: Any = None     # opaque id, kept in traces (tests)
 
 
 @dataclass
@@ -80,22 +65,6 @@ class ASGDConfig:
 
     def lr_at(self, epoch: float) -> float:
         return float(self.lr(epoch)) if callable(self.lr) else float(self.lr)
-
-
-def source_step(src, T: StepTimers, xp=None):
-    """LoadImage, DeformImage and ComputeGradient of one worker-source step,
-    each under its SPEC timer (shared by ASGD and sync workers). With ``xp``
-    the device is synchronised inside ComputeGradient, so that its timer
-    holds the kernels' time on a GPU."""
-    with T("LoadImage"):
-        batch = src.load()
-    with T("DeformImage"):
-        batch = src.deform(batch)
-    with T("ComputeGradient"):
-        step = src.compute(batch)
-        if xp is not None:
-            device_sync(xp)
-    return step
 
 
 class WorkerFailed(RuntimeError):
@@ -130,6 +99,8 @@ class ASGD:
             raise ValueError("sources must hold at least one worker source")
         if getattr(w0, "ndim", None) != 1:
             raise ValueError("w0 must be a flat (1-D) parameter vector")
+        if cfg.max_pending < 0:     # every worker would wait for the updater forever
+            raise ValueError(f"cfg.max_pending must be >= 0, got {cfg.max_pending}")
         if cfg.min_grads < 0 or cfg.min_grads > len(sources):
             raise ValueError(f"cfg.min_grads must be in [0, {len(sources)}], got {cfg.min_grads}")
         self.cfg = cfg
@@ -451,44 +422,5 @@ class ASGD:
 
     def stats(self, extra: dict | None = None) -> dict:
         """asgd_stats.json content, gathered over all nodes (call on every rank)."""
-        allst = self.comm.allgather_obj(self.local_stats())
-        wt, ut = StepTimers(), StepTimers()
-        for s in allst:
-            for k, v in s["worker"].items():
-                wt.samples.setdefault(k, []).extend(v)
-            for k, v in s["updater"].items():
-                ut.samples.setdefault(k, []).extend(v)
-        timers = {**{k: summarize(v) for k, v in wt.samples.items() if k not in ("Iteration", "IterationCPU")},
-                  **{k: summarize(v) for k, v in ut.samples.items() if k != "Iteration"}}
-        t_gpu = summarize(wt.samples.get("Iteration", []))
-        t_upd = summarize(ut.samples.get("Iteration", []))
-        busy = sum(wt.total(k) for k in ("Iteration",))
-        waiting = wt.total("LockGradient") + wt.total("FetchWeights")
-        out = {
-            "mode": "asgd",
-            "n_node": self.comm.size,
-            "n_gpu": len(self.sources),
-            "T_GPU": t_gpu["mean"], "T_GPU_median": t_gpu["median"],
-            "T_Update": t_upd["mean"], "T_Update_median": t_upd["median"],
-            "timers": timers,
-            "minibatch": list(self.minibatch),
-            "N_Minibatch_avg": float(np.mean(self.minibatch)) if self.minibatch else 0.0,
-            "grads_per_update": list(self.grads_per_update),
-            "staleness": [x for s in allst for x in s["staleness"]],
-            "updates": self.updates,
-            "samples": self.samples_total,
-            "gradients_produced": sum(s["produced"] for s in allst),
-            "gradients_discarded_at_stop": sum(s["discarded"] for s in allst),
-            "worker_wait_share": waiting / busy if busy else 0.0,
-            "lock_wait_share": (wt.total("LockGradient") + wt.total("LockWeights")) / busy if busy else 0.0,
-            "wall_s": getattr(self, "wall", 0.0),
-            "worker_cpu_s": wt.total("IterationCPU"),
-            "worker_busy_s": busy,
-            "min_grads": self.cfg.min_grads,
-            "lockstep": self.cfg.lockstep,
-        }
-        st = out["staleness"]
-        out["staleness_mean"] = float(np.mean(st)) if st else 0.0
-        if extra:
-            out.update(extra)
-        return out
+        from .asgd_stats import gather
+        return gather(self, extra)

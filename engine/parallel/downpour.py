@@ -16,7 +16,7 @@ epoch boundaries: it asks the other shards for a snapshot (weights and
 optimizer state), evaluates, logs and checkpoints through ``on_epoch``;
 the other shards serve until server 0 sends them the final snapshot request.
 
-Worker sources follow :mod:`engine.parallel.asgd`'s protocol; a source's
+Worker sources follow :mod:`engine.parallel.source`'s protocol; a source's
 ``compute`` returns the *mean* gradient of its sub-batch.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 
 from . import ps
 from ._xp import to_host
-from .asgd import source_step
+from .source import source_step
 from .ps_report import summarize_downpour as summarize_stats
 from .timers import StepTimers, summarize
 

@@ -48,8 +48,10 @@ def add_train_options(p):
         lr.choices = list(lr.choices) + [s for s in SCHEDULES if s not in lr.choices]
         lr.help = f"{lr.help}; with --parallel pipeline also {' | '.join(SCHEDULES)} (= --pipe-schedule)"
     g = p.add_argument_group("--parallel pipeline")
-    g.add_argument("--stages", type=positive_int, default=None, help="pipeline stages K (default: the number of ranks / D)")
-    g.add_argument("--replicas", type=positive_int, default=None, help="data-parallel copies D of every stage (K*D ranks)")
+    g.add_argument("--stages", type=positive_int, default=None,
+                   help="pipeline stages K (default: the number of ranks / D)")
+    g.add_argument("--replicas", type=positive_int, default=None,
+                   help="data-parallel copies D of every stage (K*D ranks)")
     g.add_argument("--pipe-schedule", dest="pipe_schedule", choices=SCHEDULES, default=None,
                    help="gpipe (default), 1f1b (PipeDream) or dualpipe (the seed's)")
     g.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches M per mini-batch (default 4)")

@@ -224,22 +224,28 @@ def role_map(servers: int, size: int, bounds) -> str:
 _PS = ("downpour", "sandblaster")
 # (flag, key in TrainConfig.extra, argparse keywords, strategies it applies to)
 TRAIN_OPTIONS = (
-    ("--servers", "servers", dict(metavar="S", type=positive_int, help="downpour, sandblaster: parameter-server ranks S; the other "
-                                                 "mpiexec ranks are model replicas (default 1)"), _PS),
-    ("--fetch-every", "fetch_every", dict(metavar="N", type=positive_int, help="downpour: replicas fetch the weights every n steps "
-                                                         "(default 1)"), ("downpour",)),
-    ("--push-every", "push_every", dict(metavar="N", type=positive_int, help="downpour: replicas push their summed gradients every "
-                                                       "n steps (default 1)"), ("downpour",)),
+    ("--servers", "servers", dict(metavar="S", type=positive_int,
+                                  help="downpour, sandblaster: parameter-server ranks S; the other mpiexec ranks are "
+                                       "model replicas (default 1)"), _PS),
+    ("--fetch-every", "fetch_every", dict(metavar="N", type=positive_int,
+                                          help="downpour: replicas fetch the weights every n steps (default 1)"),
+     ("downpour",)),
+    ("--push-every", "push_every", dict(metavar="N", type=positive_int,
+                                        help="downpour: replicas push their summed gradients every n steps "
+                                             "(default 1)"), ("downpour",)),
     ("--server-opt", "server_opt", dict(choices=sorted(SERVER_OPTS),
                                         help="downpour: the servers' optimizer (default adagrad)"), ("downpour",)),
-    ("--slice", "slice", dict(metavar="N", type=positive_int, help="sandblaster: samples per slice handed to a replica (default 32; "
-                                             "--batch is the L-BFGS batch)"), ("sandblaster",)),
-    ("--history", "history", dict(metavar="M", type=positive_int, help="sandblaster: L-BFGS pairs kept (default 10)"), ("sandblaster",)),
+    ("--slice", "slice", dict(metavar="N", type=positive_int,
+                              help="sandblaster: samples per slice handed to a replica (default 32; --batch is the "
+                                   "L-BFGS batch)"), ("sandblaster",)),
+    ("--history", "history", dict(metavar="M", type=positive_int, help="sandblaster: L-BFGS pairs kept (default 10)"),
+     ("sandblaster",)),
     ("--no-backup", "backup", dict(action="store_const", const=False,
                                    help="sandblaster: no backup copies of late slices (a static-split baseline "
                                         "with --slice = batch / replicas)"), ("sandblaster",)),
-    ("--slow-rank", "slow_rank", dict(metavar="R", type=nonneg_int, help="downpour, sandblaster (benchmarking aid): this replica "
-                                                     "rank sleeps (F-1) x its compute time after each step"), _PS),
+    ("--slow-rank", "slow_rank", dict(metavar="R", type=nonneg_int,
+                                      help="downpour, sandblaster (benchmarking aid): this replica rank sleeps (F-1) x "
+                                           "its compute time after each step"), _PS),
     ("--slow-factor", "slow_factor", dict(metavar="F", type=float, help="the F of --slow-rank (default 2)"), _PS),
 )
 

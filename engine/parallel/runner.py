@@ -27,7 +27,8 @@ import numpy as np
 
 from . import comm as _comm
 from .abort import run_guarded
-from .asgd import ASGD, ASGDConfig, Step
+from .asgd import ASGD, ASGDConfig
+from .source import Step
 from .sync import SyncConfig, SyncSGD
 from .threads import limit_this_thread, threads_per_worker
 

@@ -14,7 +14,7 @@ engine's ``Net.loss_and_grad`` returns the whole gradient at once, so the
 allreduce cannot start inside the backward pass itself; a source whose
 ``compute`` accepts ``on_ready`` could drive the buckets earlier.
 
-Worker sources follow the protocol of :mod:`engine.parallel.asgd`.
+Worker sources follow the protocol of :mod:`engine.parallel.source`.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from typing import Callable, Sequence
 
 
 from ._xp import array_module, device_sync, to_host
-from .asgd import source_step
 from .comm import Comm, LocalComm
+from .source import source_step
 from .timers import StepTimers, summarize
 
 _now = time.perf_counter
@@ -210,12 +210,8 @@ class SyncSGD:
     def stats(self, extra: dict | None = None) -> dict:
         allst = self.comm.allgather_obj(
             {"worker": StepTimers().merge(*self.worker_timers).samples, "step": self.timers.samples})
-        wt, st = StepTimers(), StepTimers()
-        for s in allst:
-            for k, v in s["worker"].items():
-                wt.samples.setdefault(k, []).extend(v)
-            for k, v in s["step"].items():
-                st.samples.setdefault(k, []).extend(v)
+        wt = StepTimers.gathered(s["worker"] for s in allst)
+        st = StepTimers.gathered(s["step"] for s in allst)
         it = summarize(st.samples.get("Iteration", []))
         out = {
             "mode": "sync", "n_node": self.comm.size, "n_gpu": len(self.sources),

@@ -48,9 +48,15 @@ class StepTimers:
         lst.append(seconds)
 
     def merge(self, *others: "StepTimers") -> "StepTimers":
+        return StepTimers.gathered(t.samples for t in (self, *others))
+
+    @staticmethod
+    def gathered(sample_dicts) -> "StepTimers":
+        """One StepTimers holding every sample of ``sample_dicts`` (the
+        ``samples`` of several timers, e.g. gathered from every rank)."""
         out = StepTimers()
-        for t in (self, *others):
-            for k, v in t.samples.items():
+        for d in sample_dicts:
+            for k, v in d.items():
                 out.samples.setdefault(k, []).extend(v)
         return out
 

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from engine.parallel import ps  # noqa: E402
-from engine.parallel.asgd import Step  # noqa: E402
+from engine.parallel.source import Step  # noqa: E402
 from engine.parallel.abort import abort_on_error  # noqa: E402
 from engine.parallel.comm import get_comm  # noqa: E402
 from engine.parallel.downpour import DownpourConfig, DownpourReplica, DownpourServer  # noqa: E402

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.parallel.asgd import Step
+from engine.parallel.source import Step
 
 
 def make_data(n=512, d=6, k=3, seed=0):
