@@ -210,6 +210,14 @@ def test_under_mpiexec_without_mpi4py_a_cli_mistake_is_said_once_and_ends_every_
 
 @pytest.mark.mpi
 @needs_mpiexec
+def test_divergence_under_mpiexec_is_one_error_line_not_a_traceback_per_rank(tmp_path):
+    p, out, errors = _mpiexec([2, *MPI_TRAIN, "--parallel", "sync", "--lr", "1e30", "--out", tmp_path / "run"])
+    assert p.returncode == 1 and "Traceback" not in out and " failed: " not in out, out[-3000:]
+    assert len(errors) == 1 and "training diverged: the loss became nan at epoch 1" in errors[0], out[-3000:]
+
+
+@pytest.mark.mpi
+@needs_mpiexec
 def test_a_mistake_on_one_rank_only_names_it_and_ends_the_job(tmp_path):
     run = tmp_path / "run"
     p, out, errors = _mpiexec([1, *MPI_TRAIN, "--parallel", "sync", "--out", run],

@@ -85,11 +85,16 @@ def abort_on_error(comm: Comm):
     except BaseException as e:
         if comm.size <= 1:
             raise
-        from engine.cli import EXIT_USAGE, describe, is_usage_error
-        if is_usage_error(e) and not os.environ.get("SPRINT_DEBUG"):
+        from engine.cli import EXIT_FAILED, EXIT_USAGE, describe, is_usage_error
+        from engine.errors import Diverged
+        if not os.environ.get("SPRINT_DEBUG"):
             # A mistake in the job's inputs (data, model, options, run folder),
             # as the CLI would report it: one line, no traceback.
-            abort_once(comm, f"sprint: error: {describe(e)}", EXIT_USAGE)
+            if is_usage_error(e):
+                abort_once(comm, f"sprint: error: {describe(e)}", EXIT_USAGE)
+            # the loss is reduced over the ranks: all of them diverge at the same step
+            if isinstance(e, Diverged):
+                abort_once(comm, f"sprint: error: {describe(e)}", EXIT_FAILED)
         import traceback
         # the line naming the rank first: it is what the other ranks' logs need
         report_failure(comm.rank, comm.size, f"{type(e).__name__}: {e}")
