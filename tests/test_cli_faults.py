@@ -216,6 +216,31 @@ def test_divergence_under_mpiexec_is_one_error_line_not_a_traceback_per_rank(tmp
     assert len(errors) == 1 and "training diverged: the loss became nan at epoch 1" in errors[0], out[-3000:]
 
 
+FULL_DISK = """
+import errno, sys
+from engine import checkpoint
+real = checkpoint.atomic_write
+def full(path, write):
+    if str(path).endswith("checkpoint.npz"):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    return real(path, write)
+checkpoint.atomic_write = full
+from engine.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+def test_a_full_disk_under_mpiexec_is_one_error_line_naming_the_file(tmp_path):
+    (tmp_path / "full.py").write_text(FULL_DISK)
+    run = tmp_path / "run"
+    p, out, errors = _mpiexec([2, "-m", "mpi4py", tmp_path / "full.py", "train", "--parallel", "sync", "--epochs", "1",
+                               "--no-progress", "--out", run])
+    assert p.returncode == 1 and "Traceback" not in out and " failed: " not in out, out[-3000:]
+    assert errors == [f"sprint: error: no space left on the device ({run / 'checkpoint.npz'})"], out[-3000:]
+
+
 @pytest.mark.mpi
 @needs_mpiexec
 def test_a_mistake_on_one_rank_only_names_it_and_ends_the_job(tmp_path):

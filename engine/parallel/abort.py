@@ -92,8 +92,10 @@ def abort_on_error(comm: Comm):
             # as the CLI would report it: one line, no traceback.
             if is_usage_error(e):
                 abort_once(comm, f"sprint: error: {describe(e)}", EXIT_USAGE)
-            # the loss is reduced over the ranks: all of them diverge at the same step
-            if isinstance(e, Diverged):
+            # the loss is reduced over the ranks: all of them diverge at the same
+            # step. A full disk, a file size limit or memory running out is the
+            # machine's, not a bug: one line naming the file, no traceback.
+            if isinstance(e, (Diverged, OSError, MemoryError)):
                 abort_once(comm, f"sprint: error: {describe(e)}", EXIT_FAILED)
         import traceback
         # the line naming the rank first: it is what the other ranks' logs need
