@@ -44,6 +44,7 @@ def one_line(capsys, argv, *fragments):
     (["train", "--parallel", "sandblaster", "--slice", "0"], ["(--slice)"]),
     (["train", "--parallel", "sandblaster", "--history", "0"], ["(--history)"]),
     (["train", "--parallel", "sandblaster", "--slow-rank", "-1"], ["got -1 (--slow-rank)"]),
+    (["train", "--timeout", "0.01"], ["timeout must be finite and >= 1 (seconds), got 0.01 (--timeout)"]),
     (["info", "tiny", "--batch", "0"], ["got 0 (--batch)"]),
     (["eval", "nowhere", "--batch", "0"], ["got 0 (--batch)"]),
 ])

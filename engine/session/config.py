@@ -90,7 +90,8 @@ class TrainConfig:
         _number("momentum", self.momentum, lambda v: 0 <= v < 1, "in [0, 1)")
         _number("weight_decay", self.weight_decay, lambda v: v >= 0, "finite and >= 0")
         _number("warmup", self.warmup, lambda v: v >= 0, "finite and >= 0")
-        _number("timeout", self.timeout, lambda v: v > 0, "finite and > 0")
+        # heartbeats go out up to once a second: a shorter timeout ends healthy jobs
+        _number("timeout", self.timeout, lambda v: v >= 1, "finite and >= 1 (seconds)")
         if self.schedule not in ("constant", "step", "cosine"):
             raise ValueError(f"schedule must be constant, step or cosine, got {self.schedule!r}")
         if self.device not in ("auto", "cpu", "gpu"):
