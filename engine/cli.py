@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compute backend (default: $SPRINT_DEVICE or auto)")
     p.add_argument("--debug", action="store_true", default=bool(os.environ.get("SPRINT_DEBUG")),
                    help="show the traceback of an error (also $SPRINT_DEBUG=1)")
+    # a subcommand that runs across MPI ranks says so (train); the others refuse
+    # mpiexec rather than run once per rank
+    p.set_defaults(across_ranks=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for mod, fn in _REGISTRARS:
         try:
@@ -185,6 +188,11 @@ def main(argv=None) -> int:
     if debug:  # the ranks' abort path reads it too (engine.parallel.abort.abort_on_error)
         os.environ["SPRINT_DEBUG"] = "1"
     try:
+        n = _job_size()
+        if n > 1 and not args.across_ranks:
+            from engine.errors import RunError
+            raise RunError(f"sprint {args.command} runs in one process; run it without mpiexec "
+                           f"({n} ranks were started)")
         if args.device:
             backend.set_backend(args.device)
         rc = args.func(args)

@@ -80,7 +80,7 @@ def register(sub):
     for _, mod in registry.cli_modules():
         mod.add_train_options(p)
     p.add_argument("-v", "--verbose", action="store_true", help="name every unreadable file (default: the first 5)")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, across_ranks=True)
 
     p = sub.add_parser("eval", help="evaluate a checkpoint on a data set",
                        description="Evaluate a checkpoint. By default on the data, format and split the run "

@@ -216,6 +216,15 @@ def test_divergence_under_mpiexec_is_one_error_line_not_a_traceback_per_rank(tmp
     assert len(errors) == 1 and "training diverged: the loss became nan at epoch 1" in errors[0], out[-3000:]
 
 
+@pytest.mark.mpi
+@needs_mpiexec
+def test_a_one_process_command_under_mpiexec_is_refused_once(tmp_path):
+    """`mpiexec -n 2 sprint info` printed the table twice (eval evaluated twice)."""
+    p, out, errors = _mpiexec([2, "-m", "mpi4py", "-m", "engine.cli", "info", "tiny"])
+    assert p.returncode == 2 and "N_Param" not in out, out[-3000:]
+    assert errors == ["sprint: error: sprint info runs in one process; run it without mpiexec (2 ranks were started)"]
+
+
 FULL_DISK = """
 import errno, sys
 from engine import checkpoint
