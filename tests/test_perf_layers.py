@@ -5,16 +5,28 @@ import pytest
 
 from engine import spec as spec_mod
 from engine.perf import fit, model
+from engine.perf.layer_cost import layer_term_keys
 from engine.perf.profile import Profile
 
-F = {"conv_fwd": 1.3, "conv_bwd": 1.1, "fc_fwd": 2.0, "fc_bwd": 1.5}
-B = {"conv_fwd": 20e-6, "conv_bwd": 35e-6, "fc_fwd": 8e-6, "fc_bwd": 12e-6}
+# Each kind and pass, and a net's first convolution and output layer apart.
+F = {"conv_fwd": 1.3, "conv_bwd": 1.1, "fc_fwd": 2.0, "fc_bwd": 1.5,
+     "conv1_fwd": 1.8, "conv1_bwd": 1.25, "fcout_fwd": 2.6, "fcout_bwd": 1.35}
+B = {"conv_fwd": 20e-6, "conv_bwd": 35e-6, "fc_fwd": 8e-6, "fc_bwd": 12e-6,
+     "conv1_fwd": 3e-6, "conv1_bwd": 15e-6, "fcout_fwd": 11e-6, "fcout_bwd": 6e-6}
 
 
-def _truth(prof, net, n):
-    """{(layer, pass): seconds} of the generating model."""
+def _truth(prof, net, n, terms=None):
+    """{(layer, pass): seconds} of the generating model (``terms``: the keys
+    it knows, the most specific of a layer's ``layer_term_keys`` used)."""
+    terms = terms or F
     sums = fit._kernel_sums(Profile(prof), net, n)
-    return {k: F[f"{kind}_{k[1]}"] * ks + B[f"{kind}_{k[1]}"] for k, (ks, kind) in sums.items()}
+    geoms = spec_mod.layers(spec_mod.get_spec(net))
+    at = {g.name: i for i, g in enumerate(geoms)}
+    out = {}
+    for k, (ks, kind) in sums.items():
+        key = next(c for c in layer_term_keys(kind, at[k[0]], len(geoms), k[1]) if c in terms)
+        out[k] = F[key] * ks + B[key]
+    return out
 
 
 def _records(prof, nets=("tiny", "cifar"), batches=(1, 4, 16), held=4, noise=0.0, rng=None):
@@ -54,6 +66,27 @@ def test_layer_terms_recovered_exactly_and_price_a_held_out_net():
         assert got.keys() == want.keys()
         for k in want:
             assert got[k] == pytest.approx(want[k], rel=1e-6)
+
+
+def test_first_conv_and_output_layer_fitted_apart_and_older_profiles_keep_one_term_per_kind():
+    """Roles come back with their own (f, b); a role seen in too few fitted
+    passes (one net) is fitted into its kind; a profile with kind keys only
+    prices every layer of a kind by them."""
+    prof = Profile.synthetic(backend="cpu").data
+    one_net = fit.fit_layer_terms(prof, _records(prof, nets=("cifar",), batches=(1, 4, 16)))
+    assert set(one_net) == {"conv_fwd", "conv_bwd", "fc_fwd", "fc_bwd"}     # 2 fitted passes per role: merged
+    kinds = {k: F[k] for k in ("conv_fwd", "conv_bwd", "fc_fwd", "fc_bwd")}
+    lt = fit.fit_layer_terms(prof, _records(prof, nets=("tiny", "cifar", "mnist"), batches=(1, 4, 16)))
+    assert set(lt) == set(F)
+    old = Profile(dict(prof, layer_terms={k: {"f": lt[k]["f"], "b": lt[k]["b"]} for k in kinds}))
+    want = _truth(prof, "digits", 8, terms=kinds)
+    got = {}
+    for layer, pas, _, _, t in model.compute_gradient_terms(spec_mod.get_spec("digits"), 8, old):
+        if pas != "loss":
+            got[(layer, pas)] = got.get((layer, pas), 0.0) + t
+    assert got == pytest.approx(want, rel=1e-6)
+    assert layer_term_keys("fc", 0, 1, "fwd") == ("fcout_fwd", "fc_fwd")    # a one-layer net: its output layer
+    assert layer_term_keys("conv", 1, 4, "bwd") == ("conv_bwd",)
 
 
 def test_layer_terms_with_noise_and_the_per_call_cost_matters():
@@ -137,7 +170,7 @@ def test_weights_beyond_the_l2_are_priced_per_byte():
                 recs.append({"kind": "layer_pass", "model": net, "n_subbatch": n, "layer": layer, "pass": pas,
                              "t": t, "holdout": n == 4})
     lt = fit.fit_layer_terms(prof, recs)
-    for key in F:
+    for key in W:
         assert lt[key]["f"] == pytest.approx(F[key], rel=1e-5)
         assert lt[key]["w"] == pytest.approx(W[key], rel=1e-4)
         assert lt[key]["error"]["holdout"]["max"] < 1e-5

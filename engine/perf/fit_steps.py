@@ -12,7 +12,7 @@ from scipy.optimize import nnls
 from engine import spec as spec_mod
 
 from .fit import error_summary, nnls_relative
-from .layer_cost import cold_weight_bytes
+from .layer_cost import cold_weight_bytes, layer_term_keys
 from .profile import Profile
 
 
@@ -44,7 +44,8 @@ HOLDOUT = {"sgemm": "non-power-of-2 shapes and the swept nets' own shapes",
 
 def fit_layer_terms(prof: dict, records) -> dict:
     """Each layer pass as ``f * (its kernels) + b``, one (f, b) per layer kind
-    and pass (conv/fc x fwd/bwd), by NNLS on relative residuals.
+    and pass (conv/fc x fwd/bwd), a net's first convolution and output
+    layer apart (``layer_term_keys``), by NNLS on relative residuals.
 
     ``b`` carries what small layers are made of: the per-call Python of the
     layer and its ops, allocation, the per-call cost of each kernel beyond
@@ -64,15 +65,23 @@ def fit_layer_terms(prof: dict, records) -> dict:
         if key not in cache:
             try:
                 sp = spec_mod.get_spec(r.get("spec") or r["model"])
-                cold = {g.name: cold_weight_bytes(g, l2) for g in spec_mod.layers(sp)}
-                cache[key] = (_kernel_sums(p, sp, r["n_subbatch"]), cold)
+                gs = spec_mod.layers(sp)
+                cold = {g.name: cold_weight_bytes(g, l2) for g in gs}
+                keys = {(g.name, pas): layer_term_keys(g.kind, i, len(gs), pas)
+                        for i, g in enumerate(gs) for pas in ("fwd", "bwd")}
+                cache[key] = (_kernel_sums(p, sp, r["n_subbatch"]), cold, keys)
             except ValueError:        # a kernel this net needs was not swept
-                cache[key] = ({}, {})
+                cache[key] = ({}, {}, {})
         got = cache[key][0].get((r["layer"], r["pass"]))
         if got is None:
             continue
-        rows.setdefault(f"{got[1]}_{r['pass']}", []).append(
+        rows.setdefault(cache[key][2][(r["layer"], r["pass"])], []).append(
             (got[0], cache[key][1][r["layer"]], r["t"], bool(r.get("holdout"))))
+    # A role with too few fitted passes is priced by its kind's term.
+    for keys in [k for k in rows if len(k) > 1]:
+        if sum(not h for *_, h in rows[keys]) < 3:
+            rows.setdefault(keys[-1:], []).extend(rows.pop(keys))
+    rows = {keys[0]: rs for keys, rs in rows.items()}
     out = {}
     for key, rs in sorted(rows.items()):
         fit_r = [(k, c, t) for k, c, t, h in rs if not h]

@@ -25,6 +25,31 @@ def cold_weight_bytes(g, l2_bytes) -> float:
     return float(max(4 * spec_mod._prod(g.w_shape) - l2_bytes, 0))
 
 
+def layer_term_keys(kind, i, n_layers, pas) -> tuple:
+    """The per-layer term keys of pass ``pas`` of layer ``i`` (of
+    ``n_layers``), the most specific first.
+
+    A net's first convolution (``conv1_*``) and its output layer
+    (``fcout_*``) are fitted apart from the other layers of their kind. The
+    first convolution reads the batch the loader wrote, over 1-3 channels,
+    and has no dX; the output layer's passes are a few small GEMMs beside
+    the softmax. On the sweeps of test sets 3 and 4 (bench/RESULTS.md
+    section 4) first convolutions ran 1.1-1.9x their op prices inside a step
+    against 0.9-1.25x for the others, and output-layer forwards 1.5-2.2x
+    against 1.0-1.3x: one factor per kind priced both wrong. Profiles fitted
+    before have the kind keys (``conv_fwd``, ...) only."""
+    role = "conv1" if kind == "conv" and i == 0 else ("fcout" if kind == "fc" and i == n_layers - 1 else None)
+    return ((f"{role}_{pas}",) if role else ()) + (f"{kind}_{pas}",)
+
+
+def layer_term(terms, kind, i, n_layers, pas):
+    """The fitted term of a layer pass: its role's if fitted, else its kind's."""
+    for key in layer_term_keys(kind, i, n_layers, pas):
+        if key in terms:
+            return terms[key]
+    return None
+
+
 def layer_kernels(g, n: int, first: bool, last: bool, ops=frozenset()):
     """(pass, kernel, size) of every kernel one layer runs for its batch.
 
@@ -128,7 +153,8 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False):
 
     Pass is ``fwd``, ``bwd`` or ``loss`` (the softmax between them). With
     the profile's per-layer terms (``fit.fit_layer_terms``) each layer pass
-    is ``f * kernels`` plus a ``per-call`` row ``b`` for its kind and pass;
+    is ``f * kernels`` plus a ``per-call`` row ``b`` for its kind (or role,
+    ``layer_term_keys``) and pass;
     older profiles scale every kernel by one ``kernel_factor`` and add a
     ``per_layer`` overhead. ``kernels_only``: the swept kernels alone.
     """
@@ -142,14 +168,14 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False):
     for i, g in enumerate(geoms):
         for pas, kern, size in layer_kernels(g, n_subbatch, i == 0, i == len(geoms) - 1, ops):
             t = kernel_time(profile, kern, size)
-            term = lt.get(f"{g.kind}_{pas}")
+            term = layer_term(lt, g.kind, i, len(geoms), pas)
             rows.append((g.name, pas, kern, size, (term["f"] if term else factor) * t))
         if kernels_only:
             continue
         if lt:
             cold = cold_weight_bytes(g, profile.data.get("cache", {}).get("l2_bytes"))
             for pas in ("fwd", "bwd"):
-                term = lt.get(f"{g.kind}_{pas}")
+                term = layer_term(lt, g.kind, i, len(geoms), pas)
                 if term and term["b"] > 0:
                     rows.append((g.name, pas, "per-call", 1, profile.time_scale * term["b"]))
                 if term and term.get("w", 0.0) > 0 and cold > 0:
