@@ -111,8 +111,11 @@ def predicted(model, n_node, n_gpu, sub, prof, n_file, sim=True, host=None):
     return out
 
 
-def layer_times(model, sub, prof, repeats=7):
-    """Measured vs modelled forward/backward time of each layer (one thread, in-process)."""
+def layer_times(model, sub, prof, repeats=41):
+    """Measured vs modelled forward/backward time of each layer (one thread,
+    in-process): the median of ``repeats`` steps (7 until test set 5: the
+    passes of small layers scatter between steps by a standard deviation of
+    20-100 % of their median, as large as the per-layer target)."""
     from engine.perf.sweep import layer_pass_times, set_threads
     from engine.spec import get_spec
     set_threads(1)

@@ -188,3 +188,32 @@ def test_weights_beyond_the_l2_are_priced_per_byte():
     # A profile without the L2 size (older ones) prices no such row.
     old = Profile(dict(prof, layer_terms=lt, cache={}))
     assert not [r for r in model.compute_gradient_terms(big, 8, old) if r[2] == "cold-weights"]
+
+
+def test_runner_compute_excess_is_per_byte_beyond_the_l2():
+    """The runner's ComputeGradient beyond the model's step, c + d x (bytes
+    of the parameters beyond the L2): recovered from nets on both sides of
+    the L2, and a net inside it pays c alone (per parameter it paid cifar's
+    per-byte cost on every parameter)."""
+    from engine.perf.fit_steps import runner_compute_excess
+    prof = Profile.synthetic(backend="cpu").data
+    l2 = 1 << 20
+    prof["cache"] = {"l2_bytes": l2}
+    p = Profile(prof)
+    c, d = 300e-6, 7e-10
+    by_net = {}
+    for net, n in (("tiny", 8), ("cifar", 4), ("mnist", 4)):          # 580 and 207 K parameters, then 3.2 M
+        sp = spec_mod.get_spec(net)
+        cg = sum(r[4] for r in model.compute_gradient_terms(sp, n, p)) + p.per_step(spec_mod.n_params(sp))
+        excess = c + d * max(4 * spec_mod.n_params(sp) - l2, 0)
+        by_net[net] = [{"host": 1 + excess / cg, "n_subbatch": n, "rel": 1.0}]
+    runner_compute_excess(prof, by_net, p)
+    got = prof["overhead"]["runner_compute"]
+    assert got["c"] == pytest.approx(c, rel=1e-6) and got["d"] == pytest.approx(d, rel=1e-6)
+    assert got["l2_bytes"] == l2 and all(e["host"] == 1.0 for es in by_net.values() for e in es)
+    fitted = Profile(prof)
+    assert fitted.runner_compute(200_000) == pytest.approx(c)                # 0.8 MB: inside the L2
+    assert fitted.runner_compute(3_000_000) == pytest.approx(c + d * (12e6 - l2))
+    # Profiles fitted before: d per parameter.
+    old = Profile(dict(prof, overhead={"runner_compute": {"c": c, "d": 1e-9}}))
+    assert old.runner_compute(200_000) == pytest.approx(c + 2e-4)

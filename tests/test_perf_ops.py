@@ -133,8 +133,8 @@ def test_per_step_work_is_a_constant_plus_a_per_parameter_cost():
 def test_layer_passes_of_spec_nets_hold_out_a_whole_net():
     from engine.perf.sweep_layer_passes import LAYER_PASS_HELDOUT, sweep_layer_passes
     held = {"name": LAYER_PASS_HELDOUT[0], "x0": 8, "m0": 1, "c": 3, "convs": [[2, 2]], "fcs": [4, 3]}
-    recs = sweep_layer_passes({"net_batches": (1, 2, 3), "repeats": 1, "nets": ("tiny",),
-                               "layer_pass_nets": ("tiny", held)})
+    recs = sweep_layer_passes({"net_batches": (7,), "layer_pass_batches": (1, 2, 3), "layer_pass_repeats": 2,
+                               "repeats": 1, "nets": ("tiny",), "layer_pass_nets": ("tiny", held)})
     by = {(r["model"], r["n_subbatch"]): r["holdout"] for r in recs}
     assert by[("tiny", 1)] is False and by[("tiny", 2)] is True           # the middle batch size
     assert all(by[(held["name"], n)] for n in (1, 2, 3))                 # the whole net

@@ -251,9 +251,19 @@ def runner_compute_excess(prof: dict, by_net: dict, p) -> None:
     their small steps carry the same per-step cost as ``tiny``'s and more,
     with the parameter vector's (gradient flattening, the updater's copies
     in the same caches). Every runner entry then keeps ``host`` 1: its
-    ``rel`` alone prices the sharing."""
+    ``rel`` alone prices the sharing.
+
+    With the L2 size known, ``d`` is per byte of the parameter vector beyond
+    one core's L2 (``l2_bytes`` stored beside it), as for the layers' cold
+    weights: per parameter, cifar's excess (3.2 M parameters, 13 MB) put
+    0.6 ms per step on heldout-wide's 243 K (1 MB, inside the L2), whose
+    1 x 1 runs show 0.1-0.15 ms beyond their layers (bench/RESULTS.md
+    section 4: set 4's nets run again before test set 5, as development
+    data)."""
     from engine import spec as spec_mod
     from .model import compute_gradient_terms
+    l2 = (prof.get("cache") or {}).get("l2_bytes")
+    size = (lambda n: max(4.0 * n - l2, 0.0)) if l2 else (lambda n: float(n))
     pts = []
     for net, es in by_net.items():
         if not es:
@@ -261,7 +271,7 @@ def runner_compute_excess(prof: dict, by_net: dict, p) -> None:
         e = es[0]
         sp = spec_mod.get_spec(net)
         cg = sum(r[4] for r in compute_gradient_terms(sp, int(e["n_subbatch"]), p)) + p.per_step(spec_mod.n_params(sp))
-        pts.append((spec_mod.n_params(sp), (e["host"] - 1.0) * cg))
+        pts.append((size(spec_mod.n_params(sp)), (e["host"] - 1.0) * cg))
     if not pts:
         return
     n, x = (np.array(v, dtype=float) for v in zip(*pts))
@@ -269,7 +279,8 @@ def runner_compute_excess(prof: dict, by_net: dict, p) -> None:
         c, d = max(float(np.median(x)), 0.0), 0.0
     else:
         c, d = nnls(np.column_stack([np.ones_like(n), n]), x)[0]
-    prof.setdefault("overhead", {})["runner_compute"] = {"c": float(c), "d": float(d)}
+    prof.setdefault("overhead", {})["runner_compute"] = dict({"c": float(c), "d": float(d)},
+                                                             **({"l2_bytes": l2} if l2 else {}))
     for es in by_net.values():
         for e in es:
             e["host_fitted"], e["host"] = e["host"], 1.0
@@ -289,7 +300,7 @@ def fit_overhead(prof: dict, steps, held=()) -> dict:
     def kernels(rs):
         out = []
         for r in rs:
-            sp = spec_mod.get_spec(r["model"])
+            sp = spec_mod.get_spec(r.get("spec") or r["model"])
             out.append((sum(x[4] for x in compute_gradient_terms(sp, r["n_subbatch"], p)),
                         len(spec_mod.layers(sp))))
         return np.array([k for k, _ in out]), np.array([[n, 1.0] for _, n in out])
@@ -301,9 +312,10 @@ def fit_overhead(prof: dict, steps, held=()) -> dict:
         # flatten per call; zeroing and flattening the gradient per
         # parameter). One constant, the median over tiny and cifar, was
         # cifar's 2 ms put on every net.
-        npar = np.array([spec_mod.n_params(spec_mod.get_spec(r["model"])) for r in steps], float)
-        c, d = nnls(np.column_stack([1.0 / t, npar / t]), (t - kern) / t)[0]
-        extra = lambda rs, ks: ks + c + d * np.array([spec_mod.n_params(spec_mod.get_spec(r["model"])) for r in rs])
+        n_par = lambda rs: np.array([spec_mod.n_params(spec_mod.get_spec(r.get("spec") or r["model"])) for r in rs],
+                                    float)
+        c, d = nnls(np.column_stack([1.0 / t, n_par(steps) / t]), (t - kern) / t)[0]
+        extra = lambda rs, ks: ks + c + d * n_par(rs)
         err = {"fit": error_summary(extra(steps, kern), t)}
         if held:
             th = np.array([r["t"] for r in held])

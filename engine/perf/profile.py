@@ -358,9 +358,14 @@ class Profile:
 
     def runner_compute(self, n_param: int) -> float:
         """Seconds per ComputeGradient the runner spends beyond the modelled
-        step (``fit.runner_compute_excess``): ``c + d * n_param``; 0 if not fitted."""
+        step (``fit.runner_compute_excess``): ``c + d * n_param``, or with
+        ``l2_bytes`` stored ``c + d * (bytes of the parameters beyond the
+        L2)``; 0 if not fitted."""
         v = self.data.get("overhead", {}).get("runner_compute")
-        return self.time_scale * (v["c"] + v["d"] * n_param) if v else 0.0
+        if not v:
+            return 0.0
+        x = max(4.0 * n_param - v["l2_bytes"], 0.0) if v.get("l2_bytes") else n_param
+        return self.time_scale * (v["c"] + v["d"] * x)
 
     def runner_step(self, step, kernel: float = 0.0) -> float:
         """The excess of ``runner_step_terms`` for a step whose kernels take ``kernel`` s."""

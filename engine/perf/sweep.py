@@ -39,13 +39,14 @@ QUICK = {"repeats": 7, "min_time": 2e-3, "sgemm_exp": (0, 2, 4, 6, 8, 9), "sgemm
          "sgemm_kexp": (0, 2, 4, 6, 8, 10, 11), "sgemm_max": 2 ** 30, "sgemm_mid": 24, "batches": (1, 4, 16),
          "vec_exp": range(8, 25), "data_batches": (1, 2, 4, 8, 16, 32, 64), "ranks": (2, 3, 4),
          "allreduce_exp": range(10, 24, 3), "nets": SWEPT_NETS, "net_batches": (1, 4, 16), "im2col_max": 2 ** 25,
-         "layer_pass_nets": LAYER_PASS_NETS,
-         "op_shapes": 48, "op_max": 2 ** 26}
+         "layer_pass_nets": LAYER_PASS_NETS, "layer_pass_batches": (1, 2, 4, 8, 16, 32), "layer_pass_repeats": 101,
+         "net_step_nets": LAYER_PASS_NETS, "op_shapes": 96, "op_max": 2 ** 26}
 FULL = {"repeats": 11, "min_time": 5e-3, "sgemm_exp": tuple(range(0, 10)), "sgemm_nexp": tuple(range(0, 16)),
         "sgemm_kexp": tuple(range(0, 13)), "sgemm_max": 2 ** 31, "sgemm_mid": 80, "batches": (1, 2, 4, 8, 16, 32),
         "vec_exp": range(6, 26), "data_batches": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), "ranks": (2, 3, 4),
         "allreduce_exp": range(8, 25, 2), "nets": SWEPT_NETS, "layer_pass_nets": LAYER_PASS_NETS,
-        "net_batches": (1, 2, 4, 8, 16, 32), "im2col_max": 2 ** 26, "op_shapes": 120, "op_max": 2 ** 27}
+        "net_batches": (1, 2, 4, 8, 16, 32), "im2col_max": 2 ** 26, "op_shapes": 120, "op_max": 2 ** 27,
+        "layer_pass_repeats": 151, "net_step_nets": LAYER_PASS_NETS}
 
 
 def mode_config(quick: bool) -> dict:

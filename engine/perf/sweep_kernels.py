@@ -322,11 +322,20 @@ def sweep_data(cfg, skipped=None):
 # -- whole steps: what the kernels do not explain ----------------------------------
 
 def sweep_net_steps(cfg, skipped=None):
-    """Net.loss_and_grad of the presets: the framework overhead fit and a check."""
+    """Net.loss_and_grad of the swept nets (``net_step_nets`` where given):
+    the fit of the per-step work outside the layers and a check.
+
+    With two nets (tiny, cifar) the fit of that work, ``c + d N_Param``,
+    had two points for two unknowns, and cifar's layer-sum error (a few ms
+    of 20-150 ms) became d: 0.36 ms per step on heldout-wide's 243 K
+    parameters, where its runs show about 0.1 ms beyond the layers. The
+    seen nets of the layer-pass sweep give it N_Param from 580 to 3.2 M."""
     from engine.net import Net
+    from .sweep_layer_passes import LAYER_PASS_HELDOUT
     recs = []
-    for name in cfg["nets"]:
-        sp = spec_mod.get_spec(name)
+    for net in cfg.get("net_step_nets", cfg["nets"]):
+        sp = spec_mod.get_spec(net)
+        name = sp.name
         try:
             net = Net(sp, seed=0)
         except Exception as e:  # kernels still missing
@@ -336,8 +345,8 @@ def sweep_net_steps(cfg, skipped=None):
             x = _rand((n,) + sp.input_shape, 9)
             y = _xp().asarray(np.random.default_rng(0).integers(0, sp.n_classes, n))
             try:
-                recs.append(_rec("net_step", lambda: net.loss_and_grad(x, y), cfg, model=name,
-                                 n_subbatch=n, holdout=i % 3 == 2))
+                recs.append(_rec("net_step", lambda: net.loss_and_grad(x, y), cfg, model=name, spec=sp.to_dict(),
+                                 n_subbatch=n, holdout=i % 3 == 2 or name in LAYER_PASS_HELDOUT))
             except Exception as e:
                 (skipped if skipped is not None else []).append(f"net {name}: {type(e).__name__}: {e}")
                 break

@@ -66,11 +66,20 @@ def layer_pass_times(spec, n, repeats=7, clock=None):
 
 
 def sweep_layer_passes(cfg, skipped=None):
-    """``layer_pass`` records of ``LAYER_PASS_NETS`` at every net batch size;
-    the middle batch size of each net and the nets of ``LAYER_PASS_HELDOUT``
-    are held out whole (shapes and nets, not points)."""
+    """``layer_pass`` records of ``LAYER_PASS_NETS`` at every net batch size
+    (``layer_pass_batches`` where given); the middle batch size of each net
+    and the nets of ``LAYER_PASS_HELDOUT`` are held out whole (shapes and
+    nets, not points).
+
+    Each pass is the median of ``layer_pass_repeats`` steps (3 x repeats,
+    21, before): the passes of small layers (20-60 us) scatter between steps
+    by a standard deviation of 20-100 % of their median (the first sweep of
+    bench/profiles/cpu_test5_records.json), which the median of 21 does not
+    average away below the 10 % per-layer target. A sweep of 12 nets at 6
+    batch sizes stays around a minute."""
     recs = []
-    batches = cfg["net_batches"]
+    batches = cfg.get("layer_pass_batches", cfg["net_batches"])
+    repeats = cfg.get("layer_pass_repeats", 3 * cfg["repeats"])
     held = batches[len(batches) // 2]
     for net in cfg.get("layer_pass_nets", cfg["nets"]):
         sp = spec_mod.get_spec(net)
@@ -78,7 +87,7 @@ def sweep_layer_passes(cfg, skipped=None):
         kinds = {g.name: g.kind for g in spec_mod.layers(sp)}
         for n in batches:
             try:
-                got = layer_pass_times(sp, n, repeats=3 * cfg["repeats"])
+                got = layer_pass_times(sp, n, repeats=repeats)
             except Exception as e:    # kernels still missing
                 (skipped if skipped is not None else []).append(f"layer passes {name}: {type(e).__name__}: {e}")
                 break
