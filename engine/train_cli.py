@@ -166,6 +166,26 @@ def _same_as_saved(key, value, saved) -> bool:
     return key in saved and saved[key] == value
 
 
+def _new_run_dir(model) -> str:
+    """runs/MODEL-TIMESTAMP, claimed by creating it: runs started in the same
+    second (a loop of `sprint train &`) get -2, -3, ... instead of writing one
+    folder together. Under mpiexec rank 0 claims it and the session hands its
+    name to the other ranks (engine.session.Session)."""
+    from .parallel.comm import launcher_rank
+    base = os.path.join("runs", f"{model.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if launcher_rank() != 0:
+        return base
+    os.makedirs("runs", exist_ok=True)
+    k = 1
+    while True:
+        path = base if k == 1 else f"{base}-{k}"
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            k += 1
+
+
 def cmd_train(args) -> int:
     from . import train as _train
     from .errors import RunError
@@ -206,8 +226,7 @@ def cmd_train(args) -> int:
                            ", ".join(sorted(_flag(k) for k in extra)))
         cfg = _as_option_error(lambda: resume_config(args.resume, **given, **common))
     else:
-        out = args.out or os.path.join("runs", f"{given.get('model', TrainConfig.model).replace('/', '_')}-"
-                                               f"{time.strftime('%Y%m%d-%H%M%S')}")
+        out = args.out or _new_run_dir(given.get("model", TrainConfig.model))
         cfg = _as_option_error(lambda: TrainConfig(out=out, **given, **common))
     if not _registry_strategy(cfg).distributed:
         _train.refuse_launcher_ranks(cfg)

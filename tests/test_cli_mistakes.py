@@ -105,3 +105,18 @@ def test_a_run_saved_with_threads_0_resumes_on_the_automatic_count(tmp_path):
     conf["train"]["threads"] = 0              # what --threads 0 saved before it was refused
     (run / "config.json").write_text(json.dumps(conf))
     assert resume_config(run, epochs=2).threads is None
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch, capsys):
+    """`for s in 1 2; do sprint train --seed $s & done`: both named runs/digits-TIMESTAMP
+    and wrote one folder together (or the second was refused)."""
+    import time
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20261201-000000")
+    for seed in ("1", "2"):
+        assert cli.main(["train", "--epochs", "1", "--seed", seed, "--quiet", "--no-progress"]) == 0, capsys.readouterr()
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert runs == ["digits-20261201-000000", "digits-20261201-000000-2"]
+    seeds = [json.loads((tmp_path / "runs" / r / "config.json").read_text())["train"]["seed"] for r in runs]
+    assert seeds == [1, 2]

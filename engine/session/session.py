@@ -25,6 +25,10 @@ class Session:
         self.watchdog = Watchdog(self.comm, cfg.timeout)
         self.backend = setup_device(cfg)
         self.gpu = getattr(self.backend, "name", "cpu") == "gpu"
+        if not cfg.resume and self.comm.size > 1:
+            # rank 0's folder: a default name is claimed there (train_cli), and
+            # ranks that write files of their own (pipeline stages) must agree
+            cfg.out = self.comm.bcast_obj(cfg.out)
         if cfg.out and not cfg.resume:
             self._on_root(RunDir(cfg.out).refuse_a_run)
         self.spec = get_spec(cfg.model)
