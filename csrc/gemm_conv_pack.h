@@ -75,14 +75,6 @@ struct PackIm2col {
         i64 c = p0 / khw, q = p0 % khw;
         for (i64 kk = 0; kk < kc; ++kk) {
             const i64 off = c * HW;
-            // The next panel's columns read NR floats further on (W == OW: the
-            // address is linear in the column). Each channel plane is its own
-            // page, so the hardware prefetchers miss these lines: without this
-            // the masked loads below waited on L3 (the hottest loads of the
-            // step's packing). Into L2, once per filter row (its taps share lines).
-            if (q % G.kw == 0)
-                for (int gi = 0; gi < NG; ++gi)
-                    if (nseg[q][gi] > 0) __builtin_prefetch(x + seg[q][gi][0].base + off + NR, 0, 3);
             if (inplace[q]) {  // the whole panel row inside one image row: read it in place
                 rows[kk] = x + seg[q][0][0].base + off;
             } else {
