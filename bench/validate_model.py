@@ -70,10 +70,13 @@ def make_data(name, path):
     return n
 
 
-def run_config(model, data, n_node, n_gpu, sub, seconds, workdir, timeout):
+def run_config(model, data, n_node, n_gpu, sub, seconds, workdir, timeout, rep=0):
+    """One run in a folder of its own per pass: a run folder that holds a
+    trained run is refused (sprint: error: already holds a trained run), so
+    a second pass into the first one's folder failed."""
     from engine.perf.sweep import runner_job
     return runner_job(model, data, sub, n_node, n_gpu, seconds,
-                      Path(workdir) / f"{safe_name(model)}-n{n_node}-g{n_gpu}-s{sub}",
+                      Path(workdir) / f"{safe_name(model)}-n{n_node}-g{n_gpu}-s{sub}-p{rep}",
                       timeout)
 
 
@@ -300,7 +303,7 @@ def main(argv=None):
                 data, n_file = datasets[net]
                 host = probe_host(net, seconds=1.0, profile=prof) if a.probe else None
                 try:
-                    st = run_config(net, data, n_node, n_gpu, sub, a.seconds, tmp, a.timeout)
+                    st = run_config(net, data, n_node, n_gpu, sub, a.seconds, tmp, a.timeout, rep)
                 except Exception as e:   # keep the grid going, report the failure, exit 1 at the end
                     print(f"FAILED {net} {n_node}x{n_gpu}x{sub}: {e}", file=sys.stderr, flush=True)
                     failed.append((key, str(e)[-300:]))
