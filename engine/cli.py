@@ -165,7 +165,12 @@ def _fail(e: BaseException, debug: bool) -> int:
     if not debug and _job_size() > 1:
         from engine.parallel.abort import abort_once
         from engine.parallel.comm import get_comm
-        abort_once(get_comm(), line, code)
+        try:
+            comm = get_comm()
+        except Exception:          # no communicator to end the job with: each rank says it
+            comm = None
+        if comm is not None:
+            abort_once(comm, line, code)
     print(line, file=sys.stderr, flush=True)
     return code
 

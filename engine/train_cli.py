@@ -216,6 +216,10 @@ def cmd_train(args) -> int:
                        "--workers")
     common = dict(device=_device(args), progress=args.progress, verbose=not args.quiet)
     if args.resume:
+        if args.out and os.path.realpath(args.out) != os.path.realpath(args.resume):
+            # it was ignored: the run went on in its own folder
+            raise RunError(f"--resume continues the run in its own folder ({args.resume}); --out names another",
+                           "--out")
         saved = _saved_train_options(args.resume)
         # an option given again with the run's own value changes nothing (under
         # mpiexec one naturally repeats --parallel): only a different value is refused

@@ -120,3 +120,26 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monk
     assert runs == ["digits-20261201-000000", "digits-20261201-000000-2"]
     seeds = [json.loads((tmp_path / "runs" / r / "config.json").read_text())["train"]["seed"] for r in runs]
     assert seeds == [1, 2]
+
+
+def test_resume_with_another_out_is_refused_not_ignored(tmp_path, monkeypatch, capsys):
+    from engine.session import TrainConfig
+    from engine.train import train
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    run = tmp_path / "run"
+    train(TrainConfig(epochs=1, out=str(run), progress=False, verbose=False))
+    one_line(capsys, ["train", "--resume", run, "--out", tmp_path / "other", "--epochs", "2"],
+             f"--resume continues the run in its own folder ({run}); --out names another (--out)")
+    assert not (tmp_path / "other").exists()
+    assert cli.main(["train", "--resume", str(run), "--out", str(run), "--epochs", "2", "--quiet", "--no-progress"]) == 0
+
+
+def test_a_bad_mpi_poll_setting_names_the_variable(monkeypatch):
+    from engine.errors import RunError
+    from engine.parallel.comm import _env_seconds
+    for bad in ("abc", "-1", "nan", "inf"):
+        monkeypatch.setenv("SPRINT_MPI_POLL", bad)
+        with pytest.raises(RunError, match=r"must be a number of seconds >= 0, got .* \(SPRINT_MPI_POLL\)"):
+            _env_seconds("SPRINT_MPI_POLL")
+    monkeypatch.setenv("SPRINT_MPI_POLL", "0.002")
+    assert _env_seconds("SPRINT_MPI_POLL") == 0.002

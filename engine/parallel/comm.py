@@ -206,6 +206,18 @@ class LocalComm(Comm):
         return buf
 
 
+def _env_seconds(name) -> float:
+    text = os.environ.get(name, "").strip() or "0"
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0 <= v < float("inf"):
+        from engine.errors import RunError
+        raise RunError(f"must be a number of seconds >= 0, got {text!r}", name)
+    return v
+
+
 class MPIComm(Comm):
     kind = "mpi"
 
@@ -221,7 +233,7 @@ class MPIComm(Comm):
         self.device_path = "host"
         # > 0: wait for host allreduces by polling with sleeps instead of
         # MPICH's busy wait, leaving the core to the worker threads.
-        self.poll_interval = float(os.environ.get("SPRINT_MPI_POLL", "0") or 0)
+        self.poll_interval = _env_seconds("SPRINT_MPI_POLL")
 
     # Only one thread may drive this communicator; the first user claims it.
     def _claim(self):
