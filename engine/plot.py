@@ -18,6 +18,10 @@ def plot_run(run_dir, out=None) -> list:
     recs = _metrics.read(run_dir)
     if not recs:
         raise ValueError(f"{run_dir}: metrics.jsonl holds no epochs yet")
+    if out and Path(out).suffix.lower() in (".png", ".jpg", ".jpeg", ".pdf", ".svg") and not Path(out).is_dir():
+        # it would become a folder of that name holding the two PNGs
+        from .errors import RunError
+        raise RunError("--out is the folder for loss.png and accuracy.png, not a file name", out)
     out = make_folder(out) if out else run_dir
     ep = [r["epoch"] for r in recs]
     figs = {

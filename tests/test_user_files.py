@@ -97,3 +97,6 @@ def test_plot_out_that_is_a_file_is_one_line_naming_it(tmp_path):
                                            "test_acc": 0.4}])
     (tmp_path / "afile").write_text("x")
     one_error_line(sprint("plot", run, "--out", tmp_path / "afile"), f"not a folder ({tmp_path / 'afile'})")
+    one_error_line(sprint("plot", run, "--out", tmp_path / "curves.png"), "the folder for loss.png and accuracy.png",
+                   f"({tmp_path / 'curves.png'})")
+    assert not (tmp_path / "curves.png").exists()
