@@ -155,8 +155,10 @@ class SGD:
             raise TypeError("grads is required with a bare parameter vector")
         if params.shape != grads.shape or params.ndim != 1:
             raise ValueError(f"params and grads must be equal flat vectors, got {params.shape} and {grads.shape}")
-        if momentum < 0 or weight_decay < 0:
-            raise ValueError("momentum and weight_decay must be >= 0")
+        if not 0 <= momentum < 1:       # 1 and above: the velocity never decays, the run diverges
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if not 0 <= weight_decay < math.inf:
+            raise ValueError(f"weight_decay must be finite and >= 0, got {weight_decay}")
         if schedule is not None and not callable(schedule):
             raise TypeError("schedule must be callable lr(epoch)")
         self.params, self.grads = params, grads

@@ -81,8 +81,12 @@ def test_bad_arguments():
         SGD(z, np.zeros(5, np.float32))
     with pytest.raises(TypeError, match="grads"):
         SGD(z)
-    with pytest.raises(ValueError, match="momentum"):
-        SGD(z, z.copy(), momentum=-1)
+    for m in (-1, 1.0, 2, float("nan")):
+        with pytest.raises(ValueError, match=f"momentum must be in \\[0, 1\\), got {m}"):
+            SGD(z, z.copy(), momentum=m)
+    for wd in (-1e-4, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="weight_decay must be finite and >= 0"):
+            SGD(z, z.copy(), weight_decay=wd)
     with pytest.raises(ValueError, match="schedule must be"):
         make_schedule("linear", 0.1, 3)
     with pytest.raises(ValueError, match="exactly one"):
