@@ -20,6 +20,7 @@ def digits_as_cifar(out_dir, n_train=None, seed=0):
     returns (n_train, n_test)."""
     from PIL import Image
     from engine.data import load_dataset
+    from engine.checkpoint import atomic_write
     from engine.data.readers import CIFAR_RECORD
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -37,10 +38,12 @@ def digits_as_cifar(out_dir, n_train=None, seed=0):
             big = np.asarray(Image.fromarray((img * 255).astype(np.uint8)).resize((32, 32), Image.BILINEAR))
             rgb = tint[y[i]][:, None, None] * 255 + big[None] * 0.6 + rng.normal(0, 12, (3, 32, 32))
             rec[i, 1:] = np.clip(rgb, 0, 255).astype(np.uint8).ravel()
-        rec.tofile(out_dir / name)
+        atomic_write(out_dir / name, rec.tobytes())
         n[name] = len(y)
     return n["data_batch_1.bin"], n["test_batch.bin"]
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/cifar_like.py DIR")
     print(digits_as_cifar(sys.argv[1]))

@@ -20,8 +20,8 @@ def write_idx(path, arr):
     """``arr`` (uint8) as an IDX file, gzipped when the name ends in .gz."""
     arr = np.ascontiguousarray(arr, np.uint8)
     data = struct.pack(">BBBB", 0, 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}i", *arr.shape) + arr.tobytes()
-    with (gzip.open if str(path).endswith(".gz") else open)(path, "wb") as f:
-        f.write(data)
+    from engine.checkpoint import atomic_write      # a killed run leaves no half file for the reader
+    atomic_write(path, gzip.compress(data) if str(path).endswith(".gz") else data)
 
 
 def digits_as_mnist(out_dir):
@@ -42,4 +42,6 @@ def digits_as_mnist(out_dir):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/mnist_like.py DIR")
     print(digits_as_mnist(sys.argv[1]))
