@@ -72,7 +72,8 @@ def sprint(args, n, cache, tmp, name, device="gpu", timeout=90, env=None):
     e.update(env or {})
     mpi = ["-m", "mpi4py"] if n else []           # mpi4py's abort on an uncaught error
     cmd = [sys.executable, *mpi, str(BOOT)] if device == "gpu" else [sys.executable, *mpi, "-m", "engine.cli"]
-    cmd += ["train", "--device", device, "--no-progress", "--out", str(run), *map(str, args)]
+    out = [] if "--resume" in args else ["--out", str(run)]     # a resumed run stays in its folder
+    cmd += ["train", "--device", device, "--no-progress", *out, *map(str, args)]
     if n:
         cmd = ["mpiexec", "-n", str(n), *cmd]
     t0 = time.monotonic()
