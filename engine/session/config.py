@@ -76,9 +76,7 @@ class TrainConfig:
                              f"not parallel={self.parallel!r}")
         self.extra = {**strat.extra, **(self.extra or {})}
         for k in ("epochs", "batch", "eval_batch", "workers"):
-            v = getattr(self, k)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{k} must be a positive int, got {v!r}")
+            _integer(k, getattr(self, k), 1)
         if self.threads is not None:
             _integer("threads", self.threads, 1)
         _integer("seed", self.seed, 0)
@@ -151,7 +149,6 @@ def resume_config(run_dir, **overrides) -> TrainConfig:
     d.pop("init_from", None)
     if not isinstance(d.get("threads"), int) or d["threads"] < 1:
         d["threads"] = None     # runs saved before 0 and negatives were refused ran with auto_threads
-
     d.update({k: v for k, v in overrides.items() if v is not None})
     d["resume"] = str(run_dir)
     d["out"] = str(run_dir)
