@@ -12,7 +12,7 @@ from scipy.optimize import nnls
 from engine import spec as spec_mod
 
 from .fit import error_summary, nnls_relative
-from .layer_cost import cold_weight_bytes, layer_term_keys
+from .layer_cost import bytes_beyond_l2, cold_weight_bytes, layer_term_keys
 from .profile import Profile
 
 
@@ -263,7 +263,7 @@ def runner_compute_excess(prof: dict, by_net: dict, p) -> None:
     from engine import spec as spec_mod
     from .model import compute_gradient_terms
     l2 = (prof.get("cache") or {}).get("l2_bytes")
-    size = (lambda n: max(4.0 * n - l2, 0.0)) if l2 else (lambda n: float(n))
+    size = (lambda n: bytes_beyond_l2(n, l2)) if l2 else (lambda n: float(n))
     pts = []
     for net, es in by_net.items():
         if not es:

@@ -13,6 +13,13 @@ from engine import spec as spec_mod
 from .sweep_ops import OP_KINDS
 
 
+def bytes_beyond_l2(n_floats, l2_bytes) -> float:
+    """Bytes of ``n_floats`` float32 values that do not fit in an L2 of
+    ``l2_bytes``: what the cold-weight terms of the layers and of the
+    runner's ComputeGradient (fit and prediction alike) are priced on."""
+    return float(max(4.0 * n_floats - l2_bytes, 0.0))
+
+
 def cold_weight_bytes(g, l2_bytes) -> float:
     """Bytes of a layer's weights beyond one core's L2 cache (0 without one).
 
@@ -22,7 +29,7 @@ def cold_weight_bytes(g, l2_bytes) -> float:
     forward takes 3.4-9 ms in a step against 2.0-2.4 ms in its sweep."""
     if not l2_bytes:
         return 0.0
-    return float(max(4 * spec_mod._prod(g.w_shape) - l2_bytes, 0))
+    return bytes_beyond_l2(spec_mod._prod(g.w_shape), l2_bytes)
 
 
 def layer_term_keys(kind, i, n_layers, pas) -> tuple:

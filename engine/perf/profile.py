@@ -364,7 +364,8 @@ class Profile:
         v = self.data.get("overhead", {}).get("runner_compute")
         if not v:
             return 0.0
-        x = max(4.0 * n_param - v["l2_bytes"], 0.0) if v.get("l2_bytes") else n_param
+        from .layer_cost import bytes_beyond_l2
+        x = bytes_beyond_l2(n_param, v["l2_bytes"]) if v.get("l2_bytes") else n_param
         return self.time_scale * (v["c"] + v["d"] * x)
 
     def runner_step(self, step, kernel: float = 0.0) -> float:
