@@ -57,24 +57,6 @@ class _Parser(argparse.ArgumentParser):
         return ns
 
 
-def _int_at_least(low: int):
-    def parse(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {v}")
-        return v
-    parse.__name__ = f"int >= {low}"
-    return parse
-
-
-# argparse types for counts: a 0 or a negative value is refused where it is
-# given, not taken for "unset" or left to hang a run further down
-positive_int, nonneg_int = _int_at_least(1), _int_at_least(0)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="sprint", description="SPRINT CNN training engine")
     p.add_argument("--version", action="version", version=f"sprint {_version()}")

@@ -11,7 +11,7 @@ _FORMATS = ["digits", "tree", "mnist", "cifar", "npz"]
 
 
 def register(sub):
-    from .cli import nonneg_int, positive_int
+    from .argtypes import nonneg_int, positive_int
     from .session import registry
     from .session.config import DEFAULT_TIMEOUT, TrainConfig
     d = TrainConfig()

@@ -63,3 +63,15 @@ def test_asgd_defaults_differ_from_sync(monkeypatch):
     args = p.parse_args(["train", "--max-pending", "3", "--out", "x"])
     with pytest.raises(RunError, match="max-pending"):
         train_cli.cmd_train(args)
+
+
+def test_the_parallel_and_perf_layers_declare_their_options_without_the_cli():
+    """Their count types come from engine.argtypes: importing a strategy (and
+    adding its options to a parser) must not import the command line."""
+    code = ("import argparse, sys\n"
+            "import engine.parallel.ps, engine.parallel.pipeline_run as pr, engine.perf.strategies as st\n"
+            "p = argparse.ArgumentParser(); p.add_argument('--schedule'); pr.add_train_options(p)\n"
+            "st.add_options(argparse.ArgumentParser(), 'simulate')\n"
+            "assert 'engine.cli' not in sys.modules, sorted(m for m in sys.modules if m.startswith('engine'))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

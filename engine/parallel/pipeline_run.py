@@ -38,7 +38,7 @@ OPTIONS = ("stages", "replicas", "schedule", "microbatches", "predict", "partiti
 
 def add_train_options(p):
     """The strategy's own ``sprint train`` options (they land in cfg.extra)."""
-    from engine.cli import positive_int
+    from engine.argtypes import positive_int
     from .pipeline import PREDICT
     from .pipeline_schedule import SCHEDULES
     # --schedule names the learning-rate schedule; the pipeline's names

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from engine.cli import nonneg_int, positive_int
+from engine.argtypes import nonneg_int, positive_int
 
 # Message tags (one namespace for both strategies).
 FETCH, WEIGHTS, PUSH, DONE, SNAP, SNAP_REPLY = 11, 12, 13, 14, 15, 16
