@@ -170,7 +170,8 @@ def get_spec(name_or_path) -> NetSpec:
         return PRESETS[key]
     path = Path(key)
     if not path.exists():
-        raise ValueError(f"model {key!r} is neither a preset {list(PRESETS)} nor a spec file")
+        from engine.errors import RunError
+        raise RunError(f"model {key!r} is neither a preset {list(PRESETS)} nor a spec file", "--model")
     try:
         d = _read_spec_file(path)
         if isinstance(d, dict):

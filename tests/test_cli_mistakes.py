@@ -53,6 +53,38 @@ def test_counts_of_zero_or_below_are_refused_naming_the_option(capsys, tmp_path,
     assert not (tmp_path / "run").exists()
 
 
+_PREDICT = ["--model", "tiny", "--nodes", "2", "--workers", "1", "--subbatch", "4", "--no-calibrate"]
+
+
+@pytest.mark.parametrize("argv,fragments", [
+    (["plan", "--model", "tiny", "--gpus", "2", "--batch", "0"], ["got 0 (--batch)"]),
+    (["plan", "--model", "tiny", "--gpus", "-2"], ["got -2 (--gpus)"]),
+    (["plan", "--model", "tiny", "--gpus", "2", "--calibrate-seconds", "0"], ["(--calibrate-seconds)"]),
+    *[([cmd, *_PREDICT, flag, "0"], [f"got 0 ({flag})"])
+      for cmd in ("predict", "simulate")
+      for flag in ("--nodes", "--workers", "--subbatch", "--threads", "--ranks-per-host", "--n-file")],
+    (["predict", *_PREDICT, "--host-load", "0"], ["(--host-load)"]),
+    (["predict", *_PREDICT, "--host-load", "nan"], ["(--host-load)"]),
+    (["predict", *_PREDICT, "--calibrate-seconds", "-1"], ["(--calibrate-seconds)"]),
+    (["predict", *_PREDICT, "--model", "nonet"], ["neither a preset", "(--model)"]),
+    (["predict", *_PREDICT, "--parallel", "pipeline", "--microbatches", "0"], ["(--microbatches)"]),
+    (["predict", *_PREDICT, "--parallel", "downpour", "--servers", "0"], ["(--servers)"]),
+    (["predict", *_PREDICT, "--parallel", "downpour", "--fetch-every", "0"], ["(--fetch-every)"]),
+    (["predict", *_PREDICT, "--parallel", "sandblaster", "--history", "0"], ["(--history)"]),
+    (["predict", *_PREDICT, "--parallel", "sandblaster", "--slow-rank", "-1"], ["(--slow-rank)"]),
+    (["simulate", *_PREDICT, "--seed", "-1"], ["got -1 (--seed)"]),
+    *[(["tune", "--model", "tiny", "--target-minibatch", "8", "--no-calibrate", flag, "0"], [f"got 0 ({flag})"])
+      for flag in ("--max-nodes", "--max-subbatch", "--max-workers", "--workers", "--top")],
+    (["tune", "--model", "tiny", "--target-minibatch", "0", "--no-calibrate"], ["(--target-minibatch)"]),
+    (["tune", "--model", "tiny", "--target-minibatch", "8", "--tolerance", "-0.1", "--no-calibrate"],
+     ["(--tolerance)"]),
+    (["profile", "--threads", "0", "--from-records", "nowhere.json"], ["got 0 (--threads)"]),
+])
+def test_the_perf_commands_refuse_counts_of_zero_naming_the_option(capsys, argv, fragments):
+    """`sprint plan --batch 0` used to plan for a batch of 0 and print a table."""
+    one_line(capsys, argv, *fragments)
+
+
 def test_values_this_net_or_data_cannot_use_are_refused_before_training(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("SPRINT_DEVICE", "cpu")
     run = tmp_path / "run"

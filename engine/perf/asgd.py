@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.argtypes import nonneg_int, positive_int
+
 from .model import ENGINE_IMPL, SEED_IMPL, predict  # noqa: F401  (the row's predict)
 from .report import format_prediction  # noqa: F401  (the row's formatter)
 
@@ -17,8 +19,8 @@ def add_cli_arguments(p):
 
 
 def add_simulate_arguments(p):
-    p.add_argument("--updates", type=int, default=400, help="global updates to simulate")
-    p.add_argument("--seed", type=int, default=0, help="seed of the simulated step times")
+    p.add_argument("--updates", type=positive_int, default=400, help="global updates to simulate")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the simulated step times")
     p.add_argument("--cv", type=float, default=None, help="spread of every step (default: measured)")
 
 

@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from engine.argtypes import positive_float, positive_int
 from engine.errors import RunError
 
 
@@ -15,13 +16,9 @@ def _profile(args):
     from .profile import Profile
     prof = Profile.load(getattr(args, "profile", None))
     if getattr(args, "host_load", None) is not None:
-        if not args.host_load > 0:
-            raise ValueError(f"--host-load must be > 0, got {args.host_load}")
         prof.host_factor = {"*": float(args.host_load)}
     if getattr(args, "calibrate", True):
         from .calibrate import check
-        if not args.calibrate_seconds > 0:
-            raise ValueError(f"--calibrate-seconds must be > 0, got {args.calibrate_seconds}")
         for msg in check(prof, seconds=args.calibrate_seconds).messages:
             print(f"sprint {args.command}: warning: {msg}", file=sys.stderr)
     return prof
@@ -35,25 +32,25 @@ def _impl(args):
 def _config_args(p, need_config=True):
     p.add_argument("--model", required=True, help="preset name or spec file")
     if need_config:
-        p.add_argument("--nodes", type=int, default=None,
+        p.add_argument("--nodes", type=positive_int, default=None,
                        help="N_Node (MPI ranks); required unless the strategy's options say it (pipeline: "
                             "--stages x --replicas)")
-        p.add_argument("--workers", type=int, default=1, help="N_GPU (workers per node)")
-        p.add_argument("--subbatch", type=int, required=True, help="N_Subbatch (samples per worker step)")
+        p.add_argument("--workers", type=positive_int, default=1, help="N_GPU (workers per node)")
+        p.add_argument("--subbatch", type=positive_int, required=True, help="N_Subbatch (samples per worker step)")
     p.add_argument("--profile", default=None, help="machine profile JSON (default: the shipped one)")
-    p.add_argument("--n-file", type=int, default=None, help="training samples per epoch")
-    p.add_argument("--ranks-per-host", type=int, default=1,
+    p.add_argument("--n-file", type=positive_int, default=None, help="training samples per epoch")
+    p.add_argument("--ranks-per-host", type=positive_int, default=1,
                    help="ranks sharing one host's cores (CPU profiles; N_Node on one machine)")
-    p.add_argument("--host-load", type=float, default=None,
+    p.add_argument("--host-load", type=positive_float, default=None,
                    help="CPU profiles: how much slower the host steps a net now than when the profile "
                         "was swept (1 = as then; older profiles: wall/CPU time of an undisturbed step)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="BLAS/OpenMP threads per worker (the runner uses 1); ranks-per-host x workers x "
                         "threads beyond the cores is priced only where the profile measured that sharing")
     p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                    help="skip the few-second calibration that checks the profile describes this machine "
                         "(and rescales its times when it does not)")
-    p.add_argument("--calibrate-seconds", type=float, default=2.0, help="length of that calibration")
+    p.add_argument("--calibrate-seconds", type=positive_float, default=2.0, help="length of that calibration")
     p.add_argument("--explain", action="store_true", help="add one line on what each printed term means")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -219,6 +216,8 @@ def cmd_tune(args) -> int:
     from .report import TUNE_TERMS, explain
     from .tune import format_candidates, search
     _check_counts(args)
+    if not 0 <= args.tolerance < 1:
+        raise RunError(f"must be in [0, 1), got {args.tolerance}", "--tolerance")
     workers = range(1, args.max_workers + 1) if args.max_workers else (args.workers,)
     refused = []
     cands = search(args.model, _profile(args), args.target_minibatch, args.tolerance, args.max_nodes,
@@ -261,7 +260,7 @@ def register(sub):
     p.add_argument("--out", default=None, help="profile JSON to write (default profile.json)")
     p.add_argument("--records", default=None, help="also save the raw sweep records here")
     p.add_argument("--from-records", default=None, help="refit saved records instead of sweeping")
-    p.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads while sweeping (default 1)")
+    p.add_argument("--threads", type=positive_int, default=1, help="BLAS/OpenMP threads while sweeping (default 1)")
     p.add_argument("--machine", default=None, help="machine description stored in the profile")
     p.add_argument("--no-allreduce", action="store_true", help="skip the mpiexec allreduce sweep")
     p.add_argument("--no-contention", action="store_true", help="skip the core-sharing sweep")
@@ -286,15 +285,15 @@ def register(sub):
     _config_args(p, need_config=False)
     from .asgd import add_cli_arguments as asgd_options
     asgd_options(p)                  # tune searches ASGD configurations: --impl
-    p.add_argument("--target-minibatch", type=float, required=True,
+    p.add_argument("--target-minibatch", type=positive_float, required=True,
                    help="N_Minibatch_avg to reach (samples per global update)")
     p.add_argument("--tolerance", type=float, default=0.05,
                    help="relative band around the target a configuration must fall in (default 0.05)")
-    p.add_argument("--max-nodes", type=int, default=64, help="largest N_Node searched")
-    p.add_argument("--workers", type=int, default=1, help="N_GPU, fixed")
-    p.add_argument("--max-workers", type=int, default=None, help="search N_GPU in 1..this instead")
-    p.add_argument("--max-subbatch", type=int, default=256, help="largest N_Subbatch searched")
-    p.add_argument("--top", type=int, default=5, help="rows to show (the fastest qualifying first)")
+    p.add_argument("--max-nodes", type=positive_int, default=64, help="largest N_Node searched")
+    p.add_argument("--workers", type=positive_int, default=1, help="N_GPU, fixed")
+    p.add_argument("--max-workers", type=positive_int, default=None, help="search N_GPU in 1..this instead")
+    p.add_argument("--max-subbatch", type=positive_int, default=256, help="largest N_Subbatch searched")
+    p.add_argument("--top", type=positive_int, default=5, help="rows to show (the fastest qualifying first)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("simulate", help="discrete-event simulation of a parallel strategy beside its closed "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from engine.argtypes import nonneg_int, positive_int
 from engine import spec as spec_mod
 from engine.errors import RunError
 from engine.parallel.pipeline import PREDICT
@@ -18,9 +19,10 @@ from engine.parallel.pipeline_schedule import SCHEDULES
 
 def add_cli_arguments(p):
     """Options of ``sprint predict|simulate --parallel pipeline``."""
-    p.add_argument("--stages", type=int, default=None, help="pipeline stages K (default: --nodes / --replicas)")
-    p.add_argument("--replicas", type=int, default=1, help="data-parallel copies D of every stage (K*D ranks)")
-    p.add_argument("--microbatches", type=int, default=4, help="micro-batches M per mini-batch (--subbatch)")
+    p.add_argument("--stages", type=positive_int, default=None,
+                   help="pipeline stages K (default: --nodes / --replicas)")
+    p.add_argument("--replicas", type=positive_int, default=1, help="data-parallel copies D of every stage (K*D ranks)")
+    p.add_argument("--microbatches", type=positive_int, default=4, help="micro-batches M per mini-batch (--subbatch)")
     # no learning-rate schedule here: --schedule is free, as in sprint info
     p.add_argument("--pipe-schedule", "--schedule", dest="pipe_schedule", choices=SCHEDULES, default="gpipe",
                    help="gpipe (default), 1f1b (PipeDream) or dualpipe (the seed's)")
@@ -36,8 +38,8 @@ def add_cli_arguments(p):
 
 
 def add_simulate_arguments(p):
-    p.add_argument("--updates", type=int, default=50, help="mini-batches to simulate")
-    p.add_argument("--seed", type=int, default=0, help="seed of the drawn pass durations")
+    p.add_argument("--updates", type=positive_int, default=50, help="mini-batches to simulate")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the drawn pass durations")
     p.add_argument("--cv", type=float, default=0.0, help="spread (coefficient of variation) of every pass")
 
 
@@ -86,8 +88,8 @@ def cli_kwargs(args) -> dict:
 def add_info_options(p):
     """``sprint info MODEL --stages K [--microbatches M] [--partition ...]``."""
     g = p.add_argument_group("pipeline (with --stages)")
-    g.add_argument("--stages", type=int, default=None, help="show the partition into K pipeline stages")
-    g.add_argument("--microbatches", type=int, default=None,
+    g.add_argument("--stages", type=positive_int, default=None, help="show the partition into K pipeline stages")
+    g.add_argument("--microbatches", type=positive_int, default=None,
                    help="micro-batches per mini-batch (--batch; default min(4, batch))")
     g.add_argument("--partition", default=None, help="layer ranges to show instead of the balanced ones")
     g.add_argument("--schedule", choices=SCHEDULES, default="gpipe", help="schedule whose bubble is simulated")

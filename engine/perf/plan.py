@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field, asdict
 
+from engine.argtypes import positive_float, positive_int
 from engine import spec as spec_mod
 from . import layerwise as L
 
@@ -250,8 +251,6 @@ def cmd_plan(args) -> int:
     # tune and simulate do; a datasheet describes another machine by design.
     if args.calibrate and args.profile not in DATASHEETS:
         from .calibrate import check
-        if not args.calibrate_seconds > 0:
-            raise ValueError(f"--calibrate-seconds must be > 0, got {args.calibrate_seconds}")
         for msg in check(prof, seconds=args.calibrate_seconds).messages:
             print(f"sprint plan: warning: {msg}", file=sys.stderr)
     plan, ev, base, ranked, prof = make_plan(args.model, args.gpus, args.batch, prof)
@@ -280,8 +279,8 @@ def register(sub):
                        description="Search the per-layer parallel configuration with the lowest predicted "
                                    "step time, then rank every strategy the engine runs under the same profile.")
     p.add_argument("--model", required=True, help="preset name or spec file")
-    p.add_argument("--gpus", type=int, required=True, help="number of devices (MPI ranks)")
-    p.add_argument("--batch", type=int, default=None, help="global batch (default 32 per device)")
+    p.add_argument("--gpus", type=positive_int, required=True, help="number of devices (MPI ranks)")
+    p.add_argument("--batch", type=positive_int, default=None, help="global batch (default 32 per device)")
     p.add_argument("--profile", default=None,
                    help=f"machine profile JSON, or a datasheet {sorted(DATASHEETS)} (default: the shipped one)")
     p.add_argument("--out", default=None, help="write the layer-wise plan here (for sprint train --plan)")
@@ -292,5 +291,5 @@ def register(sub):
     p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                    help="skip the few-second calibration that checks a measured profile describes this machine "
                         "(and rescales it when the machine runs faster or slower now)")
-    p.add_argument("--calibrate-seconds", type=float, default=2.0, help="length of that calibration")
+    p.add_argument("--calibrate-seconds", type=positive_float, default=2.0, help="length of that calibration")
     p.set_defaults(func=cmd_plan)

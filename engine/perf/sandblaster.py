@@ -33,6 +33,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from engine.argtypes import nonneg_int, positive_int
+
 from .downpour import POLL, Prices, Simulation, add_once, add_server_arguments, positive_ints, term_lines
 
 # Busy seconds of server 0 per coordinator message (an mpi4py Iprobe and
@@ -246,13 +248,15 @@ def format_simulation(sim: dict, explain_terms: bool = False, **_ignored) -> str
 # ---- `sprint predict | simulate --parallel sandblaster` ---------------------------
 def add_cli_arguments(parser):
     add_server_arguments(parser)
-    add_once(parser, "--batch", type=int, default=None, help="sandblaster: the L-BFGS batch (default 16 slices)")
-    add_once(parser, "--slice", type=int, default=None, help="sandblaster: samples per slice (default --subbatch)")
-    add_once(parser, "--history", type=int, default=10, help="sandblaster: L-BFGS pairs kept")
+    add_once(parser, "--batch", type=positive_int, default=None,
+             help="sandblaster: the L-BFGS batch (default 16 slices)")
+    add_once(parser, "--slice", type=positive_int, default=None,
+             help="sandblaster: samples per slice (default --subbatch)")
+    add_once(parser, "--history", type=positive_int, default=10, help="sandblaster: L-BFGS pairs kept")
     add_once(parser, "--static", action="store_true", help="sandblaster: price the static 1/R split instead")
     add_once(parser, "--no-backup", dest="backup", action="store_false", default=True,
              help="sandblaster: no backup copies of late slices")
-    add_once(parser, "--slow-rank", type=int, default=None,
+    add_once(parser, "--slow-rank", type=nonneg_int, default=None,
              help="downpour, sandblaster: this MPI rank (a replica) runs --slow-factor times slower")
     add_once(parser, "--slow-factor", type=float, default=2.0, help="the factor of --slow-rank")
     add_once(parser, "--trials", type=float, default=1.0, help="sandblaster: line-search evaluations per batch")
