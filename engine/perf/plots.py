@@ -29,13 +29,22 @@ def _parity(ax, meas, pred, held, title):
     ax.legend(fontsize=7)
 
 
+def _save(plt, fig, path) -> Path:
+    """The PNG written atomically (a full disk or a kill leaves the previous
+    file, never a truncated one), and the figure closed either way."""
+    from engine.checkpoint import atomic_write
+    try:
+        return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    finally:
+        plt.close(fig)
+
+
 def plot_fits(records, prof: dict, out_dir) -> list:
     """One PNG per fitted term: SGEMM variants as parity plots, linear terms
     as time against size with the fitted line. Returns the files written."""
     from .fit import predict_sgemm
     plt = _plt()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     files = []
     variants = prof.get("sgemm", {}).get("variants", {})
     if variants:
@@ -46,9 +55,7 @@ def plot_fits(records, prof: dict, out_dir) -> list:
             _parity(ax, [r["t"] for r in rs], [predict_sgemm(regs, r["m"], r["n"], r["k"]) for r in rs],
                     [r.get("holdout", False) for r in rs], f"SGEMM {var}: {len(regs)} regime(s)")
         fig.tight_layout()
-        files.append(out / "fit_sgemm.png")
-        fig.savefig(files[-1], dpi=110)
-        plt.close(fig)
+        files.append(_save(plt, fig, out / "fit_sgemm.png"))
     terms = prof.get("terms", {})
     names = sorted(n for n in terms if any(r.get("kind") == n for r in records))
     if names:
@@ -74,9 +81,7 @@ def plot_fits(records, prof: dict, out_dir) -> list:
         for ax in axes.ravel()[len(names):]:
             ax.axis("off")
         fig.tight_layout()
-        files.append(out / "fit_terms.png")
-        fig.savefig(files[-1], dpi=110)
-        plt.close(fig)
+        files.append(_save(plt, fig, out / "fit_terms.png"))
     ar = [r for r in records if r.get("kind") == "allreduce"]
     if ar and "allreduce" in prof:
         from .profile import Profile
@@ -91,9 +96,7 @@ def plot_fits(records, prof: dict, out_dir) -> list:
         ax.set_ylabel("Allreduce (s)")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        files.append(out / "fit_allreduce.png")
-        fig.savefig(files[-1], dpi=110)
-        plt.close(fig)
+        files.append(_save(plt, fig, out / "fit_allreduce.png"))
     return files
 
 
@@ -125,8 +128,4 @@ def plot_validation(rows, path) -> Path:
         ax.set_ylabel("predicted")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
