@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -141,8 +142,9 @@ thread_local Scratch t_arena;
 // Drops a calling thread's scratch after a call that grew it past 64 MiB
 // (an odd huge GEMM must not pin its buffers for the life of the thread).
 struct TrimScratch {
+    Scratch& s = t_arena;
     ~TrimScratch() {
-        if (t_arena.cap > (i64(1) << 24)) t_arena.mem.reset(), t_arena.cap = 0;
+        if (s.cap > (i64(1) << 24)) s.mem.reset(), s.cap = 0;
     }
 };
 
@@ -281,6 +283,46 @@ const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w,
     });
 }
 
+namespace {
+// dW's grid (gemm_dw.h): the fewest per-thread tap-kernel FMA cycles plus
+// the dy^T panels each thread packs (every thread packs its channels' panels
+// for all pixels).
+detail::DwPlan dw_plan(const Kernels& kr, const Blocking& bl, i64 K, i64 M, i64 BP) {
+    detail::DwPlan best{};
+    const double work = double(K) * double(M) * double(BP) / kr.lanes;
+    const int nth = work < 1.0e5 ? 1 : omp_get_max_threads();
+    double best_cost = std::numeric_limits<double>::infinity();
+    for (int tm = 1; tm <= nth; ++tm) {
+        if (nth % tm) continue;
+        const int tn = nth / tm;
+        const i64 mq = cdiv(cdiv(K, kr.dw_mr), tm) * kr.dw_mr, nq = cdiv(cdiv(M, kr.dw_nr), tn) * kr.dw_nr;
+        const double cost = double(mq) * double(nq) * double(BP) / kr.lanes + double(BP) * double(nq);
+        if (cost < best_cost) best_cost = cost, best = detail::DwPlan{nth, tm, tn, mq, nq, bl.kc, nullptr, 0, nullptr, nullptr, nullptr, 0, 0};
+    }
+    best.buf_floats = cdiv(best.kc * kr.dw_nr + 2 * best.kc, 16) * 16;
+    return best;
+}
+
+// x zero-padded by (ph, pw) into xp (B*C planes of Hp x Wp), planes split over threads.
+void pad_image(const Conv& g, const float* x, float* xp, i64 Hp, i64 Wp, int nth) {
+    const i64 planes = g.B * g.C;
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (i64 pl = 0; pl < planes; ++pl) {
+        const float* s = x + pl * g.H * g.W;
+        float* d = xp + pl * Hp * Wp;
+        std::memset(d, 0, sizeof(float) * size_t(g.ph * Wp));
+        for (i64 h = 0; h < g.H; ++h) {
+            float* row = d + (g.ph + h) * Wp;
+            for (i64 q = 0; q < g.pw; ++q) row[q] = 0.f;
+            std::memcpy(row + g.pw, s + h * g.W, sizeof(float) * size_t(g.W));
+            for (i64 q = g.pw + g.W; q < Wp; ++q) row[q] = 0.f;
+        }
+        std::memset(d + (g.ph + g.H) * Wp, 0, sizeof(float) * size_t((Hp - g.ph - g.H) * Wp));
+    }
+}
+thread_local Scratch t_dw_arena;  // dW's padded image and dW^T (kept apart from the GEMM plans' scratch)
+}  // namespace
+
 const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw, bool accumulate) {
     if (!conv_sizes_ok(g)) return "conv: sizes overflow";
     if (g.B == 0) {
@@ -288,9 +330,37 @@ const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float*
             for (i64 i = 0; i < g.M * g.K(); ++i) dw[i] = 0.f;
         return nullptr;
     }
-    return run_conv(isa, g, g.M, g.K(), g.B * g.P(), [&](const Kernels& kr, const Plan& p) {
-        kr.conv_dw(p, g, x, dy, dw, accumulate);
-    });
+    const Kernels& kr = kernels(isa);
+    const i64 K = g.K(), M = g.M;
+    detail::DwPlan p = dw_plan(kr, blocking_cached(isa), K, M, g.B * g.P());
+    p.Hp = g.H + 2 * g.ph;
+    p.Wp = g.W + 2 * g.pw;
+    const bool padded = g.ph > 0 || g.pw > 0;
+    i64 bufs = 0, dwt = 0, xpn = 0, total = 0;
+    if (!mul_ok(p.buf_floats, p.nth, bufs) || !mul_ok(K, M, dwt) || !mul_ok(g.B * g.C, p.Hp * p.Wp, xpn))
+        return "conv: sizes overflow";
+    if (!padded) xpn = 0;
+    total = bufs + cdiv(2 * K, 16) * 16 + cdiv(dwt, 16) * 16 + xpn;
+    TrimScratch trim{t_dw_arena};
+    float* base = nullptr;
+    try {
+        base = t_dw_arena.aligned(total);
+    } catch (const std::bad_alloc&) {
+        return kAlloc;
+    } catch (const std::length_error&) {
+        return kAlloc;
+    }
+    p.bufs = base;
+    i64* toff = reinterpret_cast<i64*>(base + bufs);
+    p.toff = toff;
+    p.dwt = base + bufs + cdiv(2 * K, 16) * 16;
+    float* xp = p.dwt + cdiv(dwt, 16) * 16;
+    p.xp = padded ? xp : x;
+    const i64 khw = g.kh * g.kw;
+    for (i64 t = 0; t < K; ++t) toff[t] = t / khw * p.Hp * p.Wp + t % khw / g.kw * p.Wp + t % g.kw;
+    if (padded) pad_image(g, x, xp, p.Hp, p.Wp, p.nth);
+    kr.conv_dw(p, g, dy, dw, accumulate);
+    return nullptr;
 }
 
 const char* conv_backward_x(Isa isa, const Conv& g, const float* w, const float* dy, float* dx) {

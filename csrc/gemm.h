@@ -27,8 +27,8 @@
 // batch's bit for bit (a ReLU flipped by a rounding difference would
 // otherwise make pipelined and single-process training drift apart).
 //
-// ISA: micro-kernels for AVX-512 (8 x 48), AVX2+FMA (4 x 24) and portable C++
-// (4 x 16), one template (gemm_simd.h) instantiated in a translation unit per
+// ISA: micro-kernels for AVX-512 (8 x 48; dW's tap kernel 6 x 64), AVX2+FMA
+// (4 x 24; 6 x 16) and portable C++ (4 x 16; 4 x 16), one template (gemm_simd.h) instantiated in a translation unit per
 // ISA compiled with its own -m flags; the running CPU's features pick one,
 // SPRINT_CPU_ISA=avx512|avx2|generic forces one (an ISA the CPU lacks is an
 // error, never a crash).
@@ -94,7 +94,10 @@ const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w,
 
 // dw (M, K) = dy (B, M, P) @ im2col(x)^T, overwritten or (accumulate) added
 // by continuing dw's chains, k = (image, pixel) in order: calls on
-// consecutive micro-batches give the whole batch's dw bit for bit.
+// consecutive micro-batches give the whole batch's dw bit for bit. Computed
+// as dW^T = im2col(x) @ dy^T on a tap kernel that reads the taps from x
+// (zero-padded into scratch when the layer pads: B*C*(H+2ph)*(W+2pw) floats
+// kept per calling thread, like the packing buffers) -- gemm_dw.h.
 const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw, bool accumulate);
 
 // dx (B, C, H, W) = col2im(W^T @ dy), for stride 1 computed as the forward

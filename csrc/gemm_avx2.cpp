@@ -53,6 +53,7 @@ struct V256 {
 };
 
 using UK = MicroKernel<V256, 4, 3>;
+using DK = TapKernel<V256, 6, 2>;  // dW: 12 accumulators + 2 B + 1 broadcast of 16 ymm
 
 }  // namespace
 

@@ -110,6 +110,10 @@ struct V512 {
 };
 
 using UK = MicroKernel<V512, SPRINT_AVX512_MR, SPRINT_AVX512_NV>;
+// dW's tap kernel (gemm_dw.h): 6 taps x 64 channels, 24 accumulators like
+// UK; 64 columns divide the conv nets' channel counts (48 would leave 64
+// ragged), and 6 tap offsets stay in registers.
+using DK = TapKernel<V512, 6, 4>;
 
 }  // namespace
 

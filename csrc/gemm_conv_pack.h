@@ -2,7 +2,7 @@
 // gemm_driver.h (same translation unit, same ISA, internal linkage): B panels
 // of im2col(x) read from the image (forward, and dX as a forward of dy), the
 // NCHW tile with fused bias and ReLU, dX's A panels read from the filters
-// as they are; dW's packers live in gemm_pack_dw.h.
+// as they are; dW lives in gemm_dw.h.
 #pragma once
 
 namespace {
@@ -265,4 +265,4 @@ void conv_dx_isa(const Plan& p, const Conv& t, const float* dy, const float* w, 
 
 }  // namespace
 
-#include "gemm_pack_dw.h"  // dW's packings of dy and im2col(x)^T
+#include "gemm_dw.h"  // dW as dW^T = im2col(x) @ dy^T

@@ -214,16 +214,20 @@ inline void zero_tile(float* t) {
 
 // Whole MR x NR tiles move with vector loads and stores (a dW GEMM, with its
 // long k, moves every tile once per k block).
-inline void tile_in(float* t, const float* c, i64 ldc) {
-    using V = typename UK::Vec;
-    for (int r = 0; r < UK::MR; ++r)
-        for (int v = 0; v < UK::NR; v += V::L) V::store(t + r * UK::NR + v, V::load(c + r * ldc + v));
+template <class K>
+inline void tile_in_t(float* t, const float* c, i64 ldc) {
+    using V = typename K::Vec;
+    for (int r = 0; r < K::MR; ++r)
+        for (int v = 0; v < K::NR; v += V::L) V::store(t + r * K::NR + v, V::load(c + r * ldc + v));
 }
-inline void tile_out(float* c, i64 ldc, const float* t) {
-    using V = typename UK::Vec;
-    for (int r = 0; r < UK::MR; ++r)
-        for (int v = 0; v < UK::NR; v += V::L) V::store(c + r * ldc + v, V::load(t + r * UK::NR + v));
+template <class K>
+inline void tile_out_t(float* c, i64 ldc, const float* t) {
+    using V = typename K::Vec;
+    for (int r = 0; r < K::MR; ++r)
+        for (int v = 0; v < K::NR; v += V::L) V::store(c + r * ldc + v, V::load(t + r * K::NR + v));
 }
+inline void tile_in(float* t, const float* c, i64 ldc) { tile_in_t<UK>(t, c, ldc); }
+inline void tile_out(float* c, i64 ldc, const float* t) { tile_out_t<UK>(c, ldc, t); }
 
 // A tile functor's load() puts the running sums of its tile in t, or
 // returns true when the chains start from zero (t untouched: the kernel

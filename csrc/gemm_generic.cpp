@@ -44,6 +44,7 @@ struct VPlain {
 };
 
 using UK = MicroKernel<VPlain, 4, 4>;
+using DK = TapKernel<VPlain, 4, 4>;  // dW (gemm_dw.h)
 
 }  // namespace
 

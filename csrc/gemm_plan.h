@@ -24,6 +24,20 @@ struct Plan {
     i64 b_packed;            // (panel, k) -- the micro-kernel reads B rows through these
 };
 
+// dW computed as its transpose (gemm_dw.h): dW^T (K taps x M channels) =
+// im2col(x) @ dy^T, thread t owning taps [im*mq, ...) x channels [in*nq, ...).
+struct DwPlan {
+    int nth, tm, tn;
+    i64 mq, nq;           // taps / channels per thread (multiples of the kernel's MR / NR)
+    i64 kc;               // pixels per k block
+    float* bufs;          // per thread (buf_floats): the dy^T panel (kc x NR), then kc pixel pointers
+    i64 buf_floats;
+    const i64* toff;      // per tap (c, i, j): c*Hp*Wp + i*Wp + j
+    float* dwt;           // K x M: dW^T's running sums between k blocks
+    const float* xp;      // x zero-padded by (ph, pw) to Hp x Wp (x itself when unpadded)
+    i64 Hp, Wp;
+};
+
 // Time profile of the GEMMs (off unless set_profiling(true)): seconds per
 // OpenMP thread spent packing and in the micro-kernel loops (micro-kernel +
 // tile write-back), summed over calls. Each thread writes its own slot.
@@ -44,7 +58,8 @@ struct Kernels {
                   const float* B, i64 ldb, float beta, float* C, i64 ldc);
     void (*conv_fwd)(const Plan&, const Conv&, const float* x, const float* w, const float* bias, bool relu,
                      float* y);
-    void (*conv_dw)(const Plan&, const Conv&, const float* x, const float* dy, float* dw, bool accumulate);
+    int dw_mr, dw_nr;  // dW's tap kernel
+    void (*conv_dw)(const DwPlan&, const Conv&, const float* dy, float* dw, bool accumulate);
     // dX as the forward convolution t of dy with w flipped and transposed (w as
     // the layer holds it, read so by the packing)
     void (*conv_dx)(const Plan&, const Conv& t, const float* dy, const float* w, float* dx);

@@ -61,6 +61,56 @@ struct MicroKernel {
     }
 };
 
+// dW's kernel (gemm_dw.h): an MR x NR tile of dW^T, rows = filter taps,
+// columns = output channels, k = output pixels. A is never packed: element
+// (r, p) is read by broadcast from the (zero-padded) image at pix[p] +
+// toff[r]; B is a packed panel of dy^T (row stride BS). The same chains in the
+// same k order as MicroKernel (fma(a, b, c) with a and b swapped, the same
+// product), so dW keeps its bits. A kernel NV registers wide serves the edge
+// panels of a wider one (TS, BS: the wide one's tile and panel strides).
+template <class V, int MR_, int NV, int TS = NV * V::L, int BS = TS>
+struct TapKernel {
+    using Vec = V;
+    static constexpr int MR = MR_, NR = NV * V::L;
+    static void run(std::int64_t k, const float* const* __restrict pix, const std::int64_t* toff,
+                    const float* __restrict b, float* __restrict t, bool from_zero) {
+        typename V::reg c[MR][NV];
+        std::int64_t o[MR];
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; ++r) o[r] = toff[r];
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) c[r][v] = from_zero ? V::zero() : V::load(t + r * TS + v * V::L);
+        for (std::int64_t p = 0; p < k; ++p) {
+            const float* px = pix[p];
+            typename V::reg bv[NV];
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) bv[v] = V::load(b + v * V::L);
+#pragma GCC unroll 32
+            for (int r = 0; r < MR; ++r) {
+                const typename V::reg av = V::bcast(px + o[r]);
+#pragma GCC unroll 8
+                for (int v = 0; v < NV; ++v) c[r][v] = V::fma(av, bv[v], c[r][v]);
+            }
+            b += BS;
+        }
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; ++v) V::store(t + r * TS + v * V::L, c[r][v]);
+    }
+    // The narrowest kernel of this family that covers nr columns.
+    static void run_fit(int nr, std::int64_t k, const float* const* pix, const std::int64_t* toff, const float* b,
+                        float* t, bool from_zero) {
+        if constexpr (NV > 1) {
+            if (nr <= (NV - 1) * V::L)
+                return TapKernel<V, MR_, NV - 1, TS, BS>::run_fit(nr, k, pix, toff, b, t, from_zero);
+        }
+        run(k, pix, toff, b, t, from_zero);
+    }
+};
+
 // The masked L x L transpose done element by element (the traits without a
 // register transpose use it).
 template <int L>
@@ -122,8 +172,8 @@ double fma_peak_t(std::int64_t iters, int threads) {
     namespace gemm {                                                                                      \
     namespace detail {                                                                                    \
     const Kernels& kernels_##name() {                                                                     \
-        static const Kernels k{UK::MR, UK::NR, lanes, fma_peak_t<V>, sgemm_isa, conv_fwd_isa, conv_dw_isa, \
-                                conv_dx_isa};                                                     \
+        static const Kernels k{UK::MR, UK::NR, lanes, fma_peak_t<V>, sgemm_isa, conv_fwd_isa, DK::MR, DK::NR, \
+                                conv_dw_isa, conv_dx_isa};                                        \
         return k;                                                                                         \
     }                                                                                                     \
     }                                                                                                     \

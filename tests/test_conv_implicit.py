@@ -85,7 +85,11 @@ BIG = [((2, 40, 12, 12), (24, 40, 3, 3), (1, 1), (1, 1)),
        # "same" padding (W == OW): dW packs blocks of 16 pixels across output
        # rows (8 x 8 images), then the per-row tails (35-pixel images)
        ((3, 6, 8, 8), (10, 6, 3, 3), (1, 1), (1, 1)),
-       ((2, 4, 5, 7), (5, 4, 5, 3), (1, 1), (2, 1))]
+       ((2, 4, 5, 7), (5, 4, 5, 3), (1, 1), (2, 1)),
+       # dW's tap kernel: 6 taps and 130 channels split over the threads by
+       # channel (a 2-column edge panel on the narrowest kernel), pixels over
+       # several k blocks, padding on one axis only
+       ((4, 2, 33, 35), (130, 2, 1, 3), (1, 1), (0, 1))]
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -201,3 +205,22 @@ def test_gradients_accumulated_over_micro_batches_equal_the_whole_batch(algo, is
     assert np.array_equal(gw, dw) and np.array_equal(gb, db)
     with pytest.raises(ValueError, match="accumulate needs dw_out"):
         ops.conv2d_backward(x, w, dy, pad=1, accumulate=True)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_dw_accumulated_on_threads_equals_the_whole_batch_and_reference(isa):
+    """dW^T's running sums (transposed out of dw when accumulating, into it at
+    the end, each thread its own cell) on a shape split over the threads, with
+    whole register transposes and edges: micro-batches continue the whole
+    batch's chains bit for bit, and both match float64."""
+    x, w, b = _data((10, 24, 12, 12), (40, 24, 3, 3), True, 12)
+    dy = np.random.default_rng(13).standard_normal((10, 40, 12, 12)).astype(np.float32)
+    with using("implicit", isa):
+        _, dw, _ = ops.conv2d_backward(x, w, dy, pad=1, need_dx=False, dw_out=poison(w.shape))
+        gw, gb = poison(w.shape), poison(40)
+        for i, (lo, hi) in enumerate(((0, 3), (3, 4), (4, 10))):
+            ops.conv2d_backward(x[lo:hi], w, dy[lo:hi], pad=1, need_dx=False, dw_out=gw, db_out=gb,
+                                accumulate=i > 0)
+    assert np.array_equal(gw, dw)
+    rdw = ref_conv_grads(x, w, dy, 1, 1, 1, 1)[1]
+    assert close(dw, rdw, rtol=1e-4), np.abs(dw - rdw).max()
