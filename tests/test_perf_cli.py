@@ -135,6 +135,26 @@ def test_profile_reruns_only_the_named_sweeps_and_keeps_the_rest(tmp_path, capsy
     assert "no-such-sweep" in capsys.readouterr().err
 
 
+def test_rerun_runner_sweep_replaces_only_its_own_nets(monkeypatch):
+    # "runner contention" (tiny, cifar) and "runner contention mid" (mnist,
+    # digits) write records of one kind and source: re-running one must not
+    # drop the other's nets.
+    from engine.perf import calibrate, sweep
+    run = lambda model, t: {"kind": "contention", "source": "runner", "model": model, "t": t}
+    fresh = [run("mnist", 2.0), run("digits", 2.0)]
+    monkeypatch.setattr(sweep, "_steps", lambda cfg, skipped, be: {"runner contention mid": lambda: fresh})
+    fake_cal = {"wall_s": 1e-3, "cpu_s": 1e-3, "u": 0.01, "n": 5, "date": "now"}
+    monkeypatch.setattr(calibrate, "calibration_step", lambda *a, **k: dict(fake_cal))
+    monkeypatch.setattr(calibrate, "record", lambda *a, **k: {"cores": 2, "calibration": dict(fake_cal)})
+    old = {"records": [run("tiny", 1.0), run("cifar", 1.0), run("mnist", 1.0),
+                       {"kind": "contention", "source": None, "model": "tiny", "t": 1.0}], "meta": {}}
+    got = sweep.run_all(only=["runner contention mid"], merge=old, log=None)["records"]
+    by = sorted((r["model"], str(r.get("source")), r["t"]) for r in got)
+    assert by == sorted([("tiny", "runner", 1.0), ("cifar", "runner", 1.0), ("mnist", "runner", 2.0),
+                         ("digits", "runner", 2.0), ("tiny", "None", 1.0)])
+    assert "runner contention mid" in sweep.SWEEPS
+
+
 def test_strategy_table_dispatches_predict(prof_file, capsys):
     from engine.perf import strategies
     assert "asgd" in strategies.names()

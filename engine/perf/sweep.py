@@ -31,7 +31,7 @@ from .sweep_ops import sweep_conv_ops, sweep_fc_ops  # noqa: F401
 from .sweep_mpi import (_allreduce_after_last, _allreduce_child, _contention_child, sweep_allreduce,  # noqa: F401
                         sweep_contention)
 from .pipeline_probe import sweep_pipeline  # noqa: F401
-from .sweep_runner import (CONTENTION_WORKLOADS, UPDATER_TIMERS, UPDATER_WORK, WORKER_SMALL,  # noqa: F401
+from .sweep_runner import (CONTENTION_WORKLOADS, MID_PAIRS, MID_WORKLOADS, UPDATER_TIMERS, UPDATER_WORK, WORKER_SMALL,  # noqa: F401
                            WORKER_TIMERS, _runner_child, probe_host, runner_job, runner_step_means,
                            sweep_contention_runner, sweep_loop_overhead, synthetic_npz)
 
@@ -68,11 +68,19 @@ def _steps(cfg, skipped, be):
              "pipeline": lambda: sweep_pipeline(cfg)}
     if be.name == "cpu":
         steps["runner contention"] = lambda: sweep_contention_runner(cfg)
+        steps["runner contention mid"] = lambda: sweep_contention_runner(cfg, pairs=MID_PAIRS,
+                                                                         workloads=MID_WORKLOADS)
     return steps
 
 
 SWEEPS = ("sgemm", "layers", "fc+softmax", "conv ops", "fc ops", "vectors", "cold vectors", "handover", "data", "net steps", "layer passes",
-          "allreduce", "loop overhead", "contention", "runner contention", "pipeline")
+          "allreduce", "loop overhead", "contention", "runner contention", "runner contention mid", "pipeline")
+
+
+def merge_key(r) -> tuple:
+    """What a re-run record replaces in merged records: its kind (and source);
+    a runner contention record only its own net's."""
+    return (r["kind"], r.get("source"), r.get("model") if r.get("source") == "runner" else None)
 
 
 def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, only=None, merge=None) -> dict:
@@ -99,8 +107,9 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
         if not allreduce:          # the pipeline's runs need mpiexec too
             names = [n for n in names if n not in ("allreduce", "pipeline")]
         if not contention:
-            names = [n for n in names if n not in ("loop overhead", "contention", "runner contention")]
-    from .calibrate import calibration_step, record
+            names = [n for n in names if n not in ("loop overhead", "contention", "runner contention",
+                                                   "runner contention mid")]
+    from .calibrate import PARTS, calibration_step, record
     # The machine and its speed, before and after the sweeps: what a later
     # predict checks its own calibration against.
     fp = record()
@@ -117,9 +126,12 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
         if log:
             log(f"sweep {name}: {len(got)} points in {time.perf_counter() - t1:.1f} s")
     cal = [fp["calibration"], calibration_step()]
-    fp["calibration"] = dict(cal[1], wall_s=float(np.mean([c["wall_s"] for c in cal])),
-                             cpu_s=float(np.mean([c["cpu_s"] for c in cal])),
-                             u=float(np.hypot(cal[0]["u"], cal[1]["u"]) / 2), n=sum(c["n"] for c in cal),
+    mean = lambda k: float(np.mean([c[k] for c in cal]))
+    both = dict(cal[1], **{k: mean(k) for k in ("wall_s", "cpu_s") + PARTS if all(k in c for c in cal)})
+    for u in ("u", "u_kernel", "u_python"):
+        if all(u in c for c in cal):
+            both[u] = float(np.hypot(cal[0][u], cal[1][u]) / 2)
+    fp["calibration"] = dict(both, n=sum(c["n"] for c in cal),
                              drift=float(abs(cal[1]["wall_s"] / cal[0]["wall_s"] - 1)), before=cal[0], after=cal[1])
     meta = {"quick": quick, "threads": threads, "threads_applied": applied, "backend": be.name, "fingerprint": fp,
             "nets": list(cfg["nets"]), "layer_nets": list(LAYER_NETS),
@@ -128,9 +140,10 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
             "seconds": time.perf_counter() - t0, "repeats": cfg["repeats"], "min_time": cfg["min_time"]}
     if merge is None:
         return {"records": recs, "skipped": skipped, "meta": meta}
-    # A re-run sweep replaces its own kinds (the contention sweeps by source).
-    fresh = {(r["kind"], r.get("source")) for r in recs}
-    kept = [r for r in merge.get("records", []) if (r["kind"], r.get("source")) not in fresh]
+    # A re-run sweep replaces its own kinds (the contention sweeps by source,
+    # the runner's by net too: its two sweeps run different nets).
+    fresh = {merge_key(r) for r in recs}
+    kept = [r for r in merge.get("records", []) if merge_key(r) not in fresh]
     meta = dict(merge.get("meta", {}), **{f"resweep {n}": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                                           for n in names})
     # The machine of the latest sweeps is the one the profile must match.

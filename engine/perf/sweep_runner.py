@@ -83,6 +83,15 @@ def probe_host(model, n=None, seconds=1.0, profile=None):
 
 
 CONTENTION_WORKLOADS = (("tiny", 8), ("cifar", 4))
+# Mid-size nets run in the runner too (``runner contention mid``), so that the
+# runner's per-step excess, its small steps and the time slices are fitted
+# across nets between tiny (580 parameters, all per-call) and cifar (3.2 M,
+# all kernel), not anchored on tiny alone: that anchor, swept an hour before
+# and on older runner code, put 0.3 ms per step on every held-out net of
+# test set 5 (bench/RESULTS.md section 4). Seen nets only (sets 1-2), at
+# the batch a user would start from; up to 3 ranks (what the validations run).
+MID_WORKLOADS = (("mnist", 4), ("digits", 16))
+MID_PAIRS = ((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2))
 
 
 # The runner's timed steps: a worker's per iteration, the updater's per cycle.
