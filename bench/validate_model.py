@@ -251,6 +251,7 @@ def main(argv=None):
                     help="with --rescore: predict its measured runs again from --profile (a changed model "
                          "scored on runs already seen: a development set, not a held-out one)")
     a = ap.parse_args(argv)
+    from engine.perf.profile import Profile
     if a.rescore:
         d = merge_runs([json.loads(Path(f).read_text()) for f in a.rescore.split(",")])
         for r in d["rows"]:
@@ -260,9 +261,10 @@ def main(argv=None):
                 m["T_Epoch"] = N_TRAIN[r["model"]] * m["T_Update"] / m["N_Minibatch_avg"]
         if a.repredict:
             repredict(d, a.profile, sim=not a.no_sim)
-        print(format_report(d["rows"], d["layers"], d.get("calibration_scale")))
+        got = calibrated(d["rows"], Profile.load(a.profile), d.get("calibrations") or [], sim=False) \
+            if a.repredict else None
+        print(format_report(d["rows"], d["layers"], d.get("calibration_scale"), got))
         return 1 if d.get("failed") or not d["rows"] else 0
-    from engine.perf.profile import Profile
     from engine.perf.plots import plot_validation
     from engine.perf.sweep import probe_host
     if shutil.which("mpiexec") is None:
@@ -281,9 +283,12 @@ def main(argv=None):
         from engine.perf.calibrate import check
         from engine.perf.profile import Profile as P
         chk = check(P(prof.data, prof.source), seconds=3.0, apply=False)
-        cal.append({"ratio": chk.ratio, "noise": chk.noise, "scale": chk.scale, "messages": chk.messages})
+        cal.append({"ratio": chk.ratio, "noise": chk.noise, "scale": chk.scale, "call_scale": chk.call_scale,
+                    "parts": chk.parts, "messages": chk.messages})
+        parts = ", ".join(f"{k} x{v:.3f}" for k, v in chk.parts.items())
         print(f"calibration: x{chk.ratio if chk.ratio is not None else float('nan'):.3f} the profile's "
-              f"(noise +-{100 * chk.noise:.0f} %)" + ("" if chk.ok else f": {'; '.join(chk.messages)}"), flush=True)
+              f"(noise +-{100 * chk.noise:.0f} %{'; ' + parts if parts else ''})"
+              + ("" if chk.ok else f": {'; '.join(chk.messages)}"), flush=True)
     rows, layers, grid, runs, failed = [], [], [], {}, []
     Path(str(a.out) + ".runs.jsonl").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="sprint-validate-") as tmp:
@@ -338,7 +343,7 @@ def main(argv=None):
         l["group"] = group_of(l["model"], prof)
     ratios = [c["ratio"] for c in cal if c["ratio"]]
     scale = float(np.median(ratios)) if ratios else None
-    report = format_report(rows, layers, scale)
+    report = format_report(rows, layers, scale, calibrated(rows, prof, cal, sim=False))
     print(report)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     tmp_out = Path(a.out).with_suffix(".tmp")
@@ -390,6 +395,31 @@ def _row_line(r):
     return f"{r['model']:>6} N_Node={r['n_node']} N_GPU={r['n_gpu']} N_Sub={r['n_subbatch']:>2}: {cells}"
 
 
+def calibrated(rows, prof, cals, sim=False):
+    """``(rows predicted as sprint predict would after its calibration,
+    kernel scale, per-call scale)``: the profile rescaled by the median over
+    the passes of the scales each calibration applied (its kernel part and
+    its Python part apart, ``calibrate.PARTS``); None when the calibrations
+    did not time the parts apart or applied nothing."""
+    split = [c for c in cals if c.get("call_scale") is not None]
+    if not split:
+        return None
+    k = float(np.median([c["scale"] for c in split]))
+    kc = float(np.median([c["call_scale"] for c in split]))
+    if k == 1.0 and kc == 1.0:
+        return None
+    from engine.perf.profile import Profile
+    p = Profile(prof.data, prof.source)
+    p.time_scale, p.call_scale = k, kc
+    out = []
+    for r in rows:
+        m = r["measured"]
+        n_file = round(m["T_Epoch"] * m["N_Minibatch_avg"] / m["T_Update"])
+        out.append(dict(r, predicted=predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], p, n_file,
+                                               sim=sim)))
+    return out, k, kc
+
+
 def _rescaled(rows, scale):
     """Rows whose predicted times are multiplied by ``scale`` (what the
     calibration's rescaling does: times scale, ratios of times do not)."""
@@ -402,7 +432,9 @@ def _rescaled(rows, scale):
     return out
 
 
-def format_report(rows, layers, scale=None) -> str:
+def format_report(rows, layers, scale=None, calibrated=None) -> str:
+    """The report; ``calibrated``: ``calibrated()``'s re-prediction, shown in
+    place of the one-ratio rescaling of the times."""
     out = ["", "measured vs predicted (closed form; simulation in brackets), relative error of the prediction",
            f"{'net':>6} {'N':>2} {'G':>2} {'S':>3} " + " ".join(f"{k:>22}" for k in QTY)]
     for r in rows:
@@ -423,7 +455,14 @@ def format_report(rows, layers, scale=None) -> str:
                 got = [(k, summarize(part, k)) for k in QTY]
                 out.append(f"  N_Node {n} ({len(part)}), mean / median |err|: " + ", ".join(
                     f"{k} {100 * g[1]:.1f} / {100 * g[0]:.1f} %" for k, g in got if g))
-            if scale:
+            if calibrated:
+                keys = {id(r) for r in sel}
+                part = [c for r, c in zip(rows, calibrated[0]) if id(r) in keys]
+                got = [(k, summarize(part, k)) for k in QTY]
+                out.append(f"  calibrated (kernels x{calibrated[1]:.3f}, per-call x{calibrated[2]:.3f}, median "
+                           "of the passes), mean / median |err|: " + ", ".join(
+                               f"{k} {100 * g[1]:.1f} / {100 * g[0]:.1f} %" for k, g in got if g))
+            elif scale:
                 cells = []
                 for k in ("T_GPU", "T_Update", "T_Epoch"):
                     got = summarize(_rescaled(sel, scale), k)

@@ -72,18 +72,64 @@ def test_time_scale_multiplies_every_time():
     assert pb.n_minibatch_avg == pytest.approx(pa.n_minibatch_avg, rel=1e-6)
 
 
+def _parts(kernel, python, u=0.01):
+    return {"kernel_s": kernel, "python_s": python, "u_kernel": u, "u_python": u}
+
+
+def test_python_part_drifting_alone_rescales_only_per_call_costs():
+    # Test set 5's night: the whole workload moved x0.96 (noise), its
+    # Python-bound part x0.66 -- per-call costs follow the part, kernels stay.
+    stored = dict(FP, calibration=dict(FP["calibration"], **_parts(0.006, 0.004)))
+    here, cal = _now(wall=0.006 + 0.0026)
+    cal.update(_parts(0.006, 0.0026))
+    chk = calibrate.compare(stored, here, cal)
+    assert chk.scale == 1.0 and chk.call_scale == pytest.approx(0.65)
+    assert chk.parts == pytest.approx({"kernel": 1.0, "python": 0.65})
+    assert not chk.ok and "per-call costs by x0.65" in chk.messages[0]
+    # Both parts within their noise: silent, nothing rescaled.
+    cal.update(_parts(0.0062, 0.0041))
+    chk = calibrate.compare(stored, here, dict(cal, wall_s=0.0103))
+    assert chk.ok and chk.scale == 1.0 and chk.call_scale == 1.0
+    # A profile swept before the parts were timed: one ratio, as before.
+    chk = calibrate.compare(FP, here, dict(cal, wall_s=0.02))
+    assert chk.scale == pytest.approx(2.0) and chk.call_scale is None
+
+
+def test_call_scale_multiplies_only_the_fixed_parts():
+    # Synthetic coefficients: a term a x + b, an SGEMM 2 mnk / F + launch,
+    # the runner's c + d x; per-call parts x3, per-unit parts x1.5.
+    p = Profile.synthetic(sgemm_flop_s=1e10, vec_bytes_s=4e9, launch=2e-6)
+    p.data["overhead"] = {"runner_steps": {"LoadImage": {"c": 1e-4, "r": 0.5}},
+                          "runner_compute": {"c": 2e-4, "d": 1e-9}, "per_step": 5e-5, "per_step_param": 1e-9}
+    p.time_scale, p.call_scale = 1.5, 3.0
+    assert p.term("copy", 1000) == pytest.approx(1.5 * 1000 * 8 / 4e9 + 3.0 * 2e-6)
+    assert p.sgemm(64, 32, 16) == pytest.approx(1.5 * 2 * 64 * 32 * 16 / 1e10 + 3.0 * 2e-6)
+    assert p.runner_step_terms("LoadImage") == pytest.approx((3e-4, 0.5))
+    assert p.runner_compute(1000) == pytest.approx(3.0 * 2e-4 + 1.5 * 1e-6)
+    assert p.per_step(1000) == pytest.approx(3.0 * 5e-5 + 1.5 * 1e-6)
+    p.call_scale = None                       # unset: per-call parts follow time_scale
+    assert p.term("copy", 1000) == pytest.approx(1.5 * (1000 * 8 / 4e9 + 2e-6))
+
+
+def test_calibration_times_its_parts():
+    cal = calibrate.calibration_step(seconds=0.2, blocks=3)
+    assert cal["kernel_s"] > 0 and cal["python_s"] > 0 and cal["u_kernel"] >= 0 and cal["u_python"] >= 0
+    assert cal["kernel_s"] + cal["python_s"] <= cal["wall_s"] * 1.001
+
+
 def test_real_calibration_of_an_edited_profile_warns(tmp_path, capsys):
     """End to end: this machine's own fingerprint with its calibration time
     divided by 10 and another CPU model -> predict warns twice and rescales
     (10x: far beyond what other jobs' load moves the calibration by)."""
     fp = calibrate.record(seconds=0.3)
     fp["cpu_model"] = "some other CPU"
-    fp["calibration"] = dict(fp["calibration"], wall_s=fp["calibration"]["wall_s"] / 10,
-                             cpu_s=fp["calibration"]["cpu_s"] / 10, u=0.0)
+    fp["calibration"] = dict(fp["calibration"], u=0.0, u_kernel=0.0, u_python=0.0,
+                             **{k: fp["calibration"][k] / 10 for k in ("wall_s", "cpu_s") + calibrate.PARTS})
     prof = Profile.synthetic(backend="cpu")
     prof.data["fingerprint"] = fp
     chk = calibrate.check(prof, seconds=0.3)
     assert "cpu_model" in chk.differs and chk.scale > 3 and prof.time_scale == chk.scale
+    assert chk.call_scale > 3 and prof.call_scale == chk.call_scale
     path = tmp_path / "p.json"
     Profile(copy.deepcopy(prof.data)).save(path)
     args = ["predict", "--model", "tiny", "--nodes", "1", "--workers", "1", "--subbatch", "4",

@@ -90,3 +90,24 @@ def test_parts_of_a_grid_are_reported_together(vm, tmp_path, capsys):
     b["failed"] = [[["digits", 3, 1, 1], "rank died"]]
     (tmp_path / "b.json").write_text(json.dumps(b))
     assert vm.main(["--rescore", both]) == 1         # a failure in any part fails the whole
+
+
+def test_calibrated_rows_rescale_kernels_and_per_call_costs_apart(vm):
+    from engine.perf import model as M
+    from engine.perf.profile import Profile
+    prof = Profile.synthetic(backend="cpu", launch=1e-4)
+    row = _row("tiny", "fitted grid", [0.0] * 5)
+    row["measured"].update(T_Epoch=2.0, N_Minibatch_avg=4.0, T_Update=1.0)     # N_File 8
+    # Each pass applied its parts beyond their noise: median kernel x1, per-call x2.
+    cals = [{"scale": 1.0, "call_scale": 2.0}, {"scale": 1.0, "call_scale": 2.2}, {"scale": 1.0, "call_scale": 1.9}]
+    rows, k, kc = vm.calibrated([row], prof, cals)
+    assert (k, kc) == (1.0, 2.0)
+    ref = Profile.synthetic(backend="cpu", launch=2e-4)     # the same profile, its per-call launch doubled
+    want = M.predict("tiny", 1, 1, 1, ref, n_file=8, ranks_per_host=1, impl=M.RUNNER_SWEEP_IMPL)
+    assert rows[0]["predicted"]["T_GPU"] == pytest.approx(want.t_gpu, rel=1e-9)
+    assert prof.time_scale == 1.0 and prof.call_scale == 1.0          # the caller's profile untouched
+    text = vm.format_report([row], [], None, (rows, k, kc))
+    assert "calibrated (kernels x1.000, per-call x2.000" in text
+    # Calibrations of a profile without parts, or that applied nothing: no re-prediction.
+    assert vm.calibrated([row], prof, [{"scale": 1.3, "call_scale": None}]) is None
+    assert vm.calibrated([row], prof, [{"scale": 1.0, "call_scale": 1.0}]) is None

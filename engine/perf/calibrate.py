@@ -84,9 +84,10 @@ def fingerprint() -> dict:
 
 
 def _workload():
-    """One call of the fixed calibration workload: a mid-size SGEMM, a flat
-    copy larger than L2, and a step of the ``tiny`` net -- the three kinds
-    of cost the model prices (flops, memory, per-call Python)."""
+    """The fixed calibration workload as two parts, each one call: a
+    mid-size SGEMM with a flat copy larger than L2 (``kernel``: flops and
+    memory), and a step of the ``tiny`` net (``python``: per-call Python and
+    fixed costs) -- the kinds of cost the model prices per unit and per call."""
     from engine import ops
     from engine.net import Net
     from engine.spec import get_spec
@@ -101,41 +102,66 @@ def _workload():
     x = rng.standard_normal((8,) + sp.input_shape).astype(np.float32)
     y = rng.integers(0, sp.n_classes, 8)
 
-    def run():
+    def kernel():
         ops.gemm(a, b, out=c)
         np.copyto(dst, src)
+
+    def python():
         net.loss_and_grad(x, y)
-    return run
+    return kernel, python
+
+
+# The parts of the calibration, each rescaling its kind of cost (Profile.time_scale / call_scale).
+PARTS = ("kernel_s", "python_s")
 
 
 def calibration_step(seconds: float = 2.0, blocks: int = 5) -> dict:
     """Wall and CPU seconds per call of the calibration workload on one
-    thread, run for ``seconds``.
+    thread, run for ``seconds``; ``kernel_s`` and ``python_s``: the wall
+    seconds of its two parts per call.
 
     ``wall_s`` is throughput (elapsed / calls), not a median: on a shared
     host most calls fit in one scheduler slice and a few wait for whole
-    slices, and a long run pays for both. ``u``: relative uncertainty of
-    ``wall_s``, from the spread of its ``blocks`` consecutive blocks.
+    slices, and a long run pays for both. ``u`` (and ``u_kernel``,
+    ``u_python``): relative uncertainty of ``wall_s`` (of each part), from
+    the spread of its ``blocks`` consecutive blocks.
+
+    The parts are timed apart because they drift apart: on test set 5's
+    night (bench/RESULTS.md section 4) the whole workload ran x0.96 its
+    stored time while Python-bound runner steps ran x0.66; one ratio for
+    both rescales per-call costs by the kernels' drift.
     """
     from .timing import set_threads
     set_threads(1)
-    fn = _workload()
+    kernel, python = _workload()
     for _ in range(3):
-        fn()
+        kernel()
+        python()
     per_block = seconds / blocks
-    walls, cpus, n = [], [], 0
+    walls, cpus, parts, n = [], [], {k: [] for k in PARTS}, 0
+    clock = time.perf_counter
     for _ in range(blocks):
-        calls, t0, c0 = 0, time.perf_counter(), time.thread_time()
-        while time.perf_counter() - t0 < per_block or calls < 2:
-            fn()
+        calls, t0, c0, tk, tp = 0, clock(), time.thread_time(), 0.0, 0.0
+        while clock() - t0 < per_block or calls < 2:
+            t1 = clock()
+            kernel()
+            t2 = clock()
+            python()
+            tk, tp = tk + t2 - t1, tp + clock() - t2
             calls += 1
-        walls.append((time.perf_counter() - t0) / calls)
+        walls.append((clock() - t0) / calls)
         cpus.append((time.thread_time() - c0) / calls)
+        parts["kernel_s"].append(tk / calls)
+        parts["python_s"].append(tp / calls)
         n += calls
+    u = lambda v: float(np.std(v, ddof=1) / np.mean(v) / np.sqrt(blocks))
     w = float(np.mean(walls))
-    return {"wall_s": w, "cpu_s": float(np.mean(cpus)),
-            "u": float(np.std(walls, ddof=1) / w / np.sqrt(blocks)), "n": n,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    out = {"wall_s": w, "cpu_s": float(np.mean(cpus)), "u": u(walls), "n": n,
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    for k, v in parts.items():
+        out[k] = float(np.mean(v))
+        out["u_" + k.split("_")[0]] = u(v)
+    return out
 
 
 def record(seconds: float = 2.0) -> dict:
@@ -153,16 +179,45 @@ class Check:
     differs: dict = field(default_factory=dict)    # fingerprint key -> (profile's, this machine's)
     ratio: float | None = None         # calibration now / then (wall clock)
     noise: float = MIN_NOISE
+    # Per-call costs' factor (the Python part's ratio) when the calibrations
+    # timed their parts apart; None: the same as ``scale``.
+    call_scale: float | None = None
+    parts: dict = field(default_factory=dict)      # part -> ratio now / then
 
     @property
     def ok(self) -> bool:
         return not self.messages
 
 
+def _noise(then, now, key="u"):
+    """Three sigma of the two measurements' combined uncertainty, at least
+    MIN_NOISE; the profile's own drift between its before and after
+    calibrations is noise of the same machine too."""
+    sd = np.hypot(then.get(key, 0.0), now.get(key, 0.0))
+    return max(MIN_NOISE, 3.0 * float(sd), float(then.get("drift", 0.0)))
+
+
+def _split(then, now, chk):
+    """Each part's ratio, applied beyond its own noise: ``scale`` from the
+    kernel part, ``call_scale`` from the Python part. Both calibrations must
+    have timed the parts (profiles swept before they were: one ratio)."""
+    if not all(then.get(k) and now.get(k) for k in PARTS):
+        return None
+    scales = {}
+    for k in PARTS:
+        tag = k.split("_")[0]
+        r = now[k] / then[k]
+        chk.parts[tag] = float(r)
+        scales[tag] = float(r) if abs(r - 1.0) > _noise(then, now, "u_" + tag) else 1.0
+    return scales
+
+
 def compare(stored: dict | None, now: dict | None, calibration: dict | None, source: str = "profile") -> Check:
     """Compare a profile's ``stored`` fingerprint with this machine's ``now``
     and a fresh ``calibration``; ``scale`` is the calibration ratio when it
-    differs by more than the noise."""
+    differs by more than the noise. When both calibrations timed their parts
+    (``PARTS``), ``scale`` is the kernel part's ratio and ``call_scale`` the
+    Python part's, each beyond its own noise."""
     chk = Check()
     if not stored:
         chk.messages.append(f"{source} records no machine fingerprint or calibration (written before "
@@ -179,23 +234,28 @@ def compare(stored: dict | None, now: dict | None, calibration: dict | None, sou
     then = stored.get("calibration")
     if calibration and then and then.get("wall_s") and calibration.get("wall_s"):
         ratio = calibration["wall_s"] / then["wall_s"]
-        # The two measurements' uncertainties, combined, three sigma.
-        sd = np.hypot(then.get("u", 0.0), calibration.get("u", 0.0))
-        # The profile's own drift between its before and after calibrations
-        # is noise of the same machine too.
-        chk.noise = max(MIN_NOISE, 3.0 * float(sd), float(then.get("drift", 0.0)))
+        chk.noise = _noise(then, calibration)
         chk.ratio = float(ratio)
-        if abs(ratio - 1.0) > chk.noise:
-            chk.scale = float(ratio)
+        split = _split(then, calibration, chk)
+        if split is not None:
+            moved = split["kernel"] != 1.0 or split["python"] != 1.0
+            chk.scale, chk.call_scale = split["kernel"], split["python"]
+        else:
+            moved = abs(ratio - 1.0) > chk.noise
+            chk.scale = float(ratio) if moved else 1.0
+        if moved:
             cpu = calibration.get("cpu_s", 0) / then["cpu_s"] if then.get("cpu_s") else None
             why = "" if cpu is None else (
                 f"; CPU time x{cpu:.2f}, so " + ("the cores themselves are slower or faster"
                                                  if abs(cpu - 1) > chk.noise else "other jobs load the host"))
+            how = (f"every time is rescaled by x{ratio:.2f}" if split is None else
+                   f"kernels x{chk.parts['kernel']:.2f}, per-call Python x{chk.parts['python']:.2f}: "
+                   f"per-unit costs are rescaled by x{chk.scale:.2f}, per-call costs by x{chk.call_scale:.2f}")
             chk.messages.append(
                 f"this machine runs the calibration workload in {ratio:.2f}x the time stored in {source} "
                 f"({1e3 * calibration['wall_s']:.2f} ms now, {1e3 * then['wall_s']:.2f} ms on "
-                f"{then.get('date', '?')}, noise +-{100 * chk.noise:.0f} %{why}): every time is rescaled "
-                f"by x{ratio:.2f}; `sprint profile --quick` measures this machine as it is now")
+                f"{then.get('date', '?')}, noise +-{100 * chk.noise:.0f} %{why}; {how}); "
+                "`sprint profile --quick` measures this machine as it is now")
     elif calibration is not None:
         chk.messages.append(f"{source} has no calibration time: its speed cannot be checked against this "
                             "machine's; run `sprint profile --quick`")
@@ -211,6 +271,9 @@ def check(profile, seconds: float = 2.0, apply: bool = True) -> Check:
         chk = compare(stored, fingerprint(), None, profile.source)
     else:
         chk = compare(stored, fingerprint(), calibration_step(seconds) if stored else None, profile.source)
-    if apply and chk.scale != 1.0:
-        profile.time_scale = chk.scale
+    if apply:
+        if chk.scale != 1.0:
+            profile.time_scale = chk.scale
+        if chk.call_scale is not None:
+            profile.call_scale = chk.call_scale
     return chk

@@ -184,7 +184,7 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False):
             for pas in ("fwd", "bwd"):
                 term = layer_term(lt, g.kind, i, len(geoms), pas)
                 if term and term["b"] > 0:
-                    rows.append((g.name, pas, "per-call", 1, profile.time_scale * term["b"]))
+                    rows.append((g.name, pas, "per-call", 1, profile.call_scale * term["b"]))
                 if term and term.get("w", 0.0) > 0 and cold > 0:
                     rows.append((g.name, pas, "cold-weights", cold, profile.time_scale * term["w"] * cold))
         elif profile.overhead("per_layer"):

@@ -58,8 +58,22 @@ class Profile:
         # {model or "*": wall/CPU factor of one undisturbed step measured now}
         self.host_factor = {}
         # How much slower this machine runs than the one profiled, from a
-        # calibration (engine.perf.calibrate.check); multiplies every time.
+        # calibration (engine.perf.calibrate.check); multiplies every time,
+        # or with ``call_scale`` set the per-unit parts only.
         self.time_scale = 1.0
+        self._call_scale = None
+
+    @property
+    def call_scale(self) -> float:
+        """Factor on the fixed per-call parts of every time (the intercepts of
+        the kernel fits, the layers' per-call rows, the runner's and the net
+        step's per-call excess): the calibration's Python part where it was
+        timed apart (``calibrate.PARTS``), else ``time_scale``."""
+        return self.time_scale if self._call_scale is None else self._call_scale
+
+    @call_scale.setter
+    def call_scale(self, v):
+        self._call_scale = None if v is None else float(v)
 
     # -- file I/O ---------------------------------------------------------
     @classmethod
@@ -115,13 +129,13 @@ class Profile:
         if x <= 0:
             return 0.0
         t = self._term(name)
-        k = self.time_scale
+        k, kc = self.time_scale, self.call_scale
         if "c" in t:
-            return k * (t["a"] * x + t["c"] * x2 + t["b"])
+            return k * (t["a"] * x + t["c"] * x2) + kc * t["b"]
         for piece in t.get("pieces", ()):
             if piece["upper"] is None or x <= piece["upper"]:
-                return k * (piece["a"] * x + piece["b"])
-        return k * (t["a"] * x + t["b"])
+                return k * piece["a"] * x + kc * piece["b"]
+        return k * t["a"] * x + kc * t["b"]
 
     def cv(self, name) -> float:
         """Relative spread (std/mean) measured for a term, 0 if unknown."""
@@ -155,7 +169,13 @@ class Profile:
         if min(m, n, k) <= 0:
             return 0.0
         coef = self.sgemm_regime(m, n, k, trans)["coef"]
-        return self.time_scale * sum(coef[f] * v for f, v in zip(SGEMM_FEATURES, sgemm_features(m, n, k)))
+        return self._scaled(coef, SGEMM_FEATURES, sgemm_features(m, n, k))
+
+    def _scaled(self, coef, names, feats) -> float:
+        """A fitted polynomial, its per-unit monomials by ``time_scale`` and
+        its intercept (``"1"``, the per-call cost) by ``call_scale``."""
+        unit = sum(coef.get(f, 0.0) * v for f, v in zip(names, feats) if f != "1")
+        return self.time_scale * unit + self.call_scale * coef.get("1", 0.0)
 
     def op_kinds(self) -> set:
         """The whole-op fits (``fit.fit_op_terms``) that price the ops as they
@@ -177,8 +197,7 @@ class Profile:
         if not regs:
             raise ValueError(f"profile {self.source} has no {kind} fit")
         reg = next((r for r in regs if rule_matches(r["rule"], m, n, k)), regs[-1])
-        feats = op_features(m, n, k, c)
-        return self.time_scale * sum(reg["coef"].get(f, 0.0) * v for f, v in zip(OP_FEATURES, feats))
+        return self._scaled(reg["coef"], OP_FEATURES, op_features(m, n, k, c))
 
     def allreduce_bw(self, n_node, n_param) -> float:
         """Allreduce time without the barrier: (a log2 N + b) N_Param + c log2 N + d."""
@@ -354,7 +373,7 @@ class Profile:
         profiles stored ``c`` alone."""
         v = self.data.get("overhead", {}).get("runner_steps", {}).get(step, 0.0)
         c, r = (v.get("c", 0.0), v.get("r", 0.0)) if isinstance(v, dict) else (v, 0.0)
-        return self.time_scale * float(c), float(r)
+        return self.call_scale * float(c), float(r)
 
     def runner_compute(self, n_param: int) -> float:
         """Seconds per ComputeGradient the runner spends beyond the modelled
@@ -366,15 +385,17 @@ class Profile:
             return 0.0
         from .layer_cost import bytes_beyond_l2
         x = bytes_beyond_l2(n_param, v["l2_bytes"]) if v.get("l2_bytes") else n_param
-        return self.time_scale * (v["c"] + v["d"] * x)
+        return self.call_scale * v["c"] + self.time_scale * v["d"] * x
 
     def runner_step(self, step, kernel: float = 0.0) -> float:
         """The excess of ``runner_step_terms`` for a step whose kernels take ``kernel`` s."""
         c, r = self.runner_step_terms(step)
         return c + r * kernel
 
-    # Overhead entries that are factors, not seconds (not rescaled).
+    # Overhead entries that are factors, not seconds (not rescaled); those
+    # that are per-parameter seconds (the rest are per call).
     _FACTORS = ("kernel_factor",)
+    _PER_UNIT = ("per_step_param",)
 
     def per_step(self, n_param: int) -> float:
         """A net step's work outside its layers: ``per_step + per_step_param * N_Param``."""
@@ -382,4 +403,6 @@ class Profile:
 
     def overhead(self, key) -> float:
         v = float(self.data.get("overhead", {}).get(key, 0.0))
-        return v if key in self._FACTORS else self.time_scale * v
+        if key in self._FACTORS:
+            return v
+        return (self.time_scale if key in self._PER_UNIT else self.call_scale) * v
