@@ -134,15 +134,14 @@ def _said_by_rank_0():
 
 def _fail(e: BaseException, debug: bool) -> int:
     """The one ``sprint: error:`` line of ``e`` and its exit status. Under
-    mpiexec (an error before the ranks share a run, or one only this rank
-    met) it is said once for the job and ends every rank, as a failure
-    inside a run does (engine.parallel.abort.abort_once)."""
+    mpiexec it is said once for the job (by rank 0, or by the rank that alone
+    met it) and ends every rank: cleanly when every rank failed alike, else by
+    MPI_Abort (engine.parallel.abort.abort_once)."""
     if debug:
         import traceback
         traceback.print_exc()
     code = EXIT_USAGE if is_usage_error(e) else EXIT_FAILED
-    if getattr(e, "reported_by_root", False):
-        return code
+    quiet = bool(getattr(e, "reported_by_root", False))     # rank 0 said it
     line = f"sprint: error: {describe(e)}"
     if not debug and _job_size() > 1:
         from engine.parallel.abort import abort_once
@@ -152,8 +151,9 @@ def _fail(e: BaseException, debug: bool) -> int:
         except Exception:          # no communicator to end the job with: each rank says it
             comm = None
         if comm is not None:
-            abort_once(comm, line, code)
-    print(line, file=sys.stderr, flush=True)
+            abort_once(comm, line, code, quiet=quiet)
+    if not quiet:
+        print(line, file=sys.stderr, flush=True)
     return code
 
 

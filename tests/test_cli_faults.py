@@ -88,6 +88,31 @@ def test_ctrl_c_says_how_to_resume_and_exits_130(tmp_path, delay):
     assert "Traceback" not in err
 
 
+def test_the_resume_hint_of_an_mpi_job_names_its_launcher():
+    from engine.errors import Interrupted
+    assert str(Interrupted(3, "runs/a", ranks=4)) == "interrupted after epoch 3; resume with: mpiexec -n 4 sprint " \
+                                                     "train --resume runs/a"
+    assert str(Interrupted(3, "runs/a")) == "interrupted after epoch 3; resume with: sprint train --resume runs/a"
+
+
+def test_ctrl_c_in_any_strategy_says_how_to_resume(tmp_path):
+    """The pipelines, DistBelief and layer-wise runs let Ctrl-C through as a
+    bare KeyboardInterrupt ('interrupted', no hint): the session adds it."""
+    from engine.errors import Interrupted
+    from engine.session import Session
+    from engine.train import TrainConfig
+    run = tmp_path / "run"
+    got = None
+    try:
+        with Session(TrainConfig(epochs=1, out=str(run), progress=False, verbose=False)) as s:
+            s.start(0)
+            raise KeyboardInterrupt
+    except BaseException as e:       # a bare KeyboardInterrupt must not end the test session
+        got = e
+    assert isinstance(got, Interrupted), repr(got)
+    assert str(got) == f"interrupted before the first epoch ended; nothing to resume in {run}"
+
+
 def test_bad_options_and_files_are_one_line_each(tmp_path):
     one_error_line(sprint("train", "--lr", "inf"), "lr must be finite and > 0, got inf (--lr)")
     one_error_line(sprint("train", "--lr", "nan"), "got nan (--lr)")
@@ -192,10 +217,12 @@ needs_mpiexec = pytest.mark.skipif(__import__("shutil").which("mpiexec") is None
 ])
 def test_an_input_mistake_under_mpiexec_is_one_error_line_not_a_traceback_per_rank(tmp_path, n, args, fragment):
     """Every rank meets the same mistake: rank 0 reports it, the job ends
-    with exit 2, no rank prints a traceback or says it again."""
+    with exit 2, no rank prints a traceback or says it again, and no rank
+    calls MPI_Abort (MPICH added its own 'Abort(2) on node 0' line)."""
     p, out, errors = _mpiexec([n, *MPI_TRAIN, "--out", tmp_path / "run", *args])
     assert p.returncode == 2 and "Traceback" not in out, out[-3000:]
     assert len(errors) == 1 and fragment in errors[0], out[-3000:]
+    assert p.stderr.splitlines() == errors, p.stderr
     assert "(rank " not in errors[0] and not (tmp_path / "run").exists()
 
 
@@ -206,6 +233,7 @@ def test_under_mpiexec_without_mpi4py_a_cli_mistake_is_said_once_and_ends_every_
     p, out, errors = _mpiexec([2, "-m", "engine.cli", "train", "--parallel", "sync", "--lr", "-1",
                                "--out", tmp_path / "run"], timeout=60)
     assert p.returncode == 2 and len(errors) == 1 and "got -1.0 (--lr)" in errors[0], out[-3000:]
+    assert p.stderr.splitlines() == errors, p.stderr
 
 
 @pytest.mark.mpi
@@ -214,6 +242,7 @@ def test_divergence_under_mpiexec_is_one_error_line_not_a_traceback_per_rank(tmp
     p, out, errors = _mpiexec([2, *MPI_TRAIN, "--parallel", "sync", "--lr", "1e30", "--out", tmp_path / "run"])
     assert p.returncode == 1 and "Traceback" not in out and " failed: " not in out, out[-3000:]
     assert len(errors) == 1 and "training diverged: the loss became nan at epoch 1" in errors[0], out[-3000:]
+    assert "Abort(" not in out, out[-3000:]       # every rank diverged alike: no MPI_Abort
 
 
 @pytest.mark.mpi
@@ -223,6 +252,7 @@ def test_a_one_process_command_under_mpiexec_is_refused_once(tmp_path):
     p, out, errors = _mpiexec([2, "-m", "mpi4py", "-m", "engine.cli", "info", "tiny"])
     assert p.returncode == 2 and "N_Param" not in out, out[-3000:]
     assert errors == ["sprint: error: sprint info runs in one process; run it without mpiexec (2 ranks were started)"]
+    assert p.stderr.splitlines() == errors, p.stderr
 
 
 FULL_DISK = """

@@ -3,7 +3,9 @@ other ranks waiting in a collective: a rank's last words on stderr, the
 hooks that turn an uncaught exception in any thread into a job-wide abort
 naming the rank, ``abort_on_error`` / ``run_guarded`` around a strategy's
 body, and ``abort_once`` for a mistake in the job's inputs, said once for
-the job (the CLI uses it for what it refuses before a run is set up). The
+the job (the CLI uses it for what it refuses before a run is set up): when
+every rank met it, the ranks agree on it (``end_job``) and exit cleanly,
+without MPI_Abort and the launcher's own abort message. The
 collectives themselves are in engine.parallel.comm; the heartbeat watchdog
 that ends a job whose rank fell silent is engine.session.watchdog."""
 from __future__ import annotations
@@ -75,11 +77,10 @@ def abort_on_error(comm: Comm):
     except KeyboardInterrupt as e:
         if comm.size <= 1:
             raise
-        # a peer may sit in a blocking collective that never returns once this
-        # rank leaves: say how to resume (rank 0) and end the whole job
-        if comm.rank == 0:
-            say_before_abort(f"{e or 'interrupted'}\n")
-        comm.abort("interrupted", code=130, report=False)
+        # rank 0 says how to resume; every rank that got the Ctrl-C ends
+        # cleanly, and a peer that sits in a blocking collective that never
+        # returns once this rank leaves is ended by MPI_Abort
+        abort_once(comm, str(e) or "interrupted", 130, quiet=comm.rank != 0)
     except (ConfigMismatch, SystemExit):
         raise
     except BaseException as e:
@@ -90,13 +91,14 @@ def abort_on_error(comm: Comm):
         if not os.environ.get("SPRINT_DEBUG"):
             # A mistake in the job's inputs (data, model, options, run folder),
             # as the CLI would report it: one line, no traceback.
+            quiet = bool(getattr(e, "reported_by_root", False))    # rank 0 said it
             if is_usage_error(e):
-                abort_once(comm, f"sprint: error: {describe(e)}", EXIT_USAGE)
+                abort_once(comm, f"sprint: error: {describe(e)}", EXIT_USAGE, quiet)
             # the loss is reduced over the ranks: all of them diverge at the same
             # step. A full disk, a file size limit or memory running out is the
             # machine's, not a bug: one line naming the file, no traceback.
             if isinstance(e, (Diverged, OSError, MemoryError)):
-                abort_once(comm, f"sprint: error: {describe(e)}", EXIT_FAILED)
+                abort_once(comm, f"sprint: error: {describe(e)}", EXIT_FAILED, quiet)
         import traceback
         # the line naming the rank first: it is what the other ranks' logs need
         report_failure(comm.rank, comm.size, f"{type(e).__name__}: {e}")
@@ -104,15 +106,87 @@ def abort_on_error(comm: Comm):
         comm.abort(f"{type(e).__name__}: {e}", report=False)
 
 
-def abort_once(comm: Comm, line: str, code: int):
+def abort_once(comm: Comm, line: str, code: int, quiet: bool = False):
     """End the whole job with exit ``code`` after saying ``line`` once. A
-    mistake in the job's inputs is usually made on every rank alike, so
-    rank 0 says it at once and the others wait USAGE_ERROR_GRACE_S first:
-    when rank 0 has it too, its abort ends them before they say it again;
-    when it does not (a file only this rank cannot read), they say it
-    naming their rank."""
-    if comm.rank:
-        time.sleep(USAGE_ERROR_GRACE_S)
-        line = f"{line} (rank {comm.rank} of {comm.size})"
-    say_before_abort(line + "\n")
-    comm.abort(line, code=code, report=False)
+    mistake in the job's inputs is usually made on every rank alike: rank 0
+    says it at once, and when every rank reaches here within
+    USAGE_ERROR_GRACE_S (end_job) the job ends cleanly, each rank with the
+    same exit status, and rank 0 adds any rank's different line. Otherwise
+    (a rank that did not fail, or died, or froze) the job is aborted; a
+    rank other than 0 then says its line naming its rank (a file only this
+    rank cannot read). ``quiet``: rank 0 already said this rank's error."""
+    if comm.rank == 0 and not quiet:
+        say_before_abort(line + "\n")
+    agreed = end_job(comm, "" if quiet else line, code)
+    if agreed is None:
+        if comm.rank and not quiet:
+            say_before_abort(f"{line} (rank {comm.rank} of {comm.size})\n")
+        comm.abort(line, code=code, report=False)
+    codes, lines = agreed
+    # the status of the first rank that said its error (rank 0's, usually):
+    # the others may hold only its echo (reported_by_root)
+    code = next((c for c, said in zip(codes, lines) if said), codes[0])
+    if comm.rank == 0:
+        for r, other in enumerate(lines):
+            if other and other != line:
+                say_before_abort(f"{other} (rank {r} of {comm.size})\n")
+    _exit_together(comm, code)
+
+
+# bytes of a rank's line that end_job carries (the rest is cut)
+_LINE_BYTES = 2000
+
+
+def end_job(comm: Comm, line: str, code: int, wait_s: float = None):
+    """Meet the other ranks on the failure channel (MPIComm.open_failure_channel):
+    (every rank's exit code, every rank's line) when all of them arrive within
+    ``wait_s`` seconds, None when some rank does not (it runs on, died or
+    froze: only MPI_Abort ends the job then). Non-blocking collectives with a
+    deadline, so that a rank never waits here for one that will not come."""
+    channel = getattr(comm, "failure_channel", None)
+    if comm.size <= 1 or channel is None:
+        return None
+    import numpy as np
+    MPI = comm.MPI
+    mc, dup = channel
+    deadline = time.monotonic() + (USAGE_ERROR_GRACE_S if wait_s is None else wait_s)
+
+    def done(req):
+        while not req.Test():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    if not done(dup):
+        return None
+    mine = np.zeros(8 + _LINE_BYTES, np.uint8)
+    mine[:8] = np.frombuffer(np.int64(code).tobytes(), np.uint8)
+    text = line.encode("utf-8", "replace")[:_LINE_BYTES]
+    mine[8:8 + len(text)] = np.frombuffer(text, np.uint8)
+    every = np.zeros((comm.size, mine.size), np.uint8)
+    if not done(mc.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE])):
+        return None
+    codes = [int(np.frombuffer(row[:8].tobytes(), np.int64)[0]) for row in every]
+    lines = [row[8:].tobytes().rstrip(b"\0").decode("utf-8", "replace") for row in every]
+    return codes, lines
+
+
+def _exit_together(comm: Comm, code: int):
+    """Every rank failed alike and knows it: leave through MPI_Finalize, which
+    waits for the other ranks (their output is not cut short by a kill and
+    the launcher prints no abort message), then exit with ``code``. An alarm
+    ends a process whose finalize would hang."""
+    import signal
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
+    if hasattr(signal, "alarm"):
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(30)
+    try:
+        comm.MPI.Finalize()
+    finally:
+        os._exit(code)

@@ -101,6 +101,7 @@ class Comm:
     size = 1
     kind = "local"
     device_path = "none"
+    failure_channel = None       # (communicator, its pending Idup request): MPIComm.open_failure_channel
 
     # -- collectives on flat vectors (in place) --------------------------------
     def allreduce_(self, buf):
@@ -234,6 +235,30 @@ class MPIComm(Comm):
         # > 0: wait for host allreduces by polling with sleeps instead of
         # MPICH's busy wait, leaving the core to the worker threads.
         self.poll_interval = _env_seconds("SPRINT_MPI_POLL")
+
+    def open_failure_channel(self):
+        """Start duplicating the communicator for engine.parallel.abort.end_job,
+        where the ranks that failed alike meet to end the job cleanly. Started
+        without blocking, as the first collective of every rank (get_comm), so
+        that a rank waiting there never waits on a rank that died or froze
+        first: it gives up and aborts the job instead."""
+        self.failure_channel = self.comm.Idup()
+        import atexit
+        atexit.register(self._close_failure_channel)   # runs before mpi4py's MPI_Finalize
+
+    def _close_failure_channel(self):
+        """At a normal exit: complete and free the channel (MPICH complains at
+        MPI_Finalize of a communicator still referenced)."""
+        channel, self.failure_channel = self.failure_channel, None
+        if channel is None or self.MPI.Is_finalized():
+            return
+        mc, req = channel
+        deadline = time.monotonic() + 5.0
+        while not req.Test():
+            if time.monotonic() > deadline:      # a rank that never got here: leave it to the launcher
+                return
+            time.sleep(0.01)
+        mc.Free()
 
     # Only one thread may drive this communicator; the first user claims it.
     def _claim(self):
@@ -373,6 +398,7 @@ def get_comm() -> Comm:
             # Ask for MULTIPLE; the updater alone calls MPI, so less is fine too.
             mpi4py.rc.thread_level = "multiple"
             _COMM = MPIComm()
+            _COMM.open_failure_channel()
         else:
             _COMM = LocalComm()
     return _COMM
