@@ -27,12 +27,15 @@ class Diverged(FloatingPointError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a run: ``epoch`` epochs are safe in ``run_dir``."""
+    """Ctrl-C during a run: ``epoch`` epochs are safe in ``run_dir``; a job
+    of ``ranks`` MPI ranks resumes under mpiexec with as many."""
 
-    def __init__(self, epoch: int, run_dir=None):
+    def __init__(self, epoch: int, run_dir=None, ranks: int = 1):
         self.epoch, self.run_dir = int(epoch), (str(run_dir) if run_dir else None)
+        launcher = f"mpiexec -n {ranks} " if ranks > 1 else ""
         if self.run_dir and self.epoch:
-            msg = f"interrupted after epoch {self.epoch}; resume with: sprint train --resume {self.run_dir}"
+            msg = (f"interrupted after epoch {self.epoch}; resume with: {launcher}sprint train "
+                   f"--resume {self.run_dir}")
         elif self.run_dir:
             msg = f"interrupted before the first epoch ended; nothing to resume in {self.run_dir}"
         else:

@@ -58,6 +58,9 @@ class Session:
 
     def __exit__(self, exc_type, exc, tb):
         self.close(ok=exc_type is None)
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and not isinstance(exc, Interrupted):
+            # every strategy's Ctrl-C says how to resume, not only those that ask for it
+            raise self.interrupted() from None
         return False
 
     # ---- where the weights come from -------------------------------------------
@@ -214,7 +217,7 @@ class Session:
                 epoch = max(epoch, int(self.run.load_checkpoint(arrays=False).get("epoch", 0)))
             except (OSError, ValueError):
                 pass
-        return Interrupted(epoch, str(self.run) if self.run else None)
+        return Interrupted(epoch, str(self.run) if self.run else None, ranks=self.comm.size)
 
     def result(self, net, epochs: int, **more) -> dict:
         new = self.history[self.first_new:]
