@@ -52,6 +52,31 @@ def make_folder(folder) -> Path:
     return folder
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux), else by the
+    set-and-restore that other systems need."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _mode_for(path: Path) -> int:
+    """The permissions the written file gets: the old file's, or those
+    open() would give a new one (mkstemp's temporary is 0600, which made
+    every run file unreadable to the rest of a group)."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 def atomic_write(path, write) -> Path:
     """Write ``path`` through ``write(binary file)`` (or bytes/str given
     directly) via temp file + fsync + rename + folder fsync. An OSError names
@@ -66,6 +91,7 @@ def atomic_write(path, write) -> Path:
     try:
         make_folder(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

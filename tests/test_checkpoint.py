@@ -58,3 +58,18 @@ def test_bad_inputs(tmp_path):
         checkpoint.load(tmp_path / "other.npz")
     with pytest.raises(ValueError, match="keys"):
         checkpoint.save(tmp_path / "x.npz", {"a.b": 1})
+
+
+def test_written_files_get_the_permissions_open_would_give(tmp_path):
+    """mkstemp's temporary is 0600: every run file (checkpoint, config,
+    metrics, plots) came out unreadable to the user's group."""
+    from engine.checkpoint import atomic_write
+    old = os.umask(0o027)
+    try:
+        new = atomic_write(tmp_path / "new.json", "{}")
+        assert new.stat().st_mode & 0o777 == 0o640
+        os.chmod(new, 0o600)                     # a mode the user chose stays
+        atomic_write(new, "{}")
+        assert new.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
