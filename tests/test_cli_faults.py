@@ -113,6 +113,21 @@ def test_ctrl_c_in_any_strategy_says_how_to_resume(tmp_path):
     assert str(got) == f"interrupted before the first epoch ended; nothing to resume in {run}"
 
 
+def test_a_loss_that_explodes_without_becoming_inf_is_said(capsys):
+    """A resumed cifar run's epoch reached a training loss of 1.5e33 and
+    chance accuracy without a word (only NaN/Inf stop a run)."""
+    from engine.session import Session
+    from engine.train import TrainConfig
+    with Session(TrainConfig(epochs=2, lr=0.05, progress=False, verbose=False)) as s:
+        s.end_epoch({"epoch": 1, "train_loss": 2.9, "test_acc": 0.2}, None)
+        assert capsys.readouterr().err == ""
+        s.end_epoch({"epoch": 2, "train_loss": 1.49e33, "test_acc": 0.1}, None)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sprint: warning: epoch 2: the training loss 1.49e+33 is over 10 "
+                                               "times a blind guess's (2.30 for 10 classes)"), err
+    assert "a lower --lr (now 0.05)" in err[0]
+
+
 def test_bad_options_and_files_are_one_line_each(tmp_path):
     one_error_line(sprint("train", "--lr", "inf"), "lr must be finite and > 0, got inf (--lr)")
     one_error_line(sprint("train", "--lr", "nan"), "got nan (--lr)")

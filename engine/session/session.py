@@ -174,6 +174,24 @@ class Session:
             if self.root:
                 self.run.write_metrics(self.history)
         self.report(rec)
+        self._warn_if_diverging(rec)
+
+    # a training loss this many times a blind guess's (ln C) is a run that diverges
+    DIVERGING = 10.0
+
+    def _warn_if_diverging(self, rec: dict):
+        """A loss that grows without becoming Inf or NaN is not stopped (the
+        run may come back), but it is said: the accuracy at chance that comes
+        with it is otherwise left to be noticed."""
+        import math
+        loss = rec.get("train_loss")
+        guess = math.log(max(2, self.spec.fcs[-1]))
+        if not self.root or loss is None or not math.isfinite(loss) or loss <= self.DIVERGING * guess:
+            return
+        from engine.data.dataset import warn
+        warn(f"epoch {rec.get('epoch')}: the training loss {loss:.3g} is over {self.DIVERGING:g} times a blind "
+             f"guess's ({guess:.2f} for {self.spec.fcs[-1]} classes): the run is diverging; a lower --lr "
+             f"(now {self.cfg.lr:g}) may help")
 
     def write_stats(self, name, stats: dict):
         if self.run is not None and self.root:
