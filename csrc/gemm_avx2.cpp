@@ -26,6 +26,10 @@ struct V256 {
         // masked lanes never touch memory
         return _mm256_blendv_ps(acc, _mm256_maskload_ps(x + off, m), _mm256_castsi256_ps(m));
     }
+    static void store_mask(float* x, std::int64_t off, reg v, std::uint32_t mask) {
+        const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        _mm256_maskstore_ps(x + off, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(mask)), bit), bit), v);
+    }
     static void transpose(const float* x, const std::int64_t* off, std::int64_t q, const std::uint32_t* mask, float* d,
                           std::int64_t ld) {
         transpose_scalar<L>(x, off, q, mask, d, ld);

@@ -36,6 +36,9 @@ struct V512 {
     static reg load_mask(reg acc, const float* x, std::int64_t off, std::uint32_t mask) {
         return _mm512_mask_loadu_ps(acc, __mmask16(mask), x + off);  // masked lanes never touch memory
     }
+    static void store_mask(float* x, std::int64_t off, reg v, std::uint32_t mask) {
+        _mm512_mask_storeu_ps(x + off, __mmask16(mask), v);
+    }
     // 16 x 16 in registers: pairs of rows interleaved, then 4-row groups,
     // then 128-bit lanes (64 shuffles for 256 elements instead of 256
     // scalar stores, which bound the dW packing).

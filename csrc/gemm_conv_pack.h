@@ -206,26 +206,19 @@ struct TileNCHW {
     }
     bool load(i64 i0, i64 j0, int mr, int nr, float* t, bool first) const {
         if (first) return true;
-        zero_tile(t);
-        runs(i0, j0, mr, nr, [&](const float* c, int o, int len, int) {
-            for (int q = 0; q < len; ++q) t[o + q] = c[q];
-        });
+        if (mr < UK::MR || nr < UK::NR) zero_tile(t);  // lanes no run covers (the kernel reads them)
+        runs(i0, j0, mr, nr, [&](const float* c, int o, int len, int) { copy_row(t + o, c, len); });
         return false;
     }
     void store(i64 i0, i64 j0, int mr, int nr, const float* t, bool last) const {
         runs(i0, j0, mr, nr, [&](float* c, int o, int len, int r) {
             const float* s = t + o;
-            if (!last) {
-                for (int q = 0; q < len; ++q) c[q] = s[q];
-                return;
-            }
+            if (!last || (!bias && !relu)) return copy_row(c, s, len);
             const float b = bias ? bias[i0 + r] : 0.f;
             if (relu) {
                 for (int q = 0; q < len; ++q) c[q] = s[q] + b > 0.f ? s[q] + b : 0.f;
-            } else if (bias) {
-                for (int q = 0; q < len; ++q) c[q] = s[q] + b;
             } else {
-                for (int q = 0; q < len; ++q) c[q] = s[q];
+                for (int q = 0; q < len; ++q) c[q] = s[q] + b;
             }
         });
     }

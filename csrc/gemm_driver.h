@@ -208,6 +208,20 @@ struct PackB {  // op(B) k x n; B is k x n (ldb) or, transposed, n x k
     }
 };
 
+// n floats from s to d by whole registers and one masked one: the plain
+// loop compiled to a memmove call per tile row (3.5 % of the cifar step at
+// batch 32, in the implicit convolution's NCHW tile moves).
+inline void copy_row(float* d, const float* s, int n) {
+    using V = typename UK::Vec;
+    constexpr int L = V::L;
+    int q = 0;
+    for (; q + L <= n; q += L) V::store(d + q, V::load(s + q));
+    if (q < n) {
+        const std::uint32_t m = lane_range(0, n - q);
+        V::store_mask(d, q, V::load_mask(V::zero(), s, q, m), m);
+    }
+}
+
 inline void zero_tile(float* t) {
     for (int q = 0; q < UK::MR * UK::NR; ++q) t[q] = 0.f;
 }

@@ -88,6 +88,15 @@ void conv_dw_isa(const sprint::gemm::detail::DwPlan& p, const Conv& G, const flo
             if (m0 >= m1 || n0 >= n1) continue;
             float* bbuf = p.bufs + t * p.buf_floats;
             const float** pix = reinterpret_cast<const float**>(bbuf + p.kc * NR);
+            // the GEMM profile (gemm_plan.h): dy^T packing vs the kernel loop
+            const bool prof = sprint::gemm::detail::g_profiling;
+            double t_pack = 0, t_kern = 0, t0 = prof ? omp_get_wtime() : 0;
+            auto tick = [&](double& acc) {
+                if (!prof) return;
+                const double now = omp_get_wtime();
+                acc += now - t0;
+                t0 = now;
+            };
             if (accumulate) transpose_cell(dw, K, p.dwt, M, n0, n1, m0, m1);
             alignas(64) float tile[MR * NR];
             for (i64 pc = 0; pc < BP; pc += p.kc) {
@@ -103,7 +112,9 @@ void conv_dw_isa(const sprint::gemm::detail::DwPlan& p, const Conv& G, const flo
                 }
                 for (i64 j = n0; j < n1; j += NR) {
                     const int nr = int(lo_(NR, n1 - j));
+                    tick(t_kern);
                     pack_dyt(G, dy, bbuf, j, nr, pc, kc);
+                    tick(t_pack);
                     for (i64 i = m0; i < m1; i += MR) {
                         const int mr = int(lo_(MR, m1 - i));
                         i64 toff[MR];
@@ -130,6 +141,12 @@ void conv_dw_isa(const sprint::gemm::detail::DwPlan& p, const Conv& G, const flo
                 }
             }
             transpose_cell(p.dwt, M, dw, K, m0, m1, n0, n1);
+            tick(t_kern);
+            if (prof) {
+                auto& slot = sprint::gemm::detail::g_prof[omp_get_thread_num() % sprint::gemm::detail::kProfSlots];
+                slot.pack += t_pack;
+                slot.kernel += t_kern;
+            }
         }
     }
 }

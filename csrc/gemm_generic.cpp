@@ -33,6 +33,10 @@ struct VPlain {
             if (mask >> i & 1u) acc.v[i] = x[off + i];
         return acc;
     }
+    static void store_mask(float* x, std::int64_t off, reg v, std::uint32_t mask) {
+        for (int i = 0; i < L; ++i)
+            if (mask >> i & 1u) x[off + i] = v.v[i];
+    }
     static void transpose(const float* x, const std::int64_t* off, std::int64_t q, const std::uint32_t* mask, float* d,
                           std::int64_t ld) {
         transpose_scalar<L>(x, off, q, mask, d, ld);

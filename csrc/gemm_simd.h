@@ -5,6 +5,8 @@
 //   fma(a, b, c) = a*b + c, add(a, b), store(p, v),
 //   load_mask(acc, x, off, mask): acc with the lanes l whose bit is set in
 //     mask replaced by x[off + l] (only those elements are read)
+//   store_mask(x, off, v, mask): x[off + l] = lane l of v for the lanes in
+//     mask (only those elements are written)
 //   transpose(x, off, q, mask, dst, ld): the L x L block
 //     dst[e*ld + r] = x[off[r] + q + e] where bit e of mask[r] is set, else 0
 //     (only those elements are read)
