@@ -43,6 +43,24 @@ def test_bad_plans_are_refused_before_anything_runs(tmp_path, capsys, case, msg)
     assert "no-such-data" not in err and not (tmp_path / "run").exists()   # refused before the data
 
 
+def test_a_plan_for_fewer_devices_than_ranks_is_refused_and_idle_ranks_are_said(tmp_path):
+    """`mpiexec -n 3` with a plan for 2 devices trained with rank 2 holding
+    nothing, said only as 'plan on 3 rank(s)'."""
+    from engine.parallel.layerwise_run import idle_ranks_note, load_checked_plan
+    from engine.train import TrainConfig
+    plan = _plan(tmp_path, "owt", "digits", 2, 32)
+    cfg = TrainConfig(model="digits", batch=32, parallel="layerwise", extra={"plan": str(plan)})
+    assert load_checked_plan(cfg, 2).devices == 2
+    with pytest.raises(ValueError, match=r"the plan is for 2 devices, the job has 3 ranks: rank 2 would hold no "
+                                         r"layer; run it with mpiexec -n 2, or plan for 3 \(sprint plan --gpus 3\)"):
+        load_checked_plan(cfg, 3)
+    p = L.named_plan("data", "digits", 4, 32)
+    assert idle_ranks_note(p, 4) == ""
+    p.layers = {k: (2, 1, 1, 1) for k in p.layers}      # an optimum that leaves two of the 4 devices out
+    assert idle_ranks_note(p, 4) == "; ranks 2..3 hold no layer (no layer of the plan splits more than 2 ways) " \
+                                    "and only wait"
+
+
 def test_two_ranks_train_and_the_checkpoint_evaluates_the_same(tmp_path):
     plan = _plan(tmp_path, "owt", "digits", 2, 32)
     env = dict(os.environ, PYTHONPATH=str(ROOT), MPIEXEC_TIMEOUT="150", OMP_NUM_THREADS="1")

@@ -51,7 +51,27 @@ def load_checked_plan(cfg, n_ranks):
         check_plan(plan, get_spec(cfg.model), ranks=n_ranks, batch=cfg.batch)
     except ValueError as e:
         raise ValueError(f"plan {path}: {e}") from None
+    if n_ranks > plan.devices:
+        # the executor would give the extra ranks no block of any layer: they
+        # would only wait in every exchange, which nobody asks for
+        from engine.errors import RunError
+        raise RunError(f"the plan is for {plan.devices} devices, the job has {n_ranks} ranks: "
+                       f"{_ranks(plan.devices, n_ranks)} would hold no layer; run it with mpiexec -n "
+                       f"{plan.devices}, or plan for {n_ranks} (sprint plan --gpus {n_ranks})", path)
     return plan
+
+
+def idle_ranks_note(plan, n_ranks) -> str:
+    """'; ranks 2..3 hold no layer ...' when no layer splits as many ways as
+    there are ranks (an optimum that leaves devices out)."""
+    used = max(math.prod(cfg) for cfg in plan.layers.values())
+    if used >= n_ranks:
+        return ""
+    return f"; {_ranks(used, n_ranks)} hold no layer (no layer of the plan splits more than {used} ways) and only wait"
+
+
+def _ranks(lo, hi):
+    return f"rank {lo}" if lo == hi - 1 else f"ranks {lo}..{hi - 1}"
 
 
 def run(cfg) -> dict:
@@ -105,7 +125,7 @@ def _train(s, cfg, comm, plan):
         raise ValueError(f"--batch {cfg.batch} is larger than the {len(s.train_ds)} training images")
     s.log(f"{spec.name}: layer-wise plan on {comm.size} rank(s), batch {cfg.batch}, {steps} steps per epoch, "
           f"{ex.params.size:,} of {ex.n_params:,} parameters on rank 0: "
-          + ", ".join(f"{k}{tuple(v)}" for k, v in plan.layers.items()))
+          + ", ".join(f"{k}{tuple(v)}" for k, v in plan.layers.items()) + idle_ranks_note(plan, comm.size))
     last = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
     step_times = []
     for epoch in range(start, last):
