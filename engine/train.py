@@ -114,10 +114,11 @@ def run_single(cfg: TrainConfig) -> dict:
     loader = Loader(s.train_ds, cfg.batch, shuffle=True, seed=cfg.seed, deform=s.deform, prefetch=cfg.prefetch)
     steps = len(loader)
     from engine import backend
-    s.log(f"{s.spec.name}: {net.n_params:,} parameters; {s.train_ds.name} {len(s.train_ds)} / "
-          f"{s.test_ds.name} {len(s.test_ds)} images; batch {cfg.batch}, {steps} steps per epoch; "
-          f"device {backend.get_backend().name}" + (f"; resuming after epoch {start}" if start else ""))
     try:
+        # the header inside: a Ctrl-C right after it (the user saw training begin) says how to resume
+        s.log(f"{s.spec.name}: {net.n_params:,} parameters; {s.train_ds.name} {len(s.train_ds)} / "
+              f"{s.test_ds.name} {len(s.test_ds)} images; batch {cfg.batch}, {steps} steps per epoch; "
+              f"device {backend.get_backend().name}" + (f"; resuming after epoch {start}" if start else ""))
         # overflow on the way to a NaN loss is reported once, as divergence
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             last = _epochs(s, cfg, net, opt, loader, start)
