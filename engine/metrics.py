@@ -10,6 +10,8 @@ import json
 import time
 from pathlib import Path
 
+from engine.errors import MissingFile
+
 
 class Meter:
     """Running sums over an epoch: mean loss, accuracy, images per second."""
@@ -68,7 +70,7 @@ def read(path) -> list:
     if path.is_dir():
         path = path / "metrics.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"no metrics at {path}")
+        raise MissingFile("no metrics.jsonl: not a run folder", path)
     out = []
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():

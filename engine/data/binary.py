@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.errors import MissingFile
+
 from .dataset import Dataset, warn, warn_skipped
 
 MAX_IDX_BYTES = 8 << 30      # a sane ceiling: MNIST's largest file is 47 MB
@@ -26,7 +28,7 @@ _READ_ERRORS = (OSError, EOFError, zlib.error)
 def require_file(path: Path) -> Path:
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+        raise MissingFile("no such data file", path)
     if not path.is_file():
         raise ValueError(f"{path}: is a directory, expected a file" if path.is_dir()
                          else f"{path}: not a regular file")

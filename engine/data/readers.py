@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import RunError
+from engine.errors import MissingFile, RunError
 
 from .dataset import Dataset
 from .binary import CIFAR_CLASSES, CIFAR_RECORD, load_cifar, load_mnist, load_npz, read_idx  # noqa: F401
@@ -62,7 +62,7 @@ def _read(source, fmt, size, channels, test_fraction, split_seed, lazy, resize, 
         return load_digits(test_fraction, split_seed)
     path = Path(source)
     if not path.exists():
-        raise FileNotFoundError(f"data source {str(source)!r} does not exist")
+        raise MissingFile("no such file or folder for --data", source)
     if fmt == "tree":
         if not path.is_dir():
             raise ValueError(f"{path}: an image tree is a directory, this is a file")
@@ -100,7 +100,7 @@ def detect_format(source) -> str:
         return "digits"
     p = Path(source)
     if not p.exists():
-        raise FileNotFoundError(f"data source {str(source)!r} does not exist")
+        raise MissingFile("no such file or folder for --data", source)
     if p.is_file():
         if p.suffix == ".npz":
             return "npz"
