@@ -77,6 +77,15 @@ def test_two_ranks_train_and_the_checkpoint_evaluates_the_same(tmp_path):
                        env=env, timeout=120)
     assert e.returncode == 0, e.stderr
     assert f"{100 * recs[-1]['test_acc']:.2f} %" in e.stdout, (e.stdout, recs[-1])
+    # sprint report read the other strategies' statistics only: "no statistics of a parallel run"
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "report", str(run), "--png", str(tmp_path / "r.png")],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "mode layerwise   model digits   2 rank(s), plan for 2 device(s)   batch 32" in r.stdout, r.stdout
+    held = [int(line.split()[1].replace(",", "")) for line in r.stdout.splitlines()
+            if line[:4].strip() in ("0", "1") and len(line.split()) == 3]
+    assert len(held) == 2 and sum(held) >= stats["n_params"], r.stdout     # replicated slices count twice
+    assert (tmp_path / "r.png").stat().st_size > 0
 
 
 def _lw_run(n, job, timeout=120):

@@ -6,15 +6,18 @@ from pathlib import Path
 
 def register(subparsers):
     p = subparsers.add_parser("report", help="summary of a parallel run's measured statistics "
-                                             "(asgd, sync, pipeline, downpour, sandblaster)",
+                                             "(asgd, sync, pipeline, downpour, sandblaster, layerwise)",
                               description="Print the step timers of a parallel run (ASGD: T_GPU, T_Update, "
                                           "N_Minibatch_avg, staleness; sync: T_Step and the allreduce's share) "
                                           "and plot what matters for its mode (ASGD: the staleness and "
                                           "minibatch distributions; sync: the allreduce time per step and the "
                                           "throughput over time; pipeline: per-stage times; downpour, "
-                                          "sandblaster: the servers' and replicas' tables).")
+                                          "sandblaster: the servers' and replicas' tables; layerwise: the "
+                                          "plan, each rank's parameters and the step time against the "
+                                          "prediction).")
     p.add_argument("run_dir", help="run directory holding asgd_stats.json, sync_stats.json, pipeline_stats.json, "
-                                       "downpour_stats.json or sandblaster_stats.json (or the file)")
+                                   "downpour_stats.json, sandblaster_stats.json or layerwise_stats.json "
+                                   "(or the file)")
     p.add_argument("--png", default=None, help="where to write the plot (default RUN_DIR/parallel_report.png)")
     p.add_argument("--no-png", action="store_true", help="print the table only")
     p.set_defaults(func=_report)

@@ -26,8 +26,7 @@ import time
 
 from . import comm as _comm
 from .abort import run_guarded
-
-STATS = "layerwise_stats.json"
+from .layerwise_report import STATS_FILE as STATS      # sprint report reads it
 
 
 def add_train_options(p):
@@ -148,7 +147,7 @@ def _train(s, cfg, comm, plan):
                "skipped": s.train_ds.skipped + s.test_ds.skipped, "parallel": "layerwise", "n_node": comm.size}
         velocity = ex.whole(opt.velocity, root=0)
         s.end_epoch(rec, None if velocity is None else _state(net, opt, velocity, epoch + 1, cfg, s, plan))
-    stats = {"ranks": comm.size, "plan": plan.to_dict(), "steps": len(step_times),
+    stats = {"mode": "layerwise", "ranks": comm.size, "plan": plan.to_dict(), "steps": len(step_times),
              "params_held": comm.allgather_obj(int(ex.params.size)), "n_params": ex.n_params,
              "step_s_median": sorted(step_times)[len(step_times) // 2] if step_times else None,
              "predicted_step_s": plan.predicted.get("step_s")}

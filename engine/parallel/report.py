@@ -19,10 +19,11 @@ def load_stats(run_dir) -> dict:
     """The statistics file of a parallel run (or that file itself): one error
     naming the folder or file when there is none or it is not readable."""
     from engine.errors import MissingFile, RunError
+    from . import layerwise_report
     from .pipeline_report import STATS_FILE as _PIPE   # pipelines: engine.parallel.pipeline_report
     from .ps_report import STATS_FILES                 # Downpour, Sandblaster: engine.parallel.ps_report
     run_dir = Path(run_dir)
-    names = (STATS["asgd"], STATS["sync"], _PIPE, *STATS_FILES.values())
+    names = (STATS["asgd"], STATS["sync"], _PIPE, *STATS_FILES.values(), layerwise_report.STATS_FILE)
     path = run_dir if run_dir.is_file() else next((run_dir / n for n in names if (run_dir / n).exists()), None)
     if path is None:
         if not run_dir.is_dir():
@@ -33,6 +34,8 @@ def load_stats(run_dir) -> dict:
         st = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RunError(f"not a readable statistics file ({e})", path) from None
+    if isinstance(st, dict) and layerwise_report.is_layerwise(st):
+        return {**st, "mode": "layerwise"}
     modes = ("asgd", "sync", "pipeline", *STATS_FILES)
     if not isinstance(st, dict) or st.get("mode", "asgd" if "T_GPU" in st else None) not in modes:
         raise RunError("not the statistics of a parallel run", path)
@@ -45,6 +48,9 @@ def _ms(s):
 
 def summary_table(st: dict) -> str:
     from . import ps_report
+    if st.get("mode") == "layerwise":
+        from .layerwise_report import summary_table as layerwise_table
+        return layerwise_table(st)
     if st.get("mode") == "pipeline":
         from .pipeline_report import summary_table as pipeline_table
         return pipeline_table(st)
@@ -163,9 +169,14 @@ def plot_distributions(st: dict, path) -> Path:
         from .pipeline_report import plot_values
         st = {**st, **plot_values(st)}
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    (_plot_sync if st.get("mode") == "sync" else _plot_asgd)(st, axes)
-    fig.suptitle(f"{st.get('mode', 'asgd')} {st.get('model', '')}: N_Node {st.get('n_node')} x "
-                 f"N_GPU {st.get('n_gpu')}, N_Subbatch {st.get('n_subbatch', '?')}")
+    if st.get("mode") == "layerwise":
+        from .layerwise_report import plot as plot_layerwise
+        plot_layerwise(st, axes)
+        fig.suptitle(f"layerwise {(st.get('plan') or {}).get('model', '')}: {st.get('ranks')} rank(s)")
+    else:
+        (_plot_sync if st.get("mode") == "sync" else _plot_asgd)(st, axes)
+        fig.suptitle(f"{st.get('mode', 'asgd')} {st.get('model', '')}: N_Node {st.get('n_node')} x "
+                     f"N_GPU {st.get('n_gpu')}, N_Subbatch {st.get('n_subbatch', '?')}")
     fig.tight_layout()
     try:
         return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
