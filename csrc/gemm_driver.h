@@ -100,6 +100,18 @@ void run_part(const Plan& p, float* abuf, float* bbuf, i64 m0, i64 m1, i64 n0, i
     }
 }
 
+// Thread t's cell of a tm x tn grid over m x n (t = im*tn + in; mq, nq
+// per cell): rows [m0, m1), columns [n0, n1); false when it is empty.
+struct Cell {
+    i64 m0, m1, n0, n1;
+};
+inline bool grid_cell(int t, int tn, i64 mq, i64 nq, i64 m, i64 n, Cell& c) {
+    const int in = t % tn, im = t / tn;
+    c.m0 = im * mq, c.n0 = in * nq;
+    c.m1 = lo_(m, c.m0 + mq), c.n1 = lo_(n, c.n0 + nq);
+    return c.m0 < c.m1 && c.n0 < c.n1;
+}
+
 // Every thread of the plan runs its cell of the grid (no k split: that
 // would cut the chains).
 template <class PA, class PB, class WB>
@@ -107,12 +119,10 @@ void run_plan(const Plan& p, i64 m, i64 n, i64 k, PA pack_a, PB pack_b, WB wb) {
 #pragma omp parallel num_threads(p.nth) if (p.nth > 1)
     {
         for (int t = omp_get_thread_num(); t < p.nth; t += omp_get_num_threads()) {
-            const int in = t % p.tn, im = t / p.tn;
-            const i64 m0 = im * p.mq, n0 = in * p.nq;
-            const i64 m1 = lo_(m, m0 + p.mq), n1 = lo_(n, n0 + p.nq);
-            if (m0 >= m1 || n0 >= n1) continue;
+            Cell c;
+            if (!grid_cell(t, p.tn, p.mq, p.nq, m, n, c)) continue;
             float* abuf = p.arena + t * (p.a_floats + p.b_floats);
-            run_part(p, abuf, abuf + p.a_floats, m0, m1, n0, n1, 0, k, pack_a, pack_b, wb);
+            run_part(p, abuf, abuf + p.a_floats, c.m0, c.m1, c.n0, c.n1, 0, k, pack_a, pack_b, wb);
         }
     }
 }

@@ -82,10 +82,9 @@ void conv_dw_isa(const sprint::gemm::detail::DwPlan& p, const Conv& G, const flo
 #pragma omp parallel num_threads(p.nth) if (p.nth > 1)
     {
         for (int t = omp_get_thread_num(); t < p.nth; t += omp_get_num_threads()) {
-            const int in = t % p.tn, im = t / p.tn;
-            const i64 m0 = im * p.mq, n0 = in * p.nq;
-            const i64 m1 = lo_(K, m0 + p.mq), n1 = lo_(M, n0 + p.nq);
-            if (m0 >= m1 || n0 >= n1) continue;
+            Cell cell;
+            if (!grid_cell(t, p.tn, p.mq, p.nq, K, M, cell)) continue;
+            const i64 m0 = cell.m0, m1 = cell.m1, n0 = cell.n0, n1 = cell.n1;
             float* bbuf = p.bufs + t * p.buf_floats;
             const float** pix = reinterpret_cast<const float**>(bbuf + p.kc * NR);
             // the GEMM profile (gemm_plan.h): dy^T packing vs the kernel loop

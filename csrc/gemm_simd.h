@@ -24,6 +24,23 @@
 
 namespace {
 
+// The accumulators of an MR x (NV registers) tile, from t (row stride TS)
+// or zero, and back: shared by the micro-kernels below.
+template <class V, int MR, int NV, int TS>
+inline void acc_load(typename V::reg (&c)[MR][NV], const float* t, bool from_zero) {
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) c[r][v] = from_zero ? V::zero() : V::load(t + r * TS + v * V::L);
+}
+template <class V, int MR, int NV, int TS>
+inline void acc_store(const typename V::reg (&c)[MR][NV], float* t) {
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) V::store(t + r * TS + v * V::L, c[r][v]);
+}
+
 // MR x NR tile (NR = NV registers per row) of C in MR*NV accumulators: each
 // continues the FMA chain of its element of C from `t` (MR x NR, row stride
 // NR; the running sums the driver loaded), or from zero (`from_zero`: the
@@ -39,10 +56,7 @@ struct MicroKernel {
     static void run(std::int64_t k, const float* __restrict a, const float* const* __restrict brow,
                     float* __restrict t, bool from_zero) {
         typename V::reg c[MR][NV];
-#pragma GCC unroll 32
-        for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) c[r][v] = from_zero ? V::zero() : V::load(t + r * TS + v * V::L);
+        acc_load<V, MR, NV, TS>(c, t, from_zero);
         for (std::int64_t p = 0; p < k; ++p) {
             const float* b = brow[p];
             typename V::reg bv[NV];
@@ -56,10 +70,7 @@ struct MicroKernel {
             }
             a += MR;
         }
-#pragma GCC unroll 32
-        for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) V::store(t + r * TS + v * V::L, c[r][v]);
+        acc_store<V, MR, NV, TS>(c, t);
     }
 };
 
@@ -80,10 +91,7 @@ struct TapKernel {
         std::int64_t o[MR];
 #pragma GCC unroll 32
         for (int r = 0; r < MR; ++r) o[r] = toff[r];
-#pragma GCC unroll 32
-        for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) c[r][v] = from_zero ? V::zero() : V::load(t + r * TS + v * V::L);
+        acc_load<V, MR, NV, TS>(c, t, from_zero);
         for (std::int64_t p = 0; p < k; ++p) {
             const float* px = pix[p];
             typename V::reg bv[NV];
@@ -97,10 +105,7 @@ struct TapKernel {
             }
             b += BS;
         }
-#pragma GCC unroll 32
-        for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-            for (int v = 0; v < NV; ++v) V::store(t + r * TS + v * V::L, c[r][v]);
+        acc_store<V, MR, NV, TS>(c, t);
     }
     // The narrowest kernel of this family that covers nr columns.
     static void run_fit(int nr, std::int64_t k, const float* const* pix, const std::int64_t* toff, const float* b,
