@@ -296,3 +296,43 @@ def test_updater_steps_share_memory_bandwidth_not_the_cores():
     n = spec_mod.n_params(spec_mod.get_spec("cifar"))
     assert c["sum_zero"][0] == pytest.approx(1.2 * prof.term("fill", n))
     assert c["fetch"][0] == pytest.approx(5.0 * prof.term("copy", n))      # a worker step
+
+
+def test_cycle_gap_rates_the_workers_by_their_whole_cycle():
+    # Runner entries whose workers' real cycle (W S T_Update / N_Minibatch_avg)
+    # exceeds their timed T_GPU by c + beta T_GPU, c = 0.5 ms, beta = 0.05:
+    # fitted back from the entries and priced.
+    from engine.perf import fit  # noqa: F401  (fit_steps is imported through fit)
+    from engine.perf.fit_steps import cycle_gap
+
+    def entry(model, t_gpu, n=8):
+        gap = 5e-4 + 0.05 * t_gpu
+        return {"model": model, "ranks": 3, "workers": 2, "rel": 2.0, "host": 1.0, "n_subbatch": n,
+                "source": "runner", "solo_wall": 1e-3,
+                "cycle": {"T_GPU": t_gpu, "T_Update": 1e-3, "N_Minibatch_avg": 3 * 2 * n * 1e-3 / (t_gpu + gap)}}
+    es = [entry("tiny", 1e-3), entry("cifar", 80e-3, 4), entry("mnist", 3e-3, 4)]
+    assert cycle_gap(es[0]) == pytest.approx(0.55)
+    assert cycle_gap(dict(es[0], cycle={"T_GPU": 2e-3})) is None
+    for e in es:
+        e["cycle_gap"] = cycle_gap(e)
+    plain = Profile(dict(PROF.data, backend="cpu", cores=2, contention={"entries": [dict(es[0])]}))
+    for e in plain.data["contention"]["entries"]:
+        e.pop("cycle_gap")
+    gap = Profile(dict(PROF.data, backend="cpu", cores=2, contention={"entries": es}))
+    assert gap.cycle_gap(3, 2, "digits") == pytest.approx((5e-4, 0.05), rel=1e-6)
+    assert gap.cycle_gap(2, 1, "tiny") == (0.0, 0.0) and plain.cycle_gap(3, 2, "tiny") == (0.0, 0.0)
+    # One net only: its fraction.
+    one = Profile(dict(PROF.data, backend="cpu", cores=2, contention={"entries": es[:1]}))
+    assert one.cycle_gap(3, 2, "digits") == (0.0, pytest.approx(0.55))
+    a = model.predict("tiny", 3, 2, 8, plain, n_file=4800, ranks_per_host=3)
+    b = model.predict("tiny", 3, 2, 8, gap, n_file=4800, ranks_per_host=3)
+    cyc = 5e-4 + 1.05 * b.t_gpu
+    assert a.extra["cycle"] == pytest.approx(a.t_gpu) and b.extra["cycle"] == pytest.approx(cyc)
+    # T_GPU stays the timed steps; the rate of samples follows the cycle.
+    assert b.t_epoch == pytest.approx(4800 * cyc / (3 * 2 * 8), rel=1e-9)
+    assert b.n_minibatch_avg == pytest.approx(3 * 2 * 8 * b.t_update / cyc, rel=1e-9)
+    assert a.t_epoch == pytest.approx(4800 * a.t_gpu / (3 * 2 * 8), rel=1e-9)
+    assert b.n_minibatch_avg < a.n_minibatch_avg
+    gpu = Profile(dict(gap.data, backend="gpu"))
+    g = model.predict("tiny", 3, 2, 8, gpu, ranks_per_host=3)
+    assert g.extra["cycle"] == pytest.approx(g.t_gpu)

@@ -27,6 +27,14 @@ def _allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, model, n_param):
     return load * pr.allreduce_bw(n_node, n_param) + wait
 
 
+def cycle_gap(pr, cpu, ranks_per_host, n_gpu, model) -> tuple:
+    """``(c, beta)``: a worker's cycle beyond its timed steps, ``c + beta *
+    T_GPU`` seconds (``Profile.cycle_gap``); (0, 0) off shared CPU hosts."""
+    if not cpu:
+        return 0.0, 0.0
+    return pr.cycle_gap(ranks_per_host, n_gpu, model)
+
+
 def slice_terms(pr, cpu, ranks_per_host, n_gpu, model, n_param) -> tuple:
     """``(c, beta)`` of the updaters' wait for time slices per cycle,
     ``c + beta * T_GPU`` (``Profile.slice_terms``); (0, 0) off shared CPU hosts."""

@@ -29,7 +29,7 @@ import numpy as np
 from engine import spec as spec_mod
 
 from .host import (Oversubscribed, _allreduce_cost, _cold, _updater_excess, core_share,  # noqa: F401
-                   oversubscription, slice_terms, step_footprint, updater_duty)
+                   cycle_gap, oversubscription, slice_terms, step_footprint, updater_duty)
 from .layer_cost import (compute_gradient_terms, kernel_time, layer_kernels,  # noqa: F401
                          python_share)
 from .queueing import (_first_deposit_wait, barrier_factor, barrier_wait, binom_cdf,  # noqa: F401
@@ -215,6 +215,9 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     c["_slice_beta"] = (slice_terms(pr, cpu, ranks_per_host, n_gpu, sp.name, n_param)[1] if n_node > 1 else 0.0,
                         0.0)
     c["_wait_state"] = ({}, 0.0)
+    # A worker's cycle beyond its timed steps, (c, beta) of c + beta T_GPU:
+    # deposits, and so the workers' rate, follow the cycle, not T_GPU alone.
+    c["_cycle_gap"] = (cycle_gap(pr, cpu, ranks_per_host, n_gpu, sp.name), 0.0)
     return c
 
 
@@ -278,7 +281,9 @@ def _updater_steps(c, n_gpu, n_node, t_gpu, t_update):
     # wait, not beside it: the updater that got its gradient waits for a
     # core (and its worker's GIL) before it sums, so the cycle outlasts
     # T_GPU by it (3 ranks on 2 cores: T_Update 38 ms at T_GPU 31 ms).
-    barrier += c["_slice_beta"][0] * t_gpu
+    # (Fitted against the runner's timed T_GPU, not its whole cycle.)
+    gc, gb = c["_cycle_gap"][0]
+    barrier += c["_slice_beta"][0] * max(t_gpu - gc, 0.0) / (1.0 + gb)
     s["Allreduce"] += barrier
     s = {"WaitGradient": wait, **s}
     return s, barrier, p_ne
@@ -362,12 +367,16 @@ def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=Non
     n_param = c["_n_param"][0]
     if n_file is None:
         n_file = c["_n_file"][0]
+    # T_GPU is the worker's timed steps (what the runner reports); its whole
+    # cycle, which sets the rate of deposits, is c + (1 + beta) T_GPU.
+    gc, gb = c["_cycle_gap"][0]
+    cycle = lambda t: gc + (1.0 + gb) * t
     t_gpu = sum(_worker_steps(c, n_gpu, 1.0, 1.0)[0].values())
     t_update = sum(_updater_steps(c, n_gpu, n_node, 1.0, 1.0)[0].values())
     converged, it = False, 0
     for it in range(1, max_iter + 1):
-        w, _ = _worker_steps(c, n_gpu, t_gpu, t_update)
-        u, _, _ = _updater_steps(c, n_gpu, n_node, t_gpu, t_update)
+        w, _ = _worker_steps(c, n_gpu, cycle(t_gpu), t_update)
+        u, _, _ = _updater_steps(c, n_gpu, n_node, cycle(t_gpu), t_update)
         new_gpu, new_upd = sum(w.values()), sum(u.values())
         dg, du = abs(new_gpu - t_gpu) / new_gpu, abs(new_upd - t_update) / new_upd
         # Damped: the min() kinks at T_GPU = T_Update can make the plain
@@ -376,14 +385,17 @@ def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=Non
         if max(dg, du) < tol:
             converged = True
             break
-    w, p_fetch = _worker_steps(c, n_gpu, t_gpu, t_update)
-    u, barrier, p_ne = _updater_steps(c, n_gpu, n_node, t_gpu, t_update)
+    w, p_fetch = _worker_steps(c, n_gpu, cycle(t_gpu), t_update)
+    u, barrier, p_ne = _updater_steps(c, n_gpu, n_node, cycle(t_gpu), t_update)
     t_gpu, t_update = sum(w.values()), sum(u.values())
+    cyc = cycle(t_gpu)
     workers = n_node * n_gpu
-    nmb = workers * n_subbatch * t_update / t_gpu
+    nmb = workers * n_subbatch * t_update / cyc
+    # Staleness spans a worker's read of the weights to its deposit: its
+    # timed steps, not the gap after them; deposits come once per cycle.
     stal = expected_staleness(w, u, n_gpu, t_gpu, t_update, staleness_offset,
-                              idle=_idle_at_deposit(c, n_gpu, t_gpu, t_update))
-    t_epoch = n_file * t_gpu / (workers * n_subbatch)
+                              idle=_idle_at_deposit(c, n_gpu, cyc, t_update))
+    t_epoch = n_file * cyc / (workers * n_subbatch)
     return Prediction(model=sp.name, n_node=n_node, n_gpu=n_gpu, n_subbatch=n_subbatch,
                       n_param=n_param, n_file=n_file, worker=w, updater=u, layers=c["_layers"][0],
                       t_gpu=t_gpu, t_update=t_update, p_fetch=p_fetch, p_nonempty=p_ne,
@@ -391,7 +403,7 @@ def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=Non
                       t_epoch=t_epoch, iterations=it, converged=converged, slowdown=c["_slowdown"][0],
                       extra={"impl": impl.__dict__ if hasattr(impl, "__dict__") else str(impl),
                              "updater_slowdown": c["_updater_slowdown"][0], "ranks_per_host": ranks_per_host,
-                             "cores": profile.cores})
+                             "cores": profile.cores, "cycle": cyc})
 
 
 from .report import format_prediction  # noqa: E402,F401  (the formatter lives with its glossary)

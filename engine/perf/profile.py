@@ -268,6 +268,32 @@ class Profile:
         c, beta = nnls(np.column_stack([np.ones_like(t), t]), w)[0]
         return self.time_scale * float(c), float(beta)
 
+    def cycle_gap(self, ranks_per_host: int, n_gpu: int, model: str = "") -> tuple:
+        """``(c, beta)``: a worker's whole cycle beyond its timed steps,
+        ``c + beta * T_GPU`` seconds, for this host sharing, NNLS on relative
+        residuals over the swept nets' runner entries (``fit_steps.cycle_gap``
+        times their measured T_GPU); with fewer than two nets or T_GPUs less
+        than 2x apart ``(0, median fraction)``; ``(0, 0)`` where not measured.
+
+        Not a fraction alone: on 3 ranks the gap is about half a millisecond
+        (a time slice) plus a few % of the step -- tiny 60 % of its 0.9 ms
+        T_GPU, cifar 7 % of 87 ms; one fraction put 25 % on a held-out net's
+        10 ms step that waited 11 %."""
+        # Every swept net's entry, a swept net's own too: one line through
+        # them prices its other N_Subbatch as well.
+        es = [e for e in self._contention() if e["ranks"] == ranks_per_host and e["workers"] == n_gpu
+              and e.get("cycle_gap") is not None and (e.get("cycle") or {}).get("T_GPU")]
+        if not es:
+            return 0.0, 0.0
+        t = np.array([e["cycle"]["T_GPU"] for e in es], float)
+        g = np.array([max(e["cycle_gap"], 0.0) for e in es], float)
+        if len({e.get("model") for e in es}) < 2 or t.max() < 2 * t.min() or not (g > 0).all():
+            return 0.0, float(np.median(g))
+        from scipy.optimize import nnls
+        gap = g * t
+        c, beta = nnls(np.column_stack([1.0 / gap, t / gap]), np.ones_like(gap))[0]
+        return self.call_scale * float(c), float(beta)
+
     def contention_entry(self, ranks_per_host: int, n_gpu: int, model: str = ""):
         """The contention sweep's record for exactly this sharing (this net's
         when it was swept), or None."""

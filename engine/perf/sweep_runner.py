@@ -178,8 +178,11 @@ def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), 
             worker, updater = runner_step_means(st["timers"])
             # The whole cycle too: the waits and the collective are where
             # ranks beyond the cores wait for time slices (fit_steps.slice_wait).
+            # N_Minibatch_avg: the workers' real cycle, T_GPU plus what their
+            # loop spends outside its timed steps (fit_steps.cycle_gap).
             cycle = dict({k: updater[k] for k in ("WaitGradient", "Allreduce") if k in updater},
-                         T_GPU=st.get("T_GPU"), T_Update=st.get("T_Update"))
+                         T_GPU=st.get("T_GPU"), T_Update=st.get("T_Update"),
+                         N_Minibatch_avg=st.get("N_Minibatch_avg"))
             return (worker["ComputeGradient"], {k: updater[k] for k in UPDATER_WORK if k in updater},
                     {k: worker[k] for k in WORKER_SMALL}, cycle)
         for model, n in workloads:
