@@ -262,6 +262,18 @@ def test_divergence_under_mpiexec_is_one_error_line_not_a_traceback_per_rank(tmp
 
 @pytest.mark.mpi
 @needs_mpiexec
+@pytest.mark.parametrize("parallel", ["pipeline", "downpour"])
+def test_a_divergence_seen_by_one_rank_is_one_line_naming_it(tmp_path, parallel):
+    """The loss lives on the pipeline's last stage or a Downpour replica only:
+    its FloatingPointError was a traceback per rank (and numpy's overflow
+    warnings from the server), not the one line a divergence is."""
+    p, out, errors = _mpiexec([2, *MPI_TRAIN, "--parallel", parallel, "--lr", "1e30", "--out", tmp_path / "run"])
+    assert p.returncode == 1 and "Traceback" not in out and "Warning" not in out, out[-3000:]
+    assert len(errors) == 1 and "loss became nan" in errors[0] and errors[0].endswith("(rank 1 of 2)"), out[-3000:]
+
+
+@pytest.mark.mpi
+@needs_mpiexec
 def test_a_one_process_command_under_mpiexec_is_refused_once(tmp_path):
     """`mpiexec -n 2 sprint info` printed the table twice (eval evaluated twice)."""
     p, out, errors = _mpiexec([2, "-m", "mpi4py", "-m", "engine.cli", "info", "tiny"])

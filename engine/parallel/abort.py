@@ -94,10 +94,11 @@ def abort_on_error(comm: Comm):
             quiet = bool(getattr(e, "reported_by_root", False))    # rank 0 said it
             if is_usage_error(e):
                 abort_once(comm, f"sprint: error: {describe(e)}", EXIT_USAGE, quiet)
-            # the loss is reduced over the ranks: all of them diverge at the same
-            # step. A full disk, a file size limit or memory running out is the
-            # machine's, not a bug: one line naming the file, no traceback.
-            if isinstance(e, (Diverged, OSError, MemoryError)):
+            # A divergence (Diverged, or the FloatingPointError of a pipeline's
+            # last stage or a Downpour replica, where the loss lives on that rank
+            # alone), a full disk, a file size limit or memory running out is the
+            # run's or the machine's, not a bug: one line, no traceback.
+            if isinstance(e, (Diverged, FloatingPointError, OSError, MemoryError)):
                 abort_once(comm, f"sprint: error: {describe(e)}", EXIT_FAILED, quiet)
         import traceback
         # the line naming the rank first: it is what the other ranks' logs need

@@ -144,6 +144,13 @@ class DownpourServer:
         return s, (l / s if s else math.nan), (c / s if s else math.nan)
 
     def run(self):
+        # a diverging push overflows in the shard's update: the replica that
+        # computed the NaN loss says so in one line, numpy's warnings would
+        # only add noise before it
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self._serve()
+
+    def _serve(self):
         MPI, comm = self.MPI, self.comm
         st = MPI.Status()
         active = set(self.replicas)
