@@ -117,6 +117,20 @@ def test_config_validation_and_parallel_delegation(monkeypatch):
         engine.parallel.run(TrainConfig())
 
 
+def test_cifar_defaults_to_a_tenth_of_the_strategys_learning_rate(tmp_path):
+    """The cifar preset diverges at the strategies' 0.05 (and so does PyTorch's
+    twin of it); left at None its lr is a tenth of the strategy's, an lr given
+    is kept, and a resumed run keeps the lr its config.json saved."""
+    from engine.session.registry import get_strategy
+    for parallel in ("none", "asgd", "sync", "downpour"):
+        base = get_strategy(parallel).field_default("lr")
+        assert TrainConfig(model="cifar", parallel=parallel).lr == pytest.approx(base / 10, rel=1e-12)
+        assert TrainConfig(model="digits", parallel=parallel).lr == base
+        assert TrainConfig(model="cifar", parallel=parallel, lr=0.05).lr == 0.05
+    saved = TrainConfig(model="cifar", lr=0.05).to_dict()
+    assert TrainConfig.from_dict(saved).lr == 0.05
+
+
 def test_metrics_and_plot_errors(tmp_path):
     from engine import metrics
     from engine.plot import plot_run
