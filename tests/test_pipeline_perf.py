@@ -87,6 +87,6 @@ def test_prediction_and_info_table(capsys):
     assert p.bubble_gpipe == pytest.approx(3 / 7)
     assert main(["info", "cifar", "--batch", "32", "--stages", "3", "--partition", "0:2,2:5,5:8"]) == 0
     out = capsys.readouterr().out
-    assert "partition 0:2,2:5,5:8" in out and "GPipe bubble" in out and "activations MB" in out
+    assert "partition 0:2,2:5,5:8" in out and "the ideal bubble of GPipe and 1F1B, (K-1)/(M+K-1) = " in out and "activations MB" in out
     assert main(["info", "cifar", "--stages", "3", "--partition", "0:2,2:8"]) != 0
     assert "--partition has 2 stages, --stages says 3" in capsys.readouterr().err

@@ -139,7 +139,8 @@ def format_prediction(p: PipelinePrediction, per_layer: bool = True, explain_ter
         lines.append(f"{k:>5} {','.join(c.layers):<24}{c.params:>12,}{1e3 * c.t_f:>9.3f}{1e3 * c.t_b:>9.3f}"
                      f"{1e3 * c.t_u:>9.3f}{1e3 * c.t_c:>9.3f}{100 * p.bubble[k]:>7.1f}%")
     lines.append(f"mini-batch {1e3 * p.t_minibatch:.3f} ms, {p.throughput:,.1f} img/s, T_Epoch "
-                 f"{p.t_epoch:.4g} s; GPipe bubble (K-1)/(M+K-1) = {100 * p.bubble_gpipe:.1f} %")
+                 f"{p.t_epoch:.4g} s; for comparison, the ideal bubble of GPipe and 1F1B, (K-1)/(M+K-1) = "
+                 f"{100 * p.bubble_gpipe:.1f} %")
     lines += [f"note: {n}" for n in p.extra.get("notes", ())]
     if explain_terms:
         lines.append("fwd/bwd: the stage's layers' kernels on one micro-batch (profile); upd: momentum "
@@ -165,7 +166,8 @@ def format_simulation(s: PipelineSimulation, explain_terms: bool = False) -> str
             ("mini-batch s", cf["t_minibatch"], sim["makespan"] / s.minibatches),
             ("img/s", n_img / s.closed_stream, n_img / sim["makespan"])]
     lines.append(format_compare([(n, a, b, (a - b) / b if b else 0.0, "") for n, a, b in rows]))
-    lines.append(f"GPipe bubble (K-1)/(M+K-1) = {100 * cf['bubble_gpipe']:.1f} %")
+    lines.append(f"for comparison, the ideal bubble of GPipe and 1F1B, (K-1)/(M+K-1) = "
+                 f"{100 * cf['bubble_gpipe']:.1f} %")
     if explain_terms:
         lines.append("closed form: fill-drain (gpipe) or steady state (1f1b, dualpipe) of these stage costs; "
                      "simulated: the schedules' instruction lists played with them (engine.perf.pipeline_sim); "
