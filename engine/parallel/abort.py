@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from .comm import Comm, ConfigMismatch, get_comm
+from .comm import Comm, ConfigMismatch, get_comm, test_until
 
 # seconds a rank other than 0 waits before reporting an input error (abort_once)
 USAGE_ERROR_GRACE_S = 3.0
@@ -151,22 +151,14 @@ def end_job(comm: Comm, line: str, code: int, wait_s: float = None):
     MPI = comm.MPI
     mc, dup = channel
     deadline = time.monotonic() + (USAGE_ERROR_GRACE_S if wait_s is None else wait_s)
-
-    def done(req):
-        while not req.Test():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
-
-    if not done(dup):
+    if not test_until(dup, deadline):
         return None
     mine = np.zeros(8 + _LINE_BYTES, np.uint8)
     mine[:8] = np.frombuffer(np.int64(code).tobytes(), np.uint8)
     text = line.encode("utf-8", "replace")[:_LINE_BYTES]
     mine[8:8 + len(text)] = np.frombuffer(text, np.uint8)
     every = np.zeros((comm.size, mine.size), np.uint8)
-    if not done(mc.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE])):
+    if not test_until(mc.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE]), deadline):
         return None
     codes = [int(np.frombuffer(row[:8].tobytes(), np.int64)[0]) for row in every]
     lines = [row[8:].tobytes().rstrip(b"\0").decode("utf-8", "replace") for row in every]

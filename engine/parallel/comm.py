@@ -207,6 +207,17 @@ class LocalComm(Comm):
         return buf
 
 
+def test_until(req, deadline: float, pause: float = 0.01) -> bool:
+    """Poll the request ``req`` until it completes (True) or time.monotonic()
+    passes ``deadline`` (False): a wait that never hangs on a rank that will
+    not come."""
+    while not req.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+    return True
+
+
 def _env_seconds(name) -> float:
     text = os.environ.get(name, "").strip() or "0"
     try:
@@ -253,12 +264,8 @@ class MPIComm(Comm):
         if channel is None or self.MPI.Is_finalized():
             return
         mc, req = channel
-        deadline = time.monotonic() + 5.0
-        while not req.Test():
-            if time.monotonic() > deadline:      # a rank that never got here: leave it to the launcher
-                return
-            time.sleep(0.01)
-        mc.Free()
+        if test_until(req, time.monotonic() + 5.0):    # else a rank never got here: left to the launcher
+            mc.Free()
 
     # Only one thread may drive this communicator; the first user claims it.
     def _claim(self):
