@@ -7,6 +7,17 @@ from . import metrics as _metrics
 from .checkpoint import atomic_write, make_folder
 
 
+def save_png(fig, path, dpi="figure") -> Path:
+    """Write the matplotlib figure ``fig`` to ``path`` as a PNG atomically (a
+    full disk or a kill leaves the previous file, never a truncated one) and
+    close the figure either way; every PNG of the engine goes through here."""
+    import matplotlib.pyplot as plt
+    try:
+        return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
+    finally:
+        plt.close(fig)
+
+
 def plot_run(run_dir, out=None) -> list:
     """Write ``loss.png`` and ``accuracy.png`` into ``out`` (default: the run
     directory) from its metrics.jsonl; returns the paths."""
@@ -42,8 +53,5 @@ def plot_run(run_dir, out=None) -> list:
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        try:
-            paths.append(atomic_write(out / name, lambda f: fig.savefig(f, format="png")))
-        finally:
-            plt.close(fig)
+        paths.append(save_png(fig, out / name))
     return paths

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.checkpoint import atomic_write
+from engine.plot import save_png
 
 from .runner import STATS
 from .timers import UPDATER_STEPS, WORKER_STEPS
@@ -178,7 +178,4 @@ def plot_distributions(st: dict, path) -> Path:
         fig.suptitle(f"{st.get('mode', 'asgd')} {st.get('model', '')}: N_Node {st.get('n_node')} x "
                      f"N_GPU {st.get('n_gpu')}, N_Subbatch {st.get('n_subbatch', '?')}")
     fig.tight_layout()
-    try:
-        return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
-    finally:
-        plt.close(fig)
+    return save_png(fig, path, dpi=100)

@@ -5,6 +5,10 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.plot import save_png
+
+DPI = 110
+
 
 def _plt():
     import matplotlib
@@ -29,16 +33,6 @@ def _parity(ax, meas, pred, held, title):
     ax.legend(fontsize=7)
 
 
-def _save(plt, fig, path) -> Path:
-    """The PNG written atomically (a full disk or a kill leaves the previous
-    file, never a truncated one), and the figure closed either way."""
-    from engine.checkpoint import atomic_write
-    try:
-        return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
-    finally:
-        plt.close(fig)
-
-
 def plot_fits(records, prof: dict, out_dir) -> list:
     """One PNG per fitted term: SGEMM variants as parity plots, linear terms
     as time against size with the fitted line. Returns the files written."""
@@ -55,7 +49,7 @@ def plot_fits(records, prof: dict, out_dir) -> list:
             _parity(ax, [r["t"] for r in rs], [predict_sgemm(regs, r["m"], r["n"], r["k"]) for r in rs],
                     [r.get("holdout", False) for r in rs], f"SGEMM {var}: {len(regs)} regime(s)")
         fig.tight_layout()
-        files.append(_save(plt, fig, out / "fit_sgemm.png"))
+        files.append(save_png(fig, out / "fit_sgemm.png", dpi=DPI))
     terms = prof.get("terms", {})
     names = sorted(n for n in terms if any(r.get("kind") == n for r in records))
     if names:
@@ -81,7 +75,7 @@ def plot_fits(records, prof: dict, out_dir) -> list:
         for ax in axes.ravel()[len(names):]:
             ax.axis("off")
         fig.tight_layout()
-        files.append(_save(plt, fig, out / "fit_terms.png"))
+        files.append(save_png(fig, out / "fit_terms.png", dpi=DPI))
     ar = [r for r in records if r.get("kind") == "allreduce"]
     if ar and "allreduce" in prof:
         from .profile import Profile
@@ -96,7 +90,7 @@ def plot_fits(records, prof: dict, out_dir) -> list:
         ax.set_ylabel("Allreduce (s)")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        files.append(_save(plt, fig, out / "fit_allreduce.png"))
+        files.append(save_png(fig, out / "fit_allreduce.png", dpi=DPI))
     return files
 
 
@@ -128,4 +122,4 @@ def plot_validation(rows, path) -> Path:
         ax.set_ylabel("predicted")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    return _save(plt, fig, path)
+    return save_png(fig, path, dpi=DPI)
