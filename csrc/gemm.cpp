@@ -136,6 +136,15 @@ struct Scratch {
         const auto addr = reinterpret_cast<std::uintptr_t>(mem.get());
         return mem.get() + ((64 - addr % 64) % 64) / sizeof(float);
     }
+    // aligned(n), or nullptr when the allocation fails (sizes too large)
+    float* try_aligned(i64 n) noexcept {
+        try {
+            return aligned(n);
+        } catch (const std::bad_alloc&) {
+        } catch (const std::length_error&) {
+        }
+        return nullptr;
+    }
 };
 thread_local Scratch t_arena;
 
@@ -178,14 +187,8 @@ Plan plan(const Kernels& kr, const Blocking& bl, i64 m, i64 n, i64 k) {
 bool allocate(Plan& p, Scratch& arena) {
     i64 per = 0, total = 0;
     if (!mul_ok(p.a_floats + p.b_floats, 1, per) || !mul_ok(per, p.nth, total)) return false;
-    try {
-        p.arena = arena.aligned(total);
-    } catch (const std::bad_alloc&) {
-        return false;
-    } catch (const std::length_error&) {
-        return false;
-    }
-    return true;
+    p.arena = arena.try_aligned(total);
+    return p.arena != nullptr;
 }
 
 const char* kAlloc = "gemm: scratch allocation failed (sizes too large)";
@@ -342,14 +345,8 @@ const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float*
     if (!padded) xpn = 0;
     total = bufs + cdiv(2 * K, 16) * 16 + cdiv(dwt, 16) * 16 + xpn;
     TrimScratch trim{t_dw_arena};
-    float* base = nullptr;
-    try {
-        base = t_dw_arena.aligned(total);
-    } catch (const std::bad_alloc&) {
-        return kAlloc;
-    } catch (const std::length_error&) {
-        return kAlloc;
-    }
+    float* base = t_dw_arena.try_aligned(total);
+    if (!base) return kAlloc;
     p.bufs = base;
     i64* toff = reinterpret_cast<i64*>(base + bufs);
     p.toff = toff;
