@@ -241,6 +241,41 @@ def test_an_input_mistake_under_mpiexec_is_one_error_line_not_a_traceback_per_ra
     assert "(rank " not in errors[0] and not (tmp_path / "run").exists()
 
 
+LATE_LEAVER = """
+import subprocess, sys, time
+from mpi4py import MPI
+from engine.parallel import abort
+from engine.parallel.comm import get_comm
+comm = get_comm()
+real = MPI.Finalize
+def late():
+    real()
+    if comm.rank == 1:
+        time.sleep(1.5)       # a loaded host: this rank leaves MPI_Finalize well after the others
+        print("rank 1 left MPI_Finalize", flush=True)
+MPI.Finalize = late
+if comm.rank != 1:
+    # holds this rank's stdout and stderr (not its PMI socket) past its exit: the launcher
+    # then sees that socket close before it reaps the rank, every time, not by chance
+    subprocess.Popen(["sleep", "2"])
+abort.abort_once(comm, "sprint: error: the same mistake on every rank", 2)
+"""
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+def test_a_rank_leaving_finalize_last_is_not_killed_by_the_launcher(tmp_path):
+    """MPICH's launcher SIGKILLs the job when a rank's PMI socket closes
+    before the PMI finalize that MPICH defers to a C atexit hook: a rank
+    leaving by os._exit got the ones still in MPI_Finalize killed (exit 9,
+    the 'BAD TERMINATION' banner), the launcher race of an input mistake."""
+    (tmp_path / "late.py").write_text(LATE_LEAVER)
+    p, out, errors = _mpiexec([3, "-m", "mpi4py", tmp_path / "late.py"])
+    assert p.returncode == 2 and "BAD TERMINATION" not in out and "Killed" not in out, out[-3000:]
+    assert p.stdout == "rank 1 left MPI_Finalize\n", out[-3000:]      # not killed on its way out
+    assert p.stderr.splitlines() == ["sprint: error: the same mistake on every rank"], out[-3000:]
+
+
 @pytest.mark.mpi
 @needs_mpiexec
 def test_under_mpiexec_without_mpi4py_a_cli_mistake_is_said_once_and_ends_every_rank(tmp_path):

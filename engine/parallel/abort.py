@@ -168,8 +168,9 @@ def end_job(comm: Comm, line: str, code: int, wait_s: float = None):
 def _exit_together(comm: Comm, code: int):
     """Every rank failed alike and knows it: leave through MPI_Finalize, which
     waits for the other ranks (their output is not cut short by a kill and
-    the launcher prints no abort message), then exit with ``code``. An alarm
-    ends a process whose finalize would hang."""
+    the launcher prints no abort message), then exit with ``code`` through
+    the C library's exit (_leave_registered_with_launcher). An alarm ends a
+    process whose finalize would hang."""
     import signal
     try:
         sys.stdout.flush()
@@ -181,5 +182,21 @@ def _exit_together(comm: Comm, code: int):
         signal.alarm(30)
     try:
         comm.MPI.Finalize()
+    finally:
+        _leave_registered_with_launcher(code)
+
+
+def _leave_registered_with_launcher(code: int):
+    """Exit with ``code`` through libc exit(), not os._exit. MPICH defers its
+    PMI finalize to a C atexit hook (src/util/mpir_pmi.c), and MPICH's
+    launcher (hydra's proxy, pmip_cb.c) SIGKILLs every process of the job
+    the moment a rank's PMI socket closes without that finalize: os._exit
+    skips the hook, so the first rank out killed the ranks still on their way
+    out of MPI_Finalize (exit 9 and a 'BAD TERMINATION' banner, on a loaded
+    host). The hook is called while this thread keeps the GIL (PyDLL), so no
+    other Python thread runs during the C teardown."""
+    try:
+        import ctypes
+        ctypes.PyDLL(None).exit(int(code))
     finally:
         os._exit(code)
