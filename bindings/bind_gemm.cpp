@@ -98,7 +98,7 @@ void conv_forward(py::handle x_, py::handle w_, py::object bias_, py::handle y_,
 // dw (overwritten, or accumulated: dw's chains continued) and, if dx is not
 // None (stride 1 only), dx.
 void conv_backward(py::handle x_, py::handle w_, py::handle dy_, py::handle dw_, py::object dx_, i64 sh, i64 sw,
-                   i64 ph, i64 pw, const std::string& isa, bool accumulate) {
+                   i64 ph, i64 pw, const std::string& isa, bool accumulate, py::object db_) {
     auto [x, w, g] = conv_args(x_, w_, sh, sw, ph, pw);
     py::array dy = check_array<float>(dy_, "dy", 4);
     py::array dw = check_array<float>(dw_, "dw", 4, true);
@@ -114,11 +114,20 @@ void conv_backward(py::handle x_, py::handle w_, py::handle dy_, py::handle dw_,
         if (g.sh != 1 || g.sw != 1) value_error("dx: the implicit dX needs stride 1 (sh, sw)");
         dxp = mptr<float>(dx);
     }
+    float* dbp = nullptr;
+    py::array db;
+    if (!db_.is_none()) {
+        db = check_array<float>(db_, "db", 1, true);
+        check_shape(db, "db", {g.M});
+        for (auto* in : {&x, &w, &dy, &dw}) check_no_overlap(db, "db", *in, "another argument");
+        if (dxp) check_no_overlap(db, "db", dx, "another argument");
+        dbp = mptr<float>(db);
+    }
     const G::Isa i = pick_isa(isa);
     const float *xp = cptr<float>(x), *wp = cptr<float>(w), *dyp = cptr<float>(dy);
     float* dwp = mptr<float>(dw);
     call_nogil([&, g = g] {  // (a structured binding is not captured by reference in C++17)
-        const char* err = G::conv_backward_w(i, g, xp, dyp, dwp, accumulate);
+        const char* err = G::conv_backward_w(i, g, xp, dyp, dwp, accumulate, dbp);
         return !err && dxp ? G::conv_backward_x(i, g, wp, dyp, dxp) : err;
     });
 }
@@ -154,7 +163,9 @@ void bind_gemm(py::module_& m) {
           py::arg("isa") = "", "y = conv(x, w) + bias [ReLU]: implicit GEMM, no column matrix.");
     m.def("conv2d_implicit_backward", &conv_backward, py::arg("x"), py::arg("w"), py::arg("dy"), py::arg("dw"),
           py::arg("dx"), py::arg("sh"), py::arg("sw"), py::arg("ph"), py::arg("pw"), py::arg("isa") = "", py::arg("accumulate") = false,
-          "dw (and dx if given, stride 1) of conv(x, w): implicit GEMMs, no column matrix; accumulate adds to dw.");
+          py::arg("db") = py::none(),
+          "dw (and dx if given, stride 1; db, dy's channel sums, if given) of conv(x, w): implicit GEMMs, no column "
+          "matrix; accumulate adds to dw and db.");
     m.def("fma_peak", [](i64 iters, int threads, const std::string& isa) {
         check_int(iters, "iters", 1, i64(1) << 24);  // a benchmark, not a way to hang the process
         check_int(threads, "threads", 1, 4096);

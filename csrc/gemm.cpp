@@ -326,11 +326,14 @@ void pad_image(const Conv& g, const float* x, float* xp, i64 Hp, i64 Wp, int nth
 thread_local Scratch t_dw_arena;  // dW's padded image and dW^T (kept apart from the GEMM plans' scratch)
 }  // namespace
 
-const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw, bool accumulate) {
+const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw, bool accumulate,
+                            float* db) {
     if (!conv_sizes_ok(g)) return "conv: sizes overflow";
     if (g.B == 0) {
-        if (!accumulate)
+        if (!accumulate) {
             for (i64 i = 0; i < g.M * g.K(); ++i) dw[i] = 0.f;
+            for (i64 i = 0; db && i < g.M; ++i) db[i] = 0.f;
+        }
         return nullptr;
     }
     const Kernels& kr = kernels(isa);
@@ -356,7 +359,7 @@ const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float*
     const i64 khw = g.kh * g.kw;
     for (i64 t = 0; t < K; ++t) toff[t] = t / khw * p.Hp * p.Wp + t % khw / g.kw * p.Wp + t % g.kw;
     if (padded) pad_image(g, x, xp, p.Hp, p.Wp, p.nth);
-    kr.conv_dw(p, g, dy, dw, accumulate);
+    kr.conv_dw(p, g, dy, dw, accumulate, db);
     return nullptr;
 }
 

@@ -98,7 +98,11 @@ const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w,
 // as dW^T = im2col(x) @ dy^T on a tap kernel that reads the taps from x
 // (zero-padded into scratch when the layer pads: B*C*(H+2ph)*(W+2pw) floats
 // kept per calling thread, like the packing buffers) -- gemm_dw.h.
-const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw, bool accumulate);
+// db (M), when not null, gets dy's channel sums the same way (overwritten or
+// continued; each one chain of adds over (image, pixel) in order), taken from
+// dW's packed dy^T panels instead of a separate pass over dy.
+const char* conv_backward_w(Isa isa, const Conv& g, const float* x, const float* dy, float* dw, bool accumulate,
+                            float* db = nullptr);
 
 // dx (B, C, H, W) = col2im(W^T @ dy), for stride 1 computed as the forward
 // convolution of dy with the flipped, transposed filters (pad kh-1-ph):

@@ -75,7 +75,28 @@ inline void transpose_cell(const float* src, i64 ls, float* dst, i64 ld, i64 r0,
         for (i64 c = c0; c < c1; ++c) dst[c * ld + r] = src[r * ls + c];
 }
 
-void conv_dw_isa(const sprint::gemm::detail::DwPlan& p, const Conv& G, const float* dy, float* dw, bool accumulate) {
+// db[0..nr) continued over the kc rows of a packed dy^T panel, one add per
+// row in k order per channel (the NR/L column groups interleaved: four
+// independent chains hide the add latency). db's first values are read only
+// when !from_zero.
+inline void sum_panel(const float* panel, i64 kc, float* db, int nr, bool from_zero) {
+    using V = typename DK::Vec;
+    constexpr int NR = DK::NR, L = V::L, NG = NR / L;
+    typename V::reg s[NG];
+    std::uint32_t mask[NG];
+    for (int gi = 0; gi < NG; ++gi) {
+        mask[gi] = lane_range(0, int(lo_(L, hi_(0, nr - gi * L))));
+        s[gi] = from_zero ? V::zero() : V::load_mask(V::zero(), db, gi * L, mask[gi]);
+    }
+    for (i64 kk = 0; kk < kc; ++kk)
+#pragma GCC unroll 8
+        for (int gi = 0; gi < NG; ++gi) s[gi] = V::add(s[gi], V::load(panel + kk * NR + gi * L));
+    for (int gi = 0; gi < NG; ++gi)
+        if (mask[gi]) V::store_mask(db, gi * L, s[gi], mask[gi]);
+}
+
+void conv_dw_isa(const sprint::gemm::detail::DwPlan& p, const Conv& G, const float* dy, float* dw, bool accumulate,
+                 float* db) {
     constexpr int MR = DK::MR, NR = DK::NR;
     const i64 K = G.K(), M = G.M, BP = G.B * G.P(), P = G.P();
     const i64 plane = p.Hp * p.Wp, img_stride = G.C * plane;
@@ -97,6 +118,7 @@ void conv_dw_isa(const sprint::gemm::detail::DwPlan& p, const Conv& G, const flo
                 t0 = now;
             };
             if (accumulate) transpose_cell(dw, K, p.dwt, M, n0, n1, m0, m1);
+            float* const cell_db = m0 == 0 ? db : nullptr;  // the first row of threads sums its channels' db
             alignas(64) float tile[MR * NR];
             for (i64 pc = 0; pc < BP; pc += p.kc) {
                 const i64 kc = lo_(p.kc, BP - pc);
@@ -113,6 +135,7 @@ void conv_dw_isa(const sprint::gemm::detail::DwPlan& p, const Conv& G, const flo
                     const int nr = int(lo_(NR, n1 - j));
                     tick(t_kern);
                     pack_dyt(G, dy, bbuf, j, nr, pc, kc);
+                    if (cell_db) sum_panel(bbuf, kc, cell_db + j, nr, pc == 0 && !accumulate);
                     tick(t_pack);
                     for (i64 i = m0; i < m1; i += MR) {
                         const int mr = int(lo_(MR, m1 - i));

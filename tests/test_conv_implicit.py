@@ -212,7 +212,7 @@ def test_dw_accumulated_on_threads_equals_the_whole_batch_and_reference(isa):
     """dW^T's running sums (transposed out of dw when accumulating, into it at
     the end, each thread its own cell) on a shape split over the threads, with
     whole register transposes and edges: micro-batches continue the whole
-    batch's chains bit for bit, and both match float64."""
+    batch's chains bit for bit, and both match float64; so does db."""
     x, w, b = _data((10, 24, 12, 12), (40, 24, 3, 3), True, 12)
     dy = np.random.default_rng(13).standard_normal((10, 40, 12, 12)).astype(np.float32)
     with using("implicit", isa):
@@ -222,5 +222,9 @@ def test_dw_accumulated_on_threads_equals_the_whole_batch_and_reference(isa):
             ops.conv2d_backward(x[lo:hi], w, dy[lo:hi], pad=1, need_dx=False, dw_out=gw, db_out=gb,
                                 accumulate=i > 0)
     assert np.array_equal(gw, dw)
-    rdw = ref_conv_grads(x, w, dy, 1, 1, 1, 1)[1]
+    rdw, rdb = ref_conv_grads(x, w, dy, 1, 1, 1, 1)[1:]
     assert close(dw, rdw, rtol=1e-4), np.abs(dw - rdw).max()
+    # db comes from dW's packed dy^T panels: per channel one float32 chain of
+    # adds over (image, pixel) in order, which a sequential cumsum reproduces
+    seq = np.cumsum(dy.transpose(1, 0, 2, 3).reshape(40, -1), axis=1, dtype=np.float32)[:, -1]
+    assert np.array_equal(gb, seq) and close(gb, rdb, rtol=1e-4)

@@ -311,8 +311,7 @@ def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx
     if _implicit(be):
         implicit_dx = need_dx and g.sh == g.sw == 1
         be.ext.conv2d_implicit_backward(x, w, dy, dw, dx if implicit_dx else None, g.sh, g.sw, g.ph, g.pw,
-                                        accumulate=accumulate)
-        _k_channel_sum(be, dy.reshape(g.B, M, g.P), db, accumulate)
+                                        accumulate=accumulate, db=db)  # db from dW's packed dy panels
         if need_dx and not implicit_dx:  # strided: explicit W^T @ dy + col2im
             _explicit_backward(be, x, w, dy, None, None, dx, g, ws)
         return dx, dw, db
