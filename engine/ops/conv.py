@@ -6,10 +6,10 @@ $SPRINT_CONV_ALGO, else implicit -- the faster one measured, RESULTS.md §2):
 
   implicit  (CPU) the engine's SGEMM packs its B panels straight from the
             image (csrc/gemm_driver.h): no column matrix; the write-back adds
-            the bias, applies a fused ReLU and writes NCHW. dW packs from the
-            image the same way; dX (stride 1) is the forward convolution of dy
-            with the flipped, transposed filters. dX of strided convolutions
-            takes the explicit path below.
+            the bias, applies a fused ReLU and writes NCHW. dW reads x in place
+            (csrc/gemm_dw.h) and sums db from its packed dy panels; dX (stride
+            1) is the forward convolution of dy with the flipped, transposed
+            filters (strided: the explicit path below).
   im2col    the explicit path below: the GPU path (cuBLAS) and the reference.
 
 Layouts (csrc/im2col.h): x (N,C,H,W); cols (K, N*P) with K = C*kh*kw rows
@@ -19,10 +19,9 @@ Layouts (csrc/im2col.h): x (N,C,H,W); cols (K, N*P) with K = C*kh*kw rows
   backward  dYt (M, B*P) = transpose(dy) (+ db)   ; dW (+)= dYt @ cols^T
             dcols = W^T @ dYt (reusing the cols buffer) ; dx = col2im(dcols)
 
-so every GEMM is one large 2-D SGEMM per chunk. A 1x1 stride-1 pad-0
-convolution needs no im2col: forward and dx are batched GEMMs written straight
-into NCHW. The chunk (images per GEMM) is the largest that keeps the scratch
-buffers within workspace_bytes (default $SPRINT_WORKSPACE_MB or 256 MiB).
+so every GEMM is one large 2-D SGEMM per chunk; a 1x1 stride-1 pad-0 conv needs
+no im2col (forward and dx: batched GEMMs into NCHW). The chunk (images per GEMM)
+is the largest whose scratch fits workspace_bytes ($SPRINT_WORKSPACE_MB or 256 MiB).
 """
 from __future__ import annotations
 
@@ -155,8 +154,7 @@ def _k_cnhw_to_nchw(be, yt, bias, y3):
 def _k_nchw_to_cnhw(be, y3, out, db, accumulate):
     B, M, P = y3.shape
     if be.kernels == "cpp":
-        be.ext.nchw_to_cnhw(y3, out, db, accumulate)
-        return
+        return be.ext.nchw_to_cnhw(y3, out, db, accumulate)
     if be.kernels == "compiled":
         be.ext.nchw_to_cnhw(be.ptr(y3), be.ptr(out), B, M, P, stream=be.stream_ptr())
     else:
@@ -230,8 +228,7 @@ def _check_conv(x, w, stride, pad, workspace_bytes):
 
 
 def _per_image_gemm(be, a, b3, out3, trans_a=False):
-    """out3[n] = op(a) @ b3[n]: the CPU's own SGEMM per image, a batched
-    cuBLAS call through CuPy on the GPU."""
+    """out3[n] = op(a) @ b3[n]: the engine's SGEMM per image (CPU), batched cuBLAS via CuPy (GPU)."""
     if be.kernels == "cpp":
         for n in range(b3.shape[0]):
             gemm(a, b3[n], trans_a=trans_a, out=out3[n])
