@@ -188,6 +188,7 @@ struct PackIm2col {
 // Tile column n = (img, p) is y[img, m, p]; chains start from zero, and
 // after the last k block the bias is added and ReLU applied.
 struct TileNCHW {
+    static constexpr int kAhead = 2;
     const Conv* g;
     float* y;
     const float* bias;
@@ -211,6 +212,16 @@ struct TileNCHW {
         return false;
     }
     void store(i64 i0, i64 j0, int mr, int nr, const float* t, bool last) const {
+        // The tile's rows kAhead panels on, fetched for writing now: a tile's
+        // rows lie P floats apart (one stream per channel, more than the L2
+        // streamer tracks), so each first store of a line waited for its fill;
+        // cifar conv1's forward (k = 27) was bound by those waits.
+        const i64 ja = j0 + kAhead * UK::NR, n = g->B * g->P();
+        if (last && ja < n)
+            runs(i0, ja, mr, int(lo_(UK::NR, n - ja)), [](const float* c, int, int len, int) {
+                for (int q = 0; q < len; q += 16) __builtin_prefetch(c + q, 1, 3);
+                __builtin_prefetch(c + len - 1, 1, 3);
+            });
         runs(i0, j0, mr, nr, [&](float* c, int o, int len, int r) {
             const float* s = t + o;
             if (!last || (!bias && !relu)) return copy_row(c, s, len);

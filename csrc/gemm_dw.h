@@ -148,16 +148,14 @@ void conv_dw_isa(const sprint::gemm::detail::DwPlan& p, const Conv& G, const flo
                                 tile_in_t<DK>(tile, c, M);
                             } else {
                                 for (int q = 0; q < MR * NR; ++q) tile[q] = 0.f;
-                                for (int r = 0; r < mr; ++r)
-                                    for (int q = 0; q < nr; ++q) tile[r * NR + q] = c[r * M + q];
+                                for (int r = 0; r < mr; ++r) copy_row(tile + r * NR, c + r * M, nr);
                             }
                         }
                         DK::run_fit(nr, kc, pix, toff, bbuf, tile, first);
                         if (whole) {
                             tile_out_t<DK>(c, M, tile);
                         } else {
-                            for (int r = 0; r < mr; ++r)
-                                for (int q = 0; q < nr; ++q) c[r * M + q] = tile[r * NR + q];
+                            for (int r = 0; r < mr; ++r) copy_row(c + r * M, tile + r * NR, nr);
                         }
                     }
                 }

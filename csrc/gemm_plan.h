@@ -59,6 +59,7 @@ struct Kernels {
     void (*conv_fwd)(const Plan&, const Conv&, const float* x, const float* w, const float* bias, bool relu,
                      float* y);
     int dw_mr, dw_nr;  // dW's tap kernel
+    int dw_l;          // its register width: a thread's channels are a multiple of it
     void (*conv_dw)(const DwPlan&, const Conv&, const float* dy, float* dw, bool accumulate, float* db);
     // dX as the forward convolution t of dy with w flipped and transposed (w as
     // the layer holds it, read so by the packing)

@@ -179,7 +179,7 @@ double fma_peak_t(std::int64_t iters, int threads) {
     namespace gemm {                                                                                      \
     namespace detail {                                                                                    \
     const Kernels& kernels_##name() {                                                                     \
-        static const Kernels k{UK::MR, UK::NR, lanes, fma_peak_t<V>, sgemm_isa, conv_fwd_isa, DK::MR, DK::NR, \
+        static const Kernels k{UK::MR, UK::NR, lanes, fma_peak_t<V>, sgemm_isa, conv_fwd_isa, DK::MR, DK::NR, DK::Vec::L, \
                                 conv_dw_isa, conv_dx_isa};                                        \
         return k;                                                                                         \
     }                                                                                                     \

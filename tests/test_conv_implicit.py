@@ -89,7 +89,11 @@ BIG = [((2, 40, 12, 12), (24, 40, 3, 3), (1, 1), (1, 1)),
        # dW's tap kernel: 6 taps and 130 channels split over the threads by
        # channel (a 2-column edge panel on the narrowest kernel), pixels over
        # several k blocks, padding on one axis only
-       ((4, 2, 33, 35), (130, 2, 1, 3), (1, 1), (0, 1))]
+       ((4, 2, 33, 35), (130, 2, 1, 3), (1, 1), (0, 1)),
+       # cifar conv1's shape (27 taps, 64 channels): dW splits the channels
+       # over the threads by registers (a half panel each, its tile moves
+       # partial), and the forward's write-back fetches rows ahead
+       ((8, 3, 32, 32), (64, 3, 3, 3), (1, 1), (1, 1))]
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -208,17 +212,19 @@ def test_gradients_accumulated_over_micro_batches_equal_the_whole_batch(algo, is
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_dw_accumulated_on_threads_equals_the_whole_batch_and_reference(isa):
+@pytest.mark.parametrize("xs,ws", [((10, 24, 12, 12), (40, 24, 3, 3)), ((9, 3, 32, 32), (64, 3, 3, 3))])
+def test_dw_accumulated_on_threads_equals_the_whole_batch_and_reference(isa, xs, ws):
     """dW^T's running sums (transposed out of dw when accumulating, into it at
     the end, each thread its own cell) on a shape split over the threads, with
     whole register transposes and edges: micro-batches continue the whole
     batch's chains bit for bit, and both match float64; so does db."""
-    x, w, b = _data((10, 24, 12, 12), (40, 24, 3, 3), True, 12)
-    dy = np.random.default_rng(13).standard_normal((10, 40, 12, 12)).astype(np.float32)
+    x, w, b = _data(xs, ws, True, 12)
+    M = ws[0]
+    dy = np.random.default_rng(13).standard_normal((xs[0], M) + xs[2:]).astype(np.float32)
     with using("implicit", isa):
         _, dw, _ = ops.conv2d_backward(x, w, dy, pad=1, need_dx=False, dw_out=poison(w.shape))
-        gw, gb = poison(w.shape), poison(40)
-        for i, (lo, hi) in enumerate(((0, 3), (3, 4), (4, 10))):
+        gw, gb = poison(w.shape), poison(M)
+        for i, (lo, hi) in enumerate(((0, 3), (3, 4), (4, xs[0]))):
             ops.conv2d_backward(x[lo:hi], w, dy[lo:hi], pad=1, need_dx=False, dw_out=gw, db_out=gb,
                                 accumulate=i > 0)
     assert np.array_equal(gw, dw)
@@ -226,5 +232,5 @@ def test_dw_accumulated_on_threads_equals_the_whole_batch_and_reference(isa):
     assert close(dw, rdw, rtol=1e-4), np.abs(dw - rdw).max()
     # db comes from dW's packed dy^T panels: per channel one float32 chain of
     # adds over (image, pixel) in order, which a sequential cumsum reproduces
-    seq = np.cumsum(dy.transpose(1, 0, 2, 3).reshape(40, -1), axis=1, dtype=np.float32)[:, -1]
+    seq = np.cumsum(dy.transpose(1, 0, 2, 3).reshape(M, -1), axis=1, dtype=np.float32)[:, -1]
     assert np.array_equal(gb, seq) and close(gb, rdb, rtol=1e-4)
