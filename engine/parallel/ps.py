@@ -387,7 +387,7 @@ class PSJob:
                  "spec_hash": self.spec.hash(), "deform": self.deform.to_dict(),
                  "rng": {"seed": int(self.cfg.seed), "next_epoch": int(epoch)}}
         state.update({k: v for k, v in counters.items() if k not in state})
-        self.s.end_epoch(rec, state)
+        self.s.end_epoch(rec, state, every_rank=False)     # the other ranks serve or train on
         self._t_epoch = time.perf_counter()
         return epoch >= self.last_epoch
 

@@ -142,12 +142,15 @@ class Session:
             self.log(f"the run already has {start_epoch} epochs (--epochs {self.cfg.epochs}): nothing to "
                      f"train; a larger --epochs continues it")
         self._say_replanned(start_epoch)
-        if self.run is None or not self.root:
+        if self.run is None:
             return
-        self.run.prepare()
-        self.run.write_config({"run_id": self.run_id, "train": self.cfg.to_dict(),
-                               "spec": self.spec.to_dict(), "deform": self.deform.to_dict()})
-        self.run.write_metrics(self.history)
+
+        def write():
+            self.run.prepare()
+            self.run.write_config({"run_id": self.run_id, "train": self.cfg.to_dict(),
+                                   "spec": self.spec.to_dict(), "deform": self.deform.to_dict()})
+            self.run.write_metrics(self.history)
+        self._root_writes(write)
 
     def _say_replanned(self, start_epoch):
         """Resuming with another --epochs re-plans the schedule for the new
@@ -163,16 +166,22 @@ class Session:
                      f"{cfg.epochs} epochs as if the run had started with them; epoch {start_epoch + 1} "
                      f"starts at lr {sched(start_epoch):.3g}")
 
-    def end_epoch(self, rec: dict, state: dict | None):
+    def end_epoch(self, rec: dict, state: dict | None, every_rank: bool = True):
         """Record an epoch: checkpoint (carrying the whole history) first, then
-        metrics.jsonl, then the line on stdout."""
+        metrics.jsonl, then the line on stdout. ``every_rank``: all ranks
+        record it (False: only a parameter server's rank 0 does)."""
         self.history.append(rec)
-        if self.run is not None and state is not None:
-            if self.root:
-                self.run.save_checkpoint(dict(state, history=list(self.history), run_id=self.run_id))
-            self.saved_epoch = int(rec["epoch"])
-            if self.root:
-                self.run.write_metrics(self.history)
+        if self.run is not None:
+            epoch = int(rec["epoch"])
+
+            def write():          # rank 0's state (a layer-wise run gathers it there only)
+                if state is not None:
+                    self.run.save_checkpoint(dict(state, history=list(self.history), run_id=self.run_id))
+                    self.saved_epoch = epoch
+                    self.run.write_metrics(self.history)
+            self._root_writes(write, every_rank)
+            if state is not None:
+                self.saved_epoch = epoch
         self.report(rec)
         self._warn_if_diverging(rec)
 
@@ -194,8 +203,18 @@ class Session:
              f"(now {self.cfg.lr:g}) may help")
 
     def write_stats(self, name, stats: dict):
-        if self.run is not None and self.root:
-            self.run.write_json(name, stats)
+        if self.run is not None:
+            self._root_writes(lambda: self.run.write_json(name, stats))
+
+    def _root_writes(self, write, every_rank: bool = True):
+        """Rank 0 writes the run folder. When every rank gets here, its error
+        (a full disk) is raised on all of them (_on_root): the others would
+        wait for it in their next collective, and the job end in MPI_Abort
+        instead of the one line."""
+        if every_rank:
+            self._on_root(write)
+        elif self.root:
+            write()
 
     # ---- evaluation and output -------------------------------------------------
     def evaluate(self, net):
