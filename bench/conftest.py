@@ -74,12 +74,8 @@ def adaptive_median(f: Callable[[], object], min_time: float = 0.05, min_reps: i
 
 
 def save_json(name: str, payload) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / name
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    os.replace(tmp, path)
-    return path
+    from engine.checkpoint import write_json
+    return write_json(RESULTS / name, payload, indent=1)
 
 
 def machine_info() -> dict:

@@ -357,7 +357,8 @@ def main():
     out = {"budget": cmd_budget, "downpour": cmd_downpour, "regime": cmd_regime,
            "sandblaster": cmd_sandblaster}[args.what](args)
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1, default=float))
+        from engine.checkpoint import write_json
+        write_json(args.out, out, indent=1, default=float)
 
 
 if __name__ == "__main__":

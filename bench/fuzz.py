@@ -360,7 +360,8 @@ def main(argv=None) -> int:
     for n in rep["notes"]:
         print("note:", n)
     if a.json:
-        Path(a.json).write_text(json.dumps(rep, indent=1))
+        from engine.checkpoint import write_json
+        write_json(a.json, rep, indent=1)
     return 0 if not rep["failures"] else 1
 
 

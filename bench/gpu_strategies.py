@@ -145,7 +145,8 @@ def main():
         ok &= good
         rows.append(row)
         print(json.dumps(row), flush=True)
-    (out / "gpu_strategies.json").write_text(json.dumps(rows, indent=1))
+    from engine.checkpoint import write_json
+    write_json(out / "gpu_strategies.json", rows, indent=1)
     print(f"{'job':<20}{'ranks':>6}{'ok':>5}{'wall s':>8}{'acc %':>8}{'img/s':>9}  vs reference")
     for r in rows:
         acc = f"{100 * r['test_acc']:.2f}" if r["test_acc"] is not None else "-"

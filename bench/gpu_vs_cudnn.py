@@ -114,10 +114,8 @@ def main():
             row[f"{k}_vs_cudnn_tf32"] = tor[f"{c}/tf32"][0] / t[c][0]
         rows.append(row)
     doc = {"device": tor["torch"][2], "torch": tor["torch"][0], "cudnn": tor["torch"][1], "reps": a.reps, "rows": rows}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(a.out).with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, a.out)
+    from engine.checkpoint import write_json
+    write_json(a.out, doc, indent=1)
     print(f"{doc['device']}, torch {doc['torch']}, cuDNN {doc['cudnn']}; ms (median of {a.reps}); "
           "ratio = cuDNN time / engine time")
     hdr = f"{'case':<8}{'cuDNN fp32':>11}{'cuDNN tf32':>11}"

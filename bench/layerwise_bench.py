@@ -180,10 +180,8 @@ def main():
         old = [r for r in res.get(key, {}).get("rows", []) if (r["ranks"], r["plan"]) not in done]
         new["rows"] = sorted(old + new["rows"], key=lambda r: r["ranks"])
         res[key] = new
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    tmp = OUT.with_name(OUT.name + ".tmp")
-    tmp.write_text(json.dumps(res, indent=1))
-    tmp.replace(OUT)
+    from engine.checkpoint import write_json
+    write_json(OUT, res, indent=1)
 
 
 if __name__ == "__main__":

@@ -190,8 +190,8 @@ def main():
                 print(f"{k:<32} {[round(100 * a, 2) for a in v]}  samples to 95 %: {samples_to(v)}")
             else:
                 print(f"{k:<32} {v}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    from engine.checkpoint import write_json
+    write_json(args.out, out, indent=1)
 
 
 if __name__ == "__main__":

@@ -238,7 +238,8 @@ def part_probe(path=None):
     tmp = Path(str(prof.source) + ".tmp")
     prof.save(tmp)
     tmp.replace(path or PROFILE)
-    RECORDS.write_text(json.dumps({"records": recs, "section": prof.data["pipeline"]}, indent=1))
+    from engine.checkpoint import write_json
+    write_json(RECORDS, {"records": recs, "section": prof.data["pipeline"]}, indent=1)
     return prof.data["pipeline"]
 
 

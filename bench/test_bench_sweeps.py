@@ -8,12 +8,12 @@ held-out points and a ratio against a baseline measured in the same run
     pytest bench/test_bench_sweeps.py --benchmark-only -q
     sprint profile --from-records bench/results/sweep_all.json --out profile.json
 """
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from engine.checkpoint import write_json
 from engine.perf import fit, sweep
 
 RESULTS = Path(__file__).parent / "results"
@@ -26,15 +26,12 @@ def _one_thread():
     sweep.use_clock("cpu")     # one thread: CPU time is the kernel's cost without other jobs' preemption
     yield
     sweep.use_clock("wall")
-    RESULTS.mkdir(exist_ok=True)
     if _ALL:
-        (RESULTS / "sweep_all.json").write_text(json.dumps({"records": _ALL, "meta": {"quick": True,
-                                                                                    "threads": 1}}))
+        write_json(RESULTS / "sweep_all.json", {"records": _ALL, "meta": {"quick": True, "threads": 1}})
 
 
 def _save(name, recs):
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"sweep_{name}.json").write_text(json.dumps(recs))
+    write_json(RESULTS / f"sweep_{name}.json", recs)
     _ALL.extend(recs)
 
 

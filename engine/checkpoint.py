@@ -77,6 +77,12 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~_umask()
 
 
+def write_json(path, obj, **dumps) -> Path:
+    """``obj`` as JSON (json.dumps with ``dumps``) in ``path``, written
+    atomically: a benchmark or run killed mid-write leaves the old file."""
+    return atomic_write(path, json.dumps(obj, **dumps))
+
+
 def atomic_write(path, write) -> Path:
     """Write ``path`` through ``write(binary file)`` (or bytes/str given
     directly) via temp file + fsync + rename + folder fsync. An OSError names

@@ -1,4 +1,5 @@
 """Checkpoints: nested state round trip, atomic replacement."""
+import json
 import os
 
 import numpy as np
@@ -73,3 +74,38 @@ def test_written_files_get_the_permissions_open_would_give(tmp_path):
         assert new.stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old)
+
+
+BENCH_WRITE = """
+import importlib.util, json, resource, signal, sys
+from pathlib import Path
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)       # an over-limit write fails with EFBIG instead
+out = Path(sys.argv[1])
+spec = importlib.util.spec_from_file_location("bench_conftest", sys.argv[2])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+bench.RESULTS = out
+bench.save_json("r.json", {"rows": [1, 2, 3]})
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))   # the disk fills up during the next write
+try:
+    bench.save_json("r.json", {"rows": list(range(100000))})
+except OSError as e:
+    print(e.filename)
+"""
+
+
+def test_a_benchmark_killed_mid_write_leaves_its_previous_results(tmp_path):
+    """bench/ wrote its JSON with write_text (a full disk or a kill left a
+    truncated file) or a fixed-name temporary it left behind; now through
+    checkpoint.write_json, temp + fsync + rename like the run folder."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "code.py").write_text(BENCH_WRITE)
+    p = subprocess.run([sys.executable, str(tmp_path / "code.py"), str(tmp_path / "out"),
+                        str(root / "bench/conftest.py")],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(root)))
+    assert p.returncode == 0 and p.stdout.strip() == str(tmp_path / "out" / "r.json"), p.stderr
+    assert sorted(os.listdir(tmp_path / "out")) == ["r.json"]
+    assert json.loads((tmp_path / "out" / "r.json").read_text()) == {"rows": [1, 2, 3]}

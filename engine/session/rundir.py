@@ -71,7 +71,7 @@ class RunDir:
         return _ckpt.remove_stale_temps(self.path, WRITTEN)
 
     def write_json(self, name, obj, indent=None) -> Path:
-        return _ckpt.atomic_write(self.file(name), json.dumps(obj, indent=indent))
+        return _ckpt.write_json(self.file(name), obj, indent=indent)
 
     def read_config(self) -> dict:
         d = read_json(self.file(CONFIG))
