@@ -152,7 +152,7 @@ def test_cifar_binary_batches_and_a_corrupt_one(tmp_path):
     rt = _cifar_file(tmp_path / "test_batch.bin", [1, 2], rng)
     (tmp_path / "data_batch_3.bin").write_bytes(bytes(100))   # truncated batch
     assert detect_format(tmp_path) == "cifar"
-    with pytest.raises(ValueError, match=r"data_batch_3.bin: 100 bytes is not a whole number.*--skip-bad"):
+    with pytest.raises(ValueError, match=r"^100 bytes is not a whole number.*--skip-bad.* \(\S*data_batch_3.bin\)$"):
         load_dataset(tmp_path)
     tr, te = load_dataset(tmp_path, skip_bad=True)
     assert tr.skipped_files == [str(tmp_path / "data_batch_3.bin")]
@@ -163,7 +163,7 @@ def test_cifar_binary_batches_and_a_corrupt_one(tmp_path):
     assert np.array_equal(te.x.reshape(2, -1), rt[:, 1:])
     (tmp_path / "test_batch.bin").unlink()
     _cifar_file(tmp_path / "test_batch.bin", [11], rng)
-    with pytest.raises(ValueError, match="test_batch.bin: label 11 outside the 10 classes"):
+    with pytest.raises(ValueError, match=r"^label 11 outside the 10 classes.* \(\S*test_batch.bin\)$"):
         load_dataset(tmp_path, fmt="cifar", skip_bad=True)
 
 

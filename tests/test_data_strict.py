@@ -70,12 +70,12 @@ def _png_tree(root, sides, bad=0):
 
 def test_image_tree_sizes_need_resize_eager_and_lazy(tmp_path):
     root = _png_tree(tmp_path / "t", [8, 8, 8, 12])
-    with pytest.raises(ValueError, match=r"3.png: image is 12x12 but the network takes 8x8.*--resize"):
+    with pytest.raises(ValueError, match=r"^image is 12x12 but the network takes 8x8.*--resize.* \(\S*3.png\)$"):
         load_dataset(root, size=8, test_fraction=0.5)
     tr, te = load_dataset(root, size=8, test_fraction=0.5, resize=True)
     assert tr.shape == te.shape == (3, 8, 8) and len(tr) + len(te) == 8
     lazy, _ = load_dataset(root, size=8, test_fraction=0.5, lazy=True)
-    with pytest.raises(ValueError, match=r"3.png: image is 12x12.*--resize"):
+    with pytest.raises(ValueError, match=r"^image is 12x12.*--resize.* \(\S*3.png\)$"):
         lazy.take(np.arange(len(lazy)))
     lazy, _ = load_dataset(root, size=8, test_fraction=0.5, lazy=True, resize=True)
     assert lazy.take(np.arange(len(lazy)))[0].shape == (len(lazy), 3, 8, 8)
@@ -111,7 +111,7 @@ def test_nan_and_inf_are_refused_or_skipped_and_counted(tmp_path, capsys):
     x[3, 0, 1, 1], x[17, 0, 0, 0] = np.nan, np.inf
     x[20, 0, 2, 2] = 1e300                   # finite in float64, Inf in float32
     np.savez(tmp_path / "bad.npz", x=x, y=np.arange(30) % 2)
-    with pytest.raises(ValueError, match=r"bad.npz \(x\): 3 of 30 images hold NaN or Inf.*--skip-bad"):
+    with pytest.raises(ValueError, match=r"^3 of 30 images hold NaN or Inf.*--skip-bad.* \(x in \S*bad.npz\)$"):
         load_dataset(tmp_path / "bad.npz")
     tr, te = load_dataset(tmp_path / "bad.npz", skip_bad=True)
     assert len(tr) + len(te) == 27 and tr.bad_samples == 3
@@ -121,7 +121,7 @@ def test_nan_and_inf_are_refused_or_skipped_and_counted(tmp_path, capsys):
     xf = np.ones((10, 4, 4), np.float32)
     xf[5, 1, 1] = -np.inf
     (d / NAMES[("test", "images")]).write_bytes(gzip.compress(_idx_header(xf.shape, 0x0D) + xf.astype(">f4").tobytes()))
-    with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte.gz: 1 of 10 images hold NaN or Inf"):
+    with pytest.raises(ValueError, match=r"^1 of 10 images hold NaN or Inf.* \(\S*t10k-images-idx3-ubyte.gz\)$"):
         load_dataset(d)
     assert len(load_dataset(d, skip_bad=True)[1]) == 9
 
@@ -130,10 +130,10 @@ def test_nan_and_inf_are_refused_or_skipped_and_counted(tmp_path, capsys):
 def test_bad_files_are_value_errors_naming_the_file(tmp_path):
     np.savez(tmp_path / "len.npz", x_train=np.zeros((5, 4, 4)), y_train=np.zeros(4, int),
              x_test=np.zeros((2, 4, 4)), y_test=np.zeros(2, int))
-    with pytest.raises(ValueError, match=r"len.npz: x_train holds 5 images but y_train holds 4 labels"):
+    with pytest.raises(ValueError, match=r"^x_train holds 5 images but y_train holds 4 labels \(\S*len.npz\)$"):
         load_dataset(tmp_path / "len.npz")
     np.savez(tmp_path / "len2.npz", x=np.zeros((5, 4, 4)), y=np.zeros(7, int))
-    with pytest.raises(ValueError, match=r"len2.npz: x holds 5 images but y holds 7 labels"):
+    with pytest.raises(ValueError, match=r"^x holds 5 images but y holds 7 labels.* \(\S*len2.npz\)$"):
         load_dataset(tmp_path / "len2.npz")
     np.savez(tmp_path / "ok.npz", x=np.zeros((50, 4, 4)), y=np.arange(50) % 2)
     raw = (tmp_path / "ok.npz").read_bytes()
@@ -143,34 +143,35 @@ def test_bad_files_are_value_errors_naming_the_file(tmp_path):
         with pytest.raises(ValueError, match=name):
             load_dataset(tmp_path / name)
     (tmp_path / "dir.npz").mkdir()
-    with pytest.raises(ValueError, match=r"dir.npz: is a directory"):
+    with pytest.raises(ValueError, match=r"^is a directory.* \(\S*dir.npz\)$"):
         load_dataset(tmp_path / "dir.npz", fmt="npz")
     d = _mnist_dir(tmp_path / "m", side=4)
     img = d / NAMES[("train", "images")]
     good = img.read_bytes()
     img.write_bytes(good[:-20])                                    # truncated gzip stream
-    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte.gz: cannot read it \(bad or truncated gzip"):
+    with pytest.raises(ValueError,
+                       match=r"^cannot read it \(bad or truncated gzip.* \(\S*train-images-idx3-ubyte.gz\)$"):
         load_dataset(d)
     img.write_bytes(good[:10] + bytes(40) + good[50:])            # corrupt deflate data
     with pytest.raises(ValueError, match=r"train-images-idx3-ubyte.gz"):
         load_dataset(d)
     img.unlink()
     img.mkdir()                                                    # a folder where the file should be
-    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte.gz: is a directory"):
+    with pytest.raises(ValueError, match=r"^is a directory.* \(\S*train-images-idx3-ubyte.gz\)$"):
         load_dataset(d, fmt="mnist")
     raw_idx = tmp_path / "r.idx"
     raw_idx.write_bytes(_idx_header((3, 2, 2)) + bytes(12) + b"extra")
-    with pytest.raises(ValueError, match=r"r.idx: expected 12 data bytes.*trailing data"):
+    with pytest.raises(ValueError, match=r"^expected 12 data bytes.*trailing data.* \(\S*r.idx\)$"):
         read_idx(raw_idx)
     raw_idx.write_bytes(_idx_header((3, 2, 2))[:6])
-    with pytest.raises(ValueError, match=r"r.idx: truncated"):
+    with pytest.raises(ValueError, match=r"^truncated.* \(\S*r.idx\)$"):
         read_idx(raw_idx)
     raw_idx.write_bytes(struct.pack(">BBBBi", 0, 0, 8, 1, -5))
     with pytest.raises(ValueError, match="negative"):
         read_idx(raw_idx)
     (tmp_path / "data_batch_1.bin").mkdir()
     (tmp_path / "test_batch.bin").write_bytes(bytes(3073))
-    with pytest.raises(ValueError, match=r"data_batch_1.bin: is a directory"):
+    with pytest.raises(ValueError, match=r"^is a directory.* \(\S*data_batch_1.bin\)$"):
         load_dataset(tmp_path, fmt="cifar")
 
 
@@ -374,7 +375,7 @@ def test_os_errors_are_value_errors_naming_the_file(tmp_path, monkeypatch):
     def denied(path, *a, **k):
         raise PermissionError(13, "Permission denied", str(path))
     monkeypatch.setattr(readers, "load_npz", denied)
-    with pytest.raises(ValueError, match=r"a.npz: cannot read it \(Permission denied\)"):
+    with pytest.raises(ValueError, match=r"^cannot read it \(Permission denied\) \(\S*a.npz\)$"):
         load_dataset(tmp_path / "a.npz")
     monkeypatch.setattr(Path, "iterdir", denied)
     with pytest.raises(ValueError, match=r"cannot read it \(Permission denied\)"):
@@ -391,5 +392,6 @@ def test_npz_member_declaring_more_than_it_holds_is_refused_before_allocation(tm
     with zipfile.ZipFile(tmp_path / "big.npz", "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("x.npy", body)
         zf.writestr("y.npy", body)
-    with pytest.raises(ValueError, match=r"big.npz: .*x.npy declares shape \(4194304, 1024, 1024\)"):
+    with pytest.raises(ValueError, match=r"^not a readable .npz archive .*x.npy declares shape "
+                                         r"\(4194304, 1024, 1024\).* \(\S*big.npz\)$"):
         load_dataset(tmp_path / "big.npz")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import MissingFile
+from engine.errors import MissingFile, RunError
 
 from .dataset import Dataset, warn, warn_skipped
 
@@ -30,8 +30,7 @@ def require_file(path: Path) -> Path:
     if not path.exists():
         raise MissingFile("no such data file", path)
     if not path.is_file():
-        raise ValueError(f"{path}: is a directory, expected a file" if path.is_dir()
-                         else f"{path}: not a regular file")
+        raise RunError("is a directory, expected a file" if path.is_dir() else "not a regular file", path)
     return path
 
 
@@ -46,9 +45,9 @@ def check_finite(x, y, where, skip_bad):
         return x, y, 0
     first = int(np.flatnonzero(bad)[0])
     if not skip_bad:
-        raise ValueError(f"{where}: {n} of {len(x)} images hold NaN or Inf (the first is image {first}); "
-                         f"pass --skip-bad (skip_bad=True) to leave them out")
-    warn(f"{where}: left out {n} of {len(x)} images holding NaN or Inf (--skip-bad)")
+        raise RunError(f"{n} of {len(x)} images hold NaN or Inf (the first is image {first}); "
+                       "pass --skip-bad (skip_bad=True) to leave them out", where)
+    warn(f"left out {n} of {len(x)} images holding NaN or Inf (--skip-bad) ({where})")
     return x[~bad], y[~bad], n
 
 
@@ -68,7 +67,7 @@ def read_idx(path, max_bytes=None) -> np.ndarray:
         with (gzip.open if gz else open)(path, "rb") as f:
             return _read_idx_stream(f, path, gz, max_bytes)
     except _READ_ERRORS as e:
-        raise ValueError(f"{path}: cannot read it ({'bad or truncated gzip: ' if gz else ''}{e})") from None
+        raise RunError(f"cannot read it ({'bad or truncated gzip: ' if gz else ''}{e})", path) from None
 
 
 def _read_exact(f, n, path, what):
@@ -77,7 +76,7 @@ def _read_exact(f, n, path, what):
     while got < n:
         k = f.readinto(view[got:])
         if not k:
-            raise ValueError(f"{path}: truncated: {what} needs {n} bytes, the file holds {got}")
+            raise RunError(f"truncated: {what} needs {n} bytes, the file holds {got}", path)
         got += k
     return buf
 
@@ -85,31 +84,31 @@ def _read_exact(f, n, path, what):
 def _read_idx_stream(f, path, gz, max_bytes):
     head = bytes(_read_exact(f, 4, path, "the IDX header"))
     if head[0] != 0 or head[1] != 0 or head[2] not in _IDX_TYPES:
-        raise ValueError(f"{path}: not an IDX file (bad magic number)")
+        raise RunError("not an IDX file (bad magic number)", path)
     ndim = head[3]
     if not 1 <= ndim <= _IDX_MAX_DIMS:
-        raise ValueError(f"{path}: IDX header declares {ndim} dimensions (1 to {_IDX_MAX_DIMS} expected)")
+        raise RunError(f"IDX header declares {ndim} dimensions (1 to {_IDX_MAX_DIMS} expected)", path)
     dims = tuple(int(d) for d in np.frombuffer(bytes(_read_exact(f, 4 * ndim, path, "the shape")), ">i4"))
     dt = np.dtype(_IDX_TYPES[head[2]])
     if min(dims) < 0:
-        raise ValueError(f"{path}: IDX header declares a negative size {dims}")
+        raise RunError(f"IDX header declares a negative size {dims}", path)
     n = 1
     for d in dims:
         n *= d
     nbytes, off = n * dt.itemsize, 4 + 4 * ndim
     if nbytes > max_bytes:
-        raise ValueError(f"{path}: IDX header declares shape {dims}, {nbytes:,} bytes, more than the "
-                         f"{max_bytes:,} this reader accepts (corrupt header?)")
+        raise RunError(f"IDX header declares shape {dims}, {nbytes:,} bytes, more than the "
+                       f"{max_bytes:,} this reader accepts (corrupt header?)", path)
     size = path.stat().st_size
     if gz and nbytes > DEFLATE_MAX_RATIO * size + (1 << 16):
-        raise ValueError(f"{path}: IDX header declares {nbytes:,} bytes of shape {dims}, but a gzip file of "
-                         f"{size:,} bytes cannot hold that much (corrupt header)")
+        raise RunError(f"IDX header declares {nbytes:,} bytes of shape {dims}, but a gzip file of "
+                       f"{size:,} bytes cannot hold that much (corrupt header)", path)
     if not gz and size != off + nbytes:
-        raise ValueError(f"{path}: expected {nbytes} data bytes for shape {dims}, found {size - off} "
-                         f"({'truncated' if size < off + nbytes else 'trailing data'} or corrupt)")
+        raise RunError(f"expected {nbytes} data bytes for shape {dims}, found {size - off} "
+                       f"({'truncated' if size < off + nbytes else 'trailing data'} or corrupt)", path)
     data = _read_exact(f, nbytes, path, f"shape {dims}")
     if f.read(1):
-        raise ValueError(f"{path}: more data than its header declares for shape {dims} (corrupt)")
+        raise RunError(f"more data than its header declares for shape {dims} (corrupt)", path)
     # .type: numpy's canonical native dtype (a byte-swapped-then-native dtype is
     # an equal but distinct object, which identity checks in bindings reject)
     return np.frombuffer(data, dt, n).reshape(dims).astype(dt.newbyteorder("=").type)
@@ -127,12 +126,12 @@ def load_mnist(path: Path, skip_bad=False):
             found.setdefault((part, kind), f)
     missing = [f"{p}-{k}" for p in ("train", "test") for k in ("images", "labels") if (p, k) not in found]
     if missing:
-        raise ValueError(f"{d}: MNIST IDX files missing: {missing}")
+        raise RunError(f"MNIST IDX files missing: {missing}", d)
     arrays = {key: read_idx(f) for key, f in found.items()}
     for part in ("train", "test"):
         f, y = found[(part, "labels")], arrays[(part, "labels")]
         if y.ndim != 1 or y.dtype.kind not in "iu" or (len(y) and y.min() < 0):
-            raise ValueError(f"{f}: labels must be one non-negative integer per image, got {y.dtype} {y.shape}")
+            raise RunError(f"labels must be one non-negative integer per image, got {y.dtype} {y.shape}", f)
     ytr = arrays[("train", "labels")].astype(np.int64)
     n_classes = int(ytr.max()) + 1 if len(ytr) else 0
     out = []
@@ -140,11 +139,11 @@ def load_mnist(path: Path, skip_bad=False):
         f = found[(part, "images")]
         x, y = arrays[(part, "images")], arrays[(part, "labels")].astype(np.int64)
         if x.ndim != 3 or len(x) != len(y):
-            raise ValueError(f"{f}: images of shape {x.shape} do not match the {len(y)} labels of "
-                             f"{found[(part, 'labels')].name}")
+            raise RunError(f"images of shape {x.shape} do not match the {len(y)} labels of "
+                           f"{found[(part, 'labels')].name}", f)
         if len(y) and y.max() >= n_classes:
-            raise ValueError(f"{found[(part, 'labels')]}: label {int(y.max())} outside the {n_classes} classes "
-                             f"of the training labels")
+            raise RunError(f"label {int(y.max())} outside the {n_classes} classes "
+                           "of the training labels", found[(part, 'labels')])
         x = x[:, None] if x.dtype == np.uint8 else x[:, None].astype(np.float32)
         x, y, n_bad = check_finite(x, y, f, skip_bad)
         out.append(Dataset(x, y, n_classes, f"{d.name}/{part}", classes=[str(i) for i in range(n_classes)],
@@ -167,7 +166,7 @@ def load_cifar(path: Path, skip_bad=False, verbose=False):
     parts = {"train": sorted(d.glob("data_batch_*.bin")), "test": sorted(d.glob("test_batch*.bin"))}
     for part, files in parts.items():
         if not files:
-            raise ValueError(f"{d}: no CIFAR-10 {'data_batch_*.bin' if part == 'train' else 'test_batch.bin'} files")
+            raise RunError(f"no CIFAR-10 {'data_batch_*.bin' if part == 'train' else 'test_batch.bin'} files", d)
     out = []
     for part, files in parts.items():
         xs, ys, bad = [], [], []
@@ -191,14 +190,14 @@ def _cifar_records(f, skip_bad):
     if size == 0 or size % CIFAR_RECORD:
         if skip_bad:
             return None
-        raise ValueError(f"{f}: {size:,} bytes is not a whole number of {CIFAR_RECORD}-byte CIFAR-10 records "
-                         f"(truncated or corrupt); pass --skip-bad (skip_bad=True) to leave the file out")
+        raise RunError(f"{size:,} bytes is not a whole number of {CIFAR_RECORD}-byte CIFAR-10 records "
+                       "(truncated or corrupt); pass --skip-bad (skip_bad=True) to leave the file out", f)
     try:
         rec = np.fromfile(f, np.uint8).reshape(-1, CIFAR_RECORD)
     except OSError as e:
-        raise ValueError(f"{f}: cannot read it ({e})") from None
+        raise RunError(f"cannot read it ({e})", f) from None
     if rec[:, 0].max() >= len(CIFAR_CLASSES):
-        raise ValueError(f"{f}: label {int(rec[:, 0].max())} outside the {len(CIFAR_CLASSES)} classes")
+        raise RunError(f"label {int(rec[:, 0].max())} outside the {len(CIFAR_CLASSES)} classes", f)
     return rec
 
 
@@ -223,20 +222,20 @@ def load_npz(path: Path, test_fraction=0.2, split_seed=0, skip_bad=False):
                 parts = None
             n_classes = z["n_classes"] if "n_classes" in keys else None
     except _NPZ_ERRORS as e:
-        raise ValueError(f"{path}: not a readable .npz archive ({type(e).__name__}: {e})") from None
+        raise RunError(f"not a readable .npz archive ({type(e).__name__}: {e})", path) from None
     if parts is None:
-        raise ValueError(f"{path}: npz needs x_train/y_train/x_test/y_test or x/y arrays, has {sorted(keys)}")
+        raise RunError(f"npz needs x_train/y_train/x_test/y_test or x/y arrays, has {sorted(keys)}", path)
     if n_classes is not None:
         if n_classes.shape != () or n_classes.dtype.kind not in "iu" or not 0 < n_classes < 2**31:
-            raise ValueError(f"{path}: n_classes must be one positive integer, got {n_classes!r}")
+            raise RunError(f"n_classes must be one positive integer, got {n_classes!r}", path)
         n_classes = int(n_classes)
     checked = {}
     for p, (x, y) in parts.items():
         sfx = "" if p == "all" else f"_{p}"
         nx, ny = (len(a) if np.ndim(a) else "no" for a in (x, y))
         if nx != ny or nx == "no":
-            raise ValueError(f"{path}: x{sfx} holds {nx} images but y{sfx} holds {ny} labels")
-        x, y, n_bad = check_finite(_nchw(x, path), _labels(y, path), f"{path} (x{sfx})", skip_bad)
+            raise RunError(f"x{sfx} holds {nx} images but y{sfx} holds {ny} labels", path)
+        x, y, n_bad = check_finite(_nchw(x, path), _labels(y, path), f"x{sfx} in {path}", skip_bad)
         checked[p] = (x, y, n_bad)
     if n_classes is None:
         n_classes = max((int(y.max()) + 1 for _, y, _ in checked.values() if len(y)), default=0)
@@ -276,9 +275,9 @@ def _labels(y, path):
     y = np.asarray(y)
     if y.ndim != 1 or not (np.issubdtype(y.dtype, np.integer)
                            or (y.dtype.kind == "f" and np.isfinite(y).all() and np.all(np.mod(y, 1) == 0))):
-        raise ValueError(f"{path}: labels must be a 1-d integer array, got {y.dtype} {y.shape}")
+        raise RunError(f"labels must be a 1-d integer array, got {y.dtype} {y.shape}", path)
     if len(y) and (y.min() < 0 or y.max() >= 2**31):
-        raise ValueError(f"{path}: labels must be in [0, 2**31), got {y.min()} .. {y.max()}")
+        raise RunError(f"labels must be in [0, 2**31), got {y.min()} .. {y.max()}", path)
     return y.astype(np.int64)
 
 
@@ -289,7 +288,7 @@ def _nchw(x, path):
     elif x.ndim == 4 and x.shape[3] in (1, 3, 4) and x.shape[1] not in (1, 3, 4):
         x = x.transpose(0, 3, 1, 2)
     elif x.ndim != 4:
-        raise ValueError(f"{path}: images must be (N,H,W), (N,C,H,W) or (N,H,W,C), got {x.shape}")
+        raise RunError(f"images must be (N,H,W), (N,C,H,W) or (N,H,W,C), got {x.shape}", path)
     if x.dtype == np.uint8:
         return np.ascontiguousarray(x)
     if np.issubdtype(x.dtype, np.floating):
@@ -297,4 +296,4 @@ def _nchw(x, path):
             return np.ascontiguousarray(x, dtype=np.float32)
     if np.issubdtype(x.dtype, np.integer) and x.min(initial=0) >= 0 and x.max(initial=0) <= 255:
         return np.ascontiguousarray(x, dtype=np.uint8)
-    raise ValueError(f"{path}: images must be uint8 or float, got {x.dtype}")
+    raise RunError(f"images must be uint8 or float, got {x.dtype}", path)

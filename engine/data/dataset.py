@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.errors import RunError
+
 NAMED_SKIPS = 5        # unreadable files named in a warning unless verbose
 _name_all = False
 
@@ -34,7 +36,7 @@ def skipped_note(files, verbose=False, total=None) -> str:
 
 def warn_skipped(ds, verbose=False):
     if ds.skipped:
-        warn(f"{ds.name}: {skipped_note(ds.skipped_files, verbose, ds.skipped)}")
+        warn(f"{skipped_note(ds.skipped_files, verbose, ds.skipped)} ({ds.name})")
 
 
 @dataclass
@@ -54,19 +56,19 @@ class Dataset:
         self.x = np.ascontiguousarray(x, dtype=x.dtype.type)   # canonical dtype object
         self.y = np.ascontiguousarray(self.y, dtype=np.int64)
         if self.x.ndim != 4:
-            raise ValueError(f"{self.name or 'dataset'}: x must be (N, C, H, W), got shape {self.x.shape}")
+            raise RunError(f"x must be (N, C, H, W), got shape {self.x.shape}", self.name)
         if self.x.dtype not in (np.uint8, np.float32):
-            raise TypeError(f"{self.name or 'dataset'}: x must be uint8 or float32, got {self.x.dtype}")
+            raise TypeError(f"x must be uint8 or float32, got {self.x.dtype} ({self.name or 'dataset'})")
         if len(self.x) == 0:
-            raise ValueError(f"{self.name or 'dataset'}: dataset is empty"
-                             + (f" ({self.skipped} unreadable files skipped)" if self.skipped else ""))
+            raise RunError("dataset is empty"
+                           + (f" ({self.skipped} unreadable files skipped)" if self.skipped else ""), self.name)
         if self.y.shape != (len(self.x),):
-            raise ValueError(f"{self.name or 'dataset'}: {len(self.x)} images but labels of shape {self.y.shape}")
+            raise RunError(f"{len(self.x)} images but labels of shape {self.y.shape}", self.name)
         self.n_classes = int(self.n_classes)
         bad = (self.y < 0) | (self.y >= self.n_classes)
         if bad.any():
-            raise ValueError(f"{self.name or 'dataset'}: label {int(self.y[bad][0])} outside the "
-                             f"{self.n_classes} classes")
+            raise RunError(f"label {int(self.y[bad][0])} outside the "
+                           f"{self.n_classes} classes", self.name)
 
     def __len__(self):
         return len(self.x)
@@ -116,12 +118,12 @@ class FileDataset:
         self.mode = {1: "L", 3: "RGB"}[channels]
         self._bad = {}
         if not self.files:
-            raise ValueError(f"{name or 'dataset'}: dataset is empty")
+            raise RunError("dataset is empty", name)
         if self.y.shape != (len(self.files),):
-            raise ValueError(f"{name}: {len(self.files)} files but labels of shape {self.y.shape}")
+            raise RunError(f"{len(self.files)} files but labels of shape {self.y.shape}", name)
         bad = (self.y < 0) | (self.y >= self.n_classes)
         if bad.any():
-            raise ValueError(f"{name}: label {int(self.y[bad][0])} outside the {self.n_classes} classes")
+            raise RunError(f"label {int(self.y[bad][0])} outside the {self.n_classes} classes", name)
 
     def __len__(self):
         return len(self.files)
@@ -148,14 +150,15 @@ class FileDataset:
         ok = [j for j, im in enumerate(imgs) if im is not None]
         for j, im in enumerate(imgs):
             if isinstance(im, SizeMismatch):
-                raise ValueError(f"{self.files[idx[j]]}: image is {im.size[0]}x{im.size[1]} but the network "
-                                 f"takes {self.size}x{self.size}; pass --resize (resize=True) to scale the images")
+                raise RunError(f"image is {im.size[0]}x{im.size[1]} but the network takes "
+                               f"{self.size}x{self.size}; pass --resize (resize=True) to scale the images",
+                               self.files[idx[j]])
             if im is None and int(idx[j]) not in self._bad:
                 self._bad[int(idx[j])] = self.files[idx[j]]
                 if self.verbose or _name_all or len(self._bad) <= NAMED_SKIPS:
-                    warn(f"{self.name}: cannot read {self.files[idx[j]]}; skipped")
+                    warn(f"cannot read {self.files[idx[j]]}; skipped ({self.name})")
                 elif len(self._bad) == NAMED_SKIPS + 1:
-                    warn(f"{self.name}: more unreadable files; they are counted, -v names them")
+                    warn(f"more unreadable files; they are counted, -v names them ({self.name})")
         x = np.zeros((len(ok),) + self.shape, np.uint8)
         for k, j in enumerate(ok):
             x[k] = imgs[j].transpose(2, 0, 1) if imgs[j].ndim == 3 else imgs[j][None]
@@ -170,7 +173,7 @@ class FileDataset:
         idx = np.random.default_rng(0).permutation(len(self))[:sample]
         x, _ = self.take(np.sort(idx))
         if len(x) == 0:
-            raise ValueError(f"{self.name}: none of {len(idx)} sampled images could be read")
+            raise RunError(f"none of {len(idx)} sampled images could be read", self.name)
         return Dataset(x, np.zeros(len(x)), 1).channel_stats()
 
 

@@ -52,7 +52,7 @@ def load_dataset(source="digits", fmt=None, size=None, channels=None, test_fract
     except FileNotFoundError:
         raise
     except OSError as e:     # permissions, I/O errors: one message naming what could not be read
-        raise ValueError(f"{e.filename or source}: cannot read it ({e.strerror or e})") from None
+        raise RunError(f"cannot read it ({e.strerror or e})", e.filename or source) from None
     check_sizes(train, test, size, resize, source)
     return train, test
 
@@ -65,7 +65,7 @@ def _read(source, fmt, size, channels, test_fraction, split_seed, lazy, resize, 
         raise MissingFile("no such file or folder for --data", source)
     if fmt == "tree":
         if not path.is_dir():
-            raise ValueError(f"{path}: an image tree is a directory, this is a file")
+            raise RunError("an image tree is a directory, this is a file", path)
         return load_tree(path, size=size, channels=channels, test_fraction=test_fraction,
                          split_seed=split_seed, lazy=lazy, resize=resize, verbose=verbose)
     if fmt == "mnist":
@@ -90,9 +90,9 @@ def check_sizes(train, test, size, resize, source):
             raise ValueError(f"{source} ({ds.name}): images are {h}x{w} but the network takes {size}x{size}; "
                              f"pass --resize (resize=True) to scale them")
     if hw[0] != hw[1]:
-        raise ValueError(f"{source}: test images ({test.name}) are {hw[1][0]}x{hw[1][1]} but training images "
-                         f"({train.name}) are {hw[0][0]}x{hw[0][1]}; pass --resize (resize=True) to scale both "
-                         f"to the network's input")
+        raise RunError(f"test images ({test.name}) are {hw[1][0]}x{hw[1][1]} but training images "
+                       f"({train.name}) are {hw[0][0]}x{hw[0][1]}; pass --resize (resize=True) to scale both "
+                       "to the network's input", source)
 
 
 def detect_format(source) -> str:
@@ -111,7 +111,7 @@ def detect_format(source) -> str:
         raise RunError(f"cannot tell the data's format: name it with --format (fmt=), one of "
                        f"{', '.join(FORMATS)}", p)
     if not p.is_dir():
-        raise ValueError(f"{p}: neither a file nor a directory")
+        raise RunError("neither a file nor a directory", p)
     names = [q.name for q in p.iterdir()]
     if any("ubyte" in n for n in names):
         return "mnist"
@@ -127,7 +127,7 @@ def split_indices(n, test_fraction, seed, name):
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     if n < 2:
-        raise ValueError(f"{name}: {n} samples cannot be split into train and test")
+        raise RunError(f"{n} samples cannot be split into train and test", name)
     perm = np.random.default_rng(seed).permutation(n)
     n_test = min(max(1, int(round(n * test_fraction))), n - 1)
     return perm[n_test:], perm[:n_test]

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.errors import RunError
+
 from .dataset import Dataset, FileDataset, skipped_note, warn_skipped
 
 _TRAIN_DIRS = ("train",)
@@ -42,7 +44,7 @@ def load_tree(root: Path, size=None, channels=None, test_fraction=0.2, split_see
     train_dir = next((root / d for d in _TRAIN_DIRS if (root / d).is_dir()), None)
     test_dir = next((root / d for d in _TEST_DIRS if (root / d).is_dir()), None)
     if train_dir is not None and test_dir is None:
-        raise ValueError(f"{root}: has train/ but no val/ or test/ directory")
+        raise RunError("has train/ but no val/ or test/ directory", root)
     parts = [(root, root.name)] if train_dir is None else [(train_dir, f"{root.name}/train"),
                                                            (test_dir, f"{root.name}/{test_dir.name}")]
     above = {os.path.realpath(root)} | {os.path.realpath(d) for d, _ in parts}
@@ -52,12 +54,12 @@ def load_tree(root: Path, size=None, channels=None, test_fraction=0.2, split_see
         found = _class_dirs(d, above, allow_empty=True)
         extra = sorted(set(found) - set(classes))
         if extra:
-            raise ValueError(f"{d}: classes {extra} are not among the {len(classes)} training classes")
+            raise RunError(f"classes {extra} are not among the {len(classes)} training classes", d)
         listed.append(_list_tree(found, classes))
     first = _first_size(listed[0][0])
     if first is None:
-        raise ValueError(f"{parts[0][0]}: dataset is empty (no readable image; "
-                         f"{skipped_note([str(f) for f in listed[0][0]], verbose)})")
+        raise RunError("dataset is empty (no readable image; "
+                       f"{skipped_note([str(f) for f in listed[0][0]], verbose)})", parts[0][0])
     if size is None:
         size = first[1][0]
     if not resize and first[1] != (size, size):
@@ -72,7 +74,7 @@ def load_tree(root: Path, size=None, channels=None, test_fraction=0.2, split_see
             continue
         x, y, bad = _decode_tree(files, labels, size, mode, resize)
         if len(x) == 0:
-            raise ValueError(f"{name}: dataset is empty ({len(bad)} unreadable files skipped)")
+            raise RunError(f"dataset is empty ({len(bad)} unreadable files skipped)", name)
         out.append(Dataset(x, y, len(classes), name, skipped=len(bad), classes=classes, skipped_files=bad))
         warn_skipped(out[-1], verbose)
     if len(out) == 1:
@@ -87,8 +89,8 @@ def load_tree(root: Path, size=None, channels=None, test_fraction=0.2, split_see
 
 def _mismatch(path, wh, size, count):
     more = f" (and {count - 1} more images of other sizes)" if count > 1 else ""
-    raise ValueError(f"{path}: image is {wh[0]}x{wh[1]} but the network takes {size}x{size}{more}; "
-                     f"pass --resize (resize=True) to scale the images")
+    raise RunError(f"image is {wh[0]}x{wh[1]} but the network takes {size}x{size}{more}; "
+                   f"pass --resize (resize=True) to scale the images", path)
 
 
 def _class_dirs(d: Path, seen, allow_empty=False):
@@ -104,7 +106,7 @@ def _class_dirs(d: Path, seen, allow_empty=False):
         real.add(r)
         out[q.name] = q
     if not out and not allow_empty:
-        raise ValueError(f"{d}: no class folders found (expected {d}/<class>/<image files>)")
+        raise RunError(f"no class folders found (expected {d}/<class>/<image files>)", d)
     return out
 
 
