@@ -97,12 +97,19 @@ def test_values_this_net_or_data_cannot_use_are_refused_before_training(capsys, 
 
 
 def test_a_batch_past_the_training_set_is_said_not_done_silently(capsys, tmp_path, monkeypatch):
+    from engine.session import setup
     monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    # the one batch of 1,438 images needs ~0.14 GiB, the nominal 100,000 ~9.6 GiB: on a host with
+    # less free than that the run was refused for memory it would never use
+    monkeypatch.setattr(setup, "available_memory", lambda backend: 1 << 30)
     assert cli.main(["train", "--batch", "100000", "--epochs", "1", "--out", str(tmp_path / "run"),
                      "--no-progress", "--quiet"]) == 0
     err = capsys.readouterr().err
     assert err.strip() == ("sprint: warning: batch 100000 is larger than the training set (1438 images in "
                            "digits/train): every epoch is a single, smaller batch (--batch)"), err
+    monkeypatch.setattr(setup, "available_memory", lambda backend: 1 << 20)      # and a real shortage is said
+    one_line(capsys, ["train", "--batch", "100000", "--out", tmp_path / "run2"],
+             "model digits with batch 1438 needs at least", "of host memory is free", "(--model)")
 
 
 def test_the_python_api_refuses_the_same_values():

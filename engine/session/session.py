@@ -32,8 +32,8 @@ class Session:
         if cfg.out and not cfg.resume:
             self._on_root(RunDir(cfg.out).refuse_a_run)
         self.spec = get_spec(cfg.model)
-        check_memory(cfg, self.spec, self.backend)
         self.train_ds, self.test_ds, self.deform = prepare_data(cfg, self.spec)
+        check_memory(cfg, self.spec, self.backend, len(self.train_ds))
         note = batch_note(cfg, self.train_ds)
         if note and self.root:
             from engine.data.dataset import warn

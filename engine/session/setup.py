@@ -135,14 +135,17 @@ def available_memory(backend) -> int | None:
     return None
 
 
-def check_memory(cfg, spec, backend):
-    """Refuse, before anything is allocated, a network that cannot fit."""
+def check_memory(cfg, spec, backend, n_train=None):
+    """Refuse, before the network is allocated, one that cannot fit. A batch
+    past the ``n_train`` training images is one batch of them all (batch_note):
+    that is what it needs, not the nominal --batch."""
     from engine.errors import RunError
-    need = memory_estimate(spec, cfg.batch, cfg.workers)
+    batch = min(cfg.batch, n_train) if n_train else cfg.batch
+    need = memory_estimate(spec, batch, cfg.workers)
     have = available_memory(backend)
     if have is not None and need > have:
         where = "GPU" if getattr(backend, "name", "cpu") == "gpu" else "host"
-        raise RunError(f"model {spec.name} with batch {cfg.batch}"
+        raise RunError(f"model {spec.name} with batch {batch}"
                        f"{f' x {cfg.workers} workers' if cfg.workers > 1 else ''} needs at least "
                        f"{need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB of {where} memory is free; "
                        f"use a smaller --batch or network", "--model")
