@@ -142,21 +142,28 @@ def test_layer_passes_of_spec_nets_hold_out_a_whole_net():
     assert spec_mod.get_spec(r["spec"]).name == held["name"]            # a fit can rebuild it
 
 
-def test_sweeps_see_the_seen_test_nets_and_never_test_set_5():
-    """The op and layer-pass sweeps time the nets of test sets 1-4 (seen:
-    7x7 kernels among them) and none of test set 5 (bench/specs/heldout_k5c3,
-    heldout_pool4), which stays held out of every fit."""
+def test_sweeps_see_the_seen_test_nets_and_never_test_set_7():
+    """The op and layer-pass sweeps time the nets of test sets 1-6 (seen:
+    7x7 kernels among them) and none of test set 7 (bench/specs/heldout_k9,
+    heldout_four), which stays held out of every fit."""
     from pathlib import Path
     from engine.perf.sweep import mode_config
     from engine.perf.sweep_kernels import LAYER_NETS, SWEPT_NETS
     from engine.perf.sweep_layer_passes import LAYER_PASS_NETS, SEEN_NETS
     from engine.perf.sweep_ops import conv_op_shapes, fc_op_shapes
+    from engine.perf.sweep_runner import CONTENTION_WORKLOADS, MID_WORKLOADS
     cfg = mode_config(True)
     convs, fcs = conv_op_shapes(cfg), fc_op_shapes(cfg)
     specs = Path(__file__).resolve().parents[1] / "bench" / "specs"
-    test5 = {spec_mod.get_spec(specs / f).name for f in ("heldout_k5c3.json", "heldout_pool4.json")}
+    name = lambda f: spec_mod.get_spec(specs / f).name
+    test7 = {name(f) for f in ("heldout_k9.json", "heldout_four.json")}
     swept = {spec_mod.get_spec(n).name for n in LAYER_PASS_NETS + LAYER_NETS + SWEPT_NETS}
-    assert "heldout-k7" in swept and not test5 & swept
+    swept |= {spec_mod.get_spec(n).name for n, _ in CONTENTION_WORKLOADS + MID_WORKLOADS}
+    assert "heldout-k7" in swept and not test7 & swept
+    assert {name(f) for f in ("heldout_k5c3.json", "heldout_pool4.json", "heldout_lenet.json",
+                              "heldout_allconv.json")} <= swept
+    # heldout-allconv's output layer reads its 4x4x64 map: that FC shape is swept.
+    assert (cfg["net_batches"][0], 4 * 4 * 64, 10) in fcs
     k7 = spec_mod.get_spec(next(n for n in SEEN_NETS if isinstance(n, dict) and n["name"] == "heldout-k7"))
     for g in spec_mod.layers(k7, 1):
         if g.kind == "conv":

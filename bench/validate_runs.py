@@ -1,0 +1,193 @@
+"""The runs and predictions of bench/validate_model.py: one SPRINT ASGD run
+per configuration under mpiexec, the quantities it measured, the model's
+prediction for it (closed form, simulation, the calibrated re-prediction),
+the in-process layer passes, and the merging of saved validations."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+# Samples in the synthetic training sets: large enough that no epoch ends
+# (an epoch end evaluates the test set inside the updater loop).
+N_TRAIN = {"tiny": 200_000, "digits": 100_000, "cifar": 20_000}
+DEFAULT_SUB = {"tiny": (1, 8, 32), "digits": (1, 8, 32), "cifar": (1, 4, 16)}
+
+
+def safe_name(model) -> str:
+    """The net's spec name: a preset's name, or a spec file's (for paths)."""
+    from engine.spec import get_spec
+    return get_spec(model).name
+
+
+def make_data(name, path):
+    from engine.perf.sweep import synthetic_npz
+    n = N_TRAIN.get(safe_name(name), 20_000)
+    synthetic_npz(name, path, n)
+    return n
+
+
+def run_config(model, data, n_node, n_gpu, sub, seconds, workdir, timeout, rep=0):
+    """One run in a folder of its own per pass: a run folder that holds a
+    trained run is refused (sprint: error: already holds a trained run), so
+    a second pass into the first one's folder failed."""
+    from engine.perf.sweep import runner_job
+    return runner_job(model, data, sub, n_node, n_gpu, seconds,
+                      Path(workdir) / f"{safe_name(model)}-n{n_node}-g{n_gpu}-s{sub}-p{rep}",
+                      timeout)
+
+
+def measured(st, n_file):
+    """The quantities of the model from one asgd_stats.json."""
+    from engine.perf.sweep import runner_step_means
+    steps, upd = runner_step_means(st["timers"])
+    # T_Epoch by SPEC eq. (10), N_File T_Update / N_Minibatch_avg: a run of a
+    # few seconds has start-up and stop edges a real epoch does not; the
+    # wall-clock rate is kept as T_Epoch_wall.
+    return {"T_GPU": st["T_GPU"], "T_Update": st["T_Update"],
+            "T_Epoch": n_file * st["T_Update"] / st["N_Minibatch_avg"] if st.get("N_Minibatch_avg") else None,
+            "T_Epoch_wall": n_file * st["wall_s"] / st["samples"] if st.get("samples") else None,
+            "N_Minibatch_avg": st["N_Minibatch_avg"], "staleness": st["staleness_mean"],
+            "steps": steps, "updater": upd, "updates": st["updates"], "samples": st["samples"],
+            "T_GPU_median": st.get("T_GPU_median"), "T_Update_median": st.get("T_Update_median")}
+
+
+def predicted(model, n_node, n_gpu, sub, prof, n_file, sim=True, host=None):
+    """Closed form (+ simulation) for one run. ``host``: the machine-load
+    factor probed just before the run (None: the one stored at sweep time)."""
+    from engine.perf import model as M
+    from engine.perf.simulate import simulate
+    prof.host_factor = {} if host is None else {model: host}
+    impl = M.RUNNER_SWEEP_IMPL
+    p = M.predict(model, n_node, n_gpu, sub, prof, n_file=n_file, ranks_per_host=n_node, impl=impl)
+    out = {"T_GPU": p.t_gpu, "T_Update": p.t_update, "T_Epoch": p.t_epoch,
+           "N_Minibatch_avg": p.n_minibatch_avg, "staleness": p.staleness, "steps": dict(p.worker),
+           "host_factor": host, "slowdown": p.slowdown, "updater": dict(p.updater)}
+    if sim:
+        s = simulate(model, n_node, n_gpu, sub, prof, n_updates=300, min_worker_steps=600, n_file=n_file,
+                     ranks_per_host=n_node, impl=impl, seed=1, slowdown=p.slowdown)
+        out["sim"] = {"T_GPU": s.t_gpu, "T_Update": s.t_update, "T_Epoch": s.t_epoch,
+                      "N_Minibatch_avg": s.n_minibatch_avg, "staleness": s.staleness}
+    return out
+
+
+def layer_times(model, sub, prof, repeats=41):
+    """Measured vs modelled forward/backward time of each layer (one thread,
+    in-process): the median of ``repeats`` steps (7 until test set 5: the
+    passes of small layers scatter between steps by a standard deviation of
+    20-100 % of their median, as large as the per-layer target)."""
+    from engine.perf.sweep import layer_pass_times, set_threads
+    from engine.spec import get_spec
+    set_threads(1)
+    sp = get_spec(model)
+    # One thread: its CPU time, the clock of the profile's sweeps.
+    got = layer_pass_times(sp, sub, repeats=repeats, clock=time.thread_time)
+    pred = layer_predictions(model, sub, prof)
+    out = []
+    for k, v in got.items():
+        key = (k[0], "forward" if k[1] == "fwd" else "backward")
+        out.append({"model": model, "n_subbatch": sub, "layer": key[0], "pass": key[1],
+                    "measured": v[0], "predicted": pred.get(key, 0.0)})
+    return out
+
+
+def layer_predictions(model, sub, prof) -> dict:
+    """{(layer, "forward"|"backward"): seconds} the model prices for each layer pass."""
+    from engine.perf.model import compute_gradient_terms
+    from engine.spec import get_spec
+    pred = {}
+    for name, pas, _, _, t in compute_gradient_terms(get_spec(model), sub, prof):
+        if pas == "loss":          # the softmax runs between the passes, outside every layer
+            continue
+        for k in (("fwd", "bwd") if pas == "fwd+bwd" else (pas,)):
+            key = (name, "forward" if k == "fwd" else "backward")
+            # An older profile's per-layer overhead: half each way.
+            pred[key] = pred.get(key, 0.0) + (t / 2 if pas == "fwd+bwd" else t)
+    return pred
+
+
+def repredict(d, profile, sim=True):
+    """Replace the predictions of a saved validation ``d`` by ``profile``'s."""
+    from engine.perf.profile import Profile
+    prof = Profile.load(profile)
+    for r in d["rows"]:
+        n_file = round(r["measured"]["T_Epoch"] * r["measured"]["N_Minibatch_avg"] / r["measured"]["T_Update"])
+        p = predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], prof, n_file, sim=sim)
+        r.pop("simulated", None)
+        if "sim" in p:
+            r["simulated"] = p.pop("sim")
+        r["predicted"] = p
+    for l in d["layers"]:
+        l["predicted"] = layer_predictions(l["model"], l["n_subbatch"], prof).get((l["layer"], l["pass"]), 0.0)
+
+
+def merge_runs(ds):
+    """One validation from several saved ones (rows, layers, failures and
+    calibrations together; the calibration scale is their median)."""
+    if len(ds) == 1:
+        return ds[0]
+    out = {"rows": [], "layers": [], "failed": [], "calibrations": []}
+    for d in ds:
+        for k in out:
+            out[k] += d.get(k) or []
+    ratios = [c["ratio"] for c in out["calibrations"] if c.get("ratio")]
+    out["calibration_scale"] = float(np.median(ratios)) if ratios else None
+    out["parts"] = [{k: d.get(k) for k in ("profile", "argv", "date")} for d in ds]
+    return out
+
+
+def median_runs(ms):
+    """One measurement per configuration: the median of its runs, per
+    quantity and per step."""
+    out = {}
+    for k, v in ms[0].items():
+        if isinstance(v, dict):
+            out[k] = {s: float(np.median([m[k].get(s, 0.0) for m in ms])) for s in v}
+        elif isinstance(v, (int, float)) and v is not None:
+            vals = [m[k] for m in ms if m.get(k) is not None]
+            out[k] = float(np.median(vals)) if vals else None
+        else:
+            out[k] = v
+    return out
+
+
+def swept_nets(prof) -> set:
+    """Nets whose timings any sweep of ``prof`` used: the net-step and
+    layer-shape sweeps and the contention sweeps."""
+    sw = prof.data.get("sweep", {})
+    nets = set(sw.get("nets", ("tiny", "digits", "cifar"))) | set(sw.get("layer_nets", ("tiny", "digits", "cifar",
+                                                                                         "cnn-a")))
+    nets |= set(sw.get("layer_pass_nets", ()))
+    nets |= {e.get("model") for e in prof.data.get("contention", {}).get("entries", [])}
+    return nets
+
+
+def group_of(model, prof) -> str:
+    from engine.spec import get_spec
+    return "fitted grid" if get_spec(model).name in swept_nets(prof) else "held-out nets"
+
+
+def calibrated(rows, prof, cals, sim=False):
+    """``(rows predicted as sprint predict would after its calibration,
+    kernel scale, per-call scale)``: the profile rescaled by the median over
+    the passes of the scales each calibration applied (its kernel part and
+    its Python part apart, ``calibrate.PARTS``); None when the calibrations
+    did not time the parts apart or applied nothing."""
+    split = [c for c in cals if c.get("call_scale") is not None]
+    if not split:
+        return None
+    k = float(np.median([c["scale"] for c in split]))
+    kc = float(np.median([c["call_scale"] for c in split]))
+    if k == 1.0 and kc == 1.0:
+        return None
+    from engine.perf.profile import Profile
+    p = Profile(prof.data, prof.source)
+    p.time_scale, p.call_scale = k, kc
+    out = []
+    for r in rows:
+        m = r["measured"]
+        n_file = round(m["T_Epoch"] * m["N_Minibatch_avg"] / m["T_Update"])
+        out.append(dict(r, predicted=predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], p, n_file,
+                                               sim=sim)))
+    return out, k, kc
