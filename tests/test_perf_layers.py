@@ -217,3 +217,37 @@ def test_runner_compute_excess_is_per_byte_beyond_the_l2():
     # Profiles fitted before: d per parameter.
     old = Profile(dict(prof, overhead={"runner_compute": {"c": c, "d": 1e-9}}))
     assert old.runner_compute(200_000) == pytest.approx(c + 2e-4)
+
+
+def test_runner_excess_is_paired_with_the_step_timed_beside_it():
+    """The runner's per-step excess is its (1, 1) ComputeGradient minus the
+    one-thread step the same sweep timed (``solo_wall``), not minus the
+    model's step: layer terms that price the swept nets 30 % slow (or fast)
+    leave c and d as they are."""
+    from engine.perf.fit_steps import anchor_contention
+    c, d, l2 = 250e-6, 5e-10, 1 << 20
+    for off in (0.7, 1.0, 1.3):                 # the layer terms' error on the swept nets
+        prof = Profile.synthetic(backend="cpu").data
+        prof["cache"] = {"l2_bytes": l2}
+        p = Profile(prof)
+        entries = []
+        for net, n in (("tiny", 8), ("mnist", 4), ("cifar", 4)):
+            sp = spec_mod.get_spec(net)
+            solo = off * sum(r[4] for r in model.compute_gradient_terms(sp, n, p))
+            base = solo + c + d * max(4 * spec_mod.n_params(sp) - l2, 0)
+            for r, rel in ((1, 1.0), (2, 1.4), (3, 2.1)):
+                entries.append({"kind": "contention", "source": "runner", "model": net, "n_subbatch": n,
+                                "ranks": r, "workers": 1, "rel": rel, "t": rel * base, "host": base / solo,
+                                "solo_cpu": solo, "solo_wall": solo})
+        prof["contention"] = {"entries": entries}
+        anchor_contention(prof)
+        got = prof["overhead"]["runner_compute"]
+        assert got["c"] == pytest.approx(c, rel=1e-6) and got["d"] == pytest.approx(d, rel=1e-6)
+    # Records without the probe (older sweeps): the model's step, as before.
+    old = [dict(e) for e in entries]
+    for e in old:
+        e.pop("solo_wall"), e.pop("excess_solo", None)
+    prof = Profile.synthetic(backend="cpu").data
+    prof["contention"] = {"entries": [e for e in old if e.get("ranks")]}
+    anchor_contention(prof)
+    assert "excess_solo" not in prof["contention"]["entries"][0]

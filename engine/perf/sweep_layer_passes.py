@@ -15,11 +15,14 @@ from engine import spec as spec_mod
 from .sweep_kernels import SWEPT_NETS, cache_bytes
 from .timing import CLOCK, _rand, _xp
 
-# The nets of held-out test sets 1-4 (bench/RESULTS.md section 4): each was
+# The nets of held-out test sets 1-6 (bench/RESULTS.md section 4): each was
 # scored once and counts as seen since, so the sweeps may fit on them. Spec
 # dicts, so that any install can sweep them. Sets 3 and 4 bring what the
 # swept nets lack: 7x7 kernels (heldout-k7), three conv layers, three FC
-# layers. Test set 5's nets are in none of these lists.
+# layers. Sets 5 and 6 (scored, seen since 2026-12-01) bring 5x5 kernels
+# over 3 channels, pooling by 4 and 3, and an output layer that reads a conv
+# map directly (heldout-allconv's, priced 40-57 % short in set 6). Test set
+# 7's nets (bench/specs/heldout_k9, heldout_four) are in none of these lists.
 SEEN_NETS = (
     "digits", "mnist",
     {"name": "mnist-heldout", "x0": 28, "m0": 1, "c": 5, "convs": [[16, 2], [32, 2]], "fcs": [128, 10]},
@@ -27,7 +30,12 @@ SEEN_NETS = (
     {"name": "heldout-fc", "x0": 12, "m0": 1, "c": 3, "convs": [[8, 2]], "fcs": [256, 128, 10]},
     {"name": "heldout-deep", "x0": 20, "m0": 2, "c": 5, "convs": [[12, 1], [16, 2], [32, 2]], "fcs": [64, 10]},
     {"name": "heldout-k7", "x0": 28, "m0": 1, "c": 7, "convs": [[10, 2], [20, 2]], "fcs": [100, 10]},
-    {"name": "heldout-wide", "x0": 28, "m0": 1, "c": 3, "convs": [[24, 1], [24, 2], [48, 2]], "fcs": [96, 10]})
+    {"name": "heldout-wide", "x0": 28, "m0": 1, "c": 3, "convs": [[24, 1], [24, 2], [48, 2]], "fcs": [96, 10]},
+    {"name": "heldout-k5c3", "x0": 24, "m0": 3, "c": 5, "convs": [[20, 2], [40, 3]], "fcs": [64, 10]},
+    {"name": "heldout-pool4", "x0": 32, "m0": 1, "c": 3, "convs": [[32, 4], [64, 2]], "fcs": [200, 10]},
+    {"name": "heldout-lenet", "x0": 28, "m0": 1, "c": 5, "convs": [[6, 2], [16, 2]], "fcs": [120, 84, 10]},
+    {"name": "heldout-allconv", "x0": 32, "m0": 3, "c": 3, "convs": [[16, 1], [32, 2], [32, 2], [64, 2]],
+     "fcs": [10]})
 # Nets whose layer passes fit the per-layer terms; ``heldout-b`` is held
 # out of that fit whole.
 LAYER_PASS_NETS = SWEPT_NETS + SEEN_NETS
