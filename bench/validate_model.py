@@ -162,7 +162,8 @@ def main(argv=None):
             probes = [h for _, h in runs[key] if h is not None]
             host = float(np.median(probes)) if probes else None
             p = predicted(net, n_node, n_gpu, sub, prof, n_file, sim=not a.no_sim, host=host)
-            row = {"model": net, "n_node": n_node, "n_gpu": n_gpu, "n_subbatch": sub, "group": group_of(net, prof),
+            row = {"model": net, "n_node": n_node, "n_gpu": n_gpu, "n_subbatch": sub, "n_file": n_file,
+                   "group": group_of(net, prof),
                    "measured": median_runs(ms), "predicted": p, "runs": [{k: m.get(k) for k in QTY} for m in ms],
                    "probes": probes}
             if host is not None:

@@ -112,7 +112,7 @@ def repredict(d, profile, sim=True):
     from engine.perf.profile import Profile
     prof = Profile.load(profile)
     for r in d["rows"]:
-        n_file = round(r["measured"]["T_Epoch"] * r["measured"]["N_Minibatch_avg"] / r["measured"]["T_Update"])
+        n_file = row_n_file(r)
         p = predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], prof, n_file, sim=sim)
         r.pop("simulated", None)
         if "sim" in p:
@@ -120,6 +120,14 @@ def repredict(d, profile, sim=True):
         r["predicted"] = p
     for l in d["layers"]:
         l["predicted"] = layer_predictions(l["model"], l["n_subbatch"], prof).get((l["layer"], l["pass"]), 0.0)
+
+
+def row_n_file(r) -> int:
+    """The training-set size a saved row was run and predicted with. Not
+    from its measured medians: T_Epoch, N_Minibatch_avg and T_Update are
+    each the median of the runs, often of different runs, so their ratio
+    missed N_File by up to 2 % and re-predictions moved T_Epoch by as much."""
+    return int(r.get("n_file") or N_TRAIN.get(safe_name(r["model"]), 20_000))
 
 
 def merge_runs(ds):
@@ -186,8 +194,7 @@ def calibrated(rows, prof, cals, sim=False):
     p.time_scale, p.call_scale = k, kc
     out = []
     for r in rows:
-        m = r["measured"]
-        n_file = round(m["T_Epoch"] * m["N_Minibatch_avg"] / m["T_Update"])
+        n_file = row_n_file(r)
         out.append(dict(r, predicted=predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], p, n_file,
                                                sim=sim)))
     return out, k, kc
