@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from engine.parallel.asgd import N_EXTRA
+from engine.parallel.asgd_buffers import N_EXTRA
 from engine.parallel.comm import get_comm
 from engine.spec import get_spec, n_params
 

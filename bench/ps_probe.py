@@ -21,7 +21,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from engine.parallel import ps
+from engine.parallel import ps, ps_optim
 from engine.parallel.asgd import Step
 from engine.parallel.downpour import DownpourConfig, DownpourReplica, DownpourServer
 
@@ -71,7 +71,7 @@ bounds = ps.shard_bounds(args.floats, 1)
 cfg = DownpourConfig(lr=0.0, max_samples=32 * args.steps * R)
 if rank == 0:
     srv = DownpourServer(comm, 0, bounds, np.zeros(args.floats, np.float32),
-                         ps.make_server_opt("adagrad", args.floats), range(1, R + 1), cfg).run()
+                         ps_optim.make_server_opt("adagrad", args.floats), range(1, R + 1), cfg).run()
     st = srv.stats()
     reps = comm.gather(None, root=0)[1:]      # after the serving loop: no message may reach it
     print("CYCLE " + json.dumps({"fetch_time": float(np.mean([r[0] for r in reps])),

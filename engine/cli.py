@@ -116,7 +116,7 @@ def is_usage_error(e: BaseException) -> bool:
 
 
 def _job_size() -> int:
-    from engine.parallel.comm import launcher_world_size
+    from engine.parallel.launcher import launcher_world_size
     return launcher_world_size()
 
 
@@ -124,7 +124,7 @@ def _job_size() -> int:
 def _said_by_rank_0():
     """Under mpiexec every rank parses the same command line: only rank 0
     prints the help or the version."""
-    from engine.parallel.comm import launcher_rank
+    from engine.parallel.launcher import launcher_rank
     if _job_size() > 1 and launcher_rank() != 0:
         with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
             yield

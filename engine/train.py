@@ -83,7 +83,7 @@ def refuse_launcher_ranks(cfg):
     """Under mpiexec with several ranks, `sprint train` without a strategy would
     train one copy per rank into the same folder: refuse and name the
     strategies. (The Python API lets a rank train alone on purpose.)"""
-    from .parallel.comm import launcher_world_size
+    from .parallel.launcher import launcher_world_size
     n = launcher_world_size()
     if n > 1:
         choices = [s.name for s in _registry.STRATEGIES.values() if s.distributed]

@@ -172,7 +172,7 @@ def _new_run_dir(model) -> str:
     second (a loop of `sprint train &`) get -2, -3, ... instead of writing one
     folder together. Under mpiexec rank 0 claims it and the session hands its
     name to the other ranks (engine.session.Session)."""
-    from .parallel.comm import launcher_rank
+    from .parallel.launcher import launcher_rank
     base = os.path.join("runs", f"{model.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}")
     if launcher_rank() != 0:
         return base

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
-from engine.parallel import ps
+from engine.parallel import ps, ps_optim
 from test_parallel_mpi import run_mpi
 
 needs_mpi = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")
@@ -43,14 +43,14 @@ def test_shard_sgd_and_adagrad_match_float64_formulas(k):
     w0 = rng.normal(size=50).astype(np.float32)
     g = rng.normal(size=(4, 50)).astype(np.float32)
     lr, mom, wd = 0.1, 0.9, 1e-2
-    w, opt = w0.copy(), ps.ShardSGD(50, mom, wd)
+    w, opt = w0.copy(), ps_optim.ShardSGD(50, mom, wd)
     wr, v = w0.astype(np.float64), np.zeros(50)
     for gi in g:
         opt.apply(w, gi, lr, k)
         v = mom * v - lr * (gi + k * wd * wr)
         wr = wr + v
     assert np.abs(w - wr).max() < 1e-5
-    w, opt = w0.copy(), ps.ShardAdagrad(50, wd)
+    w, opt = w0.copy(), ps_optim.ShardAdagrad(50, wd)
     wr, h = w0.astype(np.float64), np.full(50, 0.1)
     for gi in g:
         opt.apply(w, gi, lr, k)
@@ -59,7 +59,7 @@ def test_shard_sgd_and_adagrad_match_float64_formulas(k):
         wr = wr - lr * gg / np.sqrt(h)
     assert np.abs(w - wr).max() < 1e-5
     with pytest.raises(ValueError, match="--server-opt"):
-        ps.make_server_opt("rmsprop", 3)
+        ps_optim.make_server_opt("rmsprop", 3)
 
 
 @pytest.mark.mpi

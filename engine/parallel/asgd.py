@@ -32,18 +32,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ._xp import array_module, device_sync, to_host
+from .asgd_buffers import N_EXTRA, X_CORRECT, X_GRADS, X_LOSS, X_SAMPLES, X_STOP, GradBuf
 from .comm import Comm, LocalComm
 from .source import Step, source_step  # noqa: F401  (engine.perf and bench import them from here)
 from .timers import StepTimers
 
 _now = time.perf_counter
-
-# Extra slots appended to SendBuf: they ride the same allreduce, so every node
-# learns the global counts of this update and all nodes take the same stop
-# decision without another collective.
-X_SAMPLES, X_LOSS, X_CORRECT, X_GRADS, X_STOP = range(5)
-N_EXTRA = 5
-
 
 @dataclass
 class ASGDConfig:
@@ -69,25 +63,6 @@ class ASGDConfig:
 
 class WorkerFailed(RuntimeError):
     pass
-
-
-class _GradBuf:
-    """GradBuf_t with its lock, empty flag and the bookkeeping of what it holds."""
-    __slots__ = ("lock", "data", "empty", "n", "loss", "correct", "grads", "versions", "tags")
-
-    def __init__(self, data):
-        self.lock = threading.Lock()
-        self.data = data
-        self.empty = True
-        self._reset_meta()
-
-    def _reset_meta(self):
-        self.n = 0
-        self.loss = 0.0
-        self.correct = 0
-        self.grads = 0
-        self.versions = []
-        self.tags = []
 
 
 class ASGD:
@@ -127,7 +102,7 @@ class ASGD:
             self.delta[...] = xp.asarray(delta0[self.lo:self.hi] if delta0.size == n else delta0, dtype=dt)
         self._tmp = xp.empty_like(self.delta)
 
-        self.bufs = [_GradBuf(xp.empty(n, dtype=dt)) for _ in sources]
+        self.bufs = [GradBuf(xp.empty(n, dtype=dt)) for _ in sources]
         self._spares = [xp.empty(n, dtype=dt) for _ in sources]
         self._has_grad = threading.Event()
         self._stop = threading.Event()
@@ -260,17 +235,13 @@ class ASGD:
         versions, tags = [], []
         first = True
         for t, buf in enumerate(self.bufs):
-            with buf.lock:
-                if buf.empty:
-                    continue
-                # Swap the full buffer for this worker's spare: O(1) under the lock.
-                buf.data, self._spares[t] = self._spares[t], buf.data
-                buf.empty = True
-                m = (buf.n, buf.loss, buf.correct, buf.grads)
-                versions.extend(buf.versions)
-                tags.extend(buf.tags)
-                buf._reset_meta()
-            data = self._spares[t]
+            taken = buf.take(self._spares[t])
+            if taken is None:
+                continue
+            data, m, v, g = taken
+            self._spares[t] = data
+            versions.extend(v)
+            tags.extend(g)
             if first:
                 xp.copyto(send[:n], data)
                 first = False
@@ -400,13 +371,7 @@ class ASGD:
     def _collect_discarded(self):
         """Gradients still in the buffers at stop time are dropped, and counted."""
         for buf in self.bufs:
-            with buf.lock:
-                if not buf.empty:
-                    self.discarded["grads"] += buf.grads
-                    self.discarded["samples"] += buf.n
-                    self.discarded["tags"].extend(buf.tags)
-                    buf.empty = True
-                    buf._reset_meta()
+            buf.discard_into(self.discarded)
 
     def full_delta(self):
         """DeltaWeights of all slices, gathered (host array) -- for checkpoints."""

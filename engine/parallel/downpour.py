@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from . import ps
+from .ps_optim import make_server_opt
 from ._xp import to_host
 from .source import source_step
 from .ps_report import summarize_downpour as summarize_stats
@@ -333,7 +334,7 @@ def _run(job):
     state, w_final = job.state, None
     if job.is_server:
         lo, hi = job.bounds[rank]
-        opt = ps.make_server_opt(kind, hi - lo, cfg.momentum, cfg.weight_decay)
+        opt = make_server_opt(kind, hi - lo, cfg.momentum, cfg.weight_decay)
         versions = [0] * S
         if state is not None:
             saved = state["opt"]

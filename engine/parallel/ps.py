@@ -9,9 +9,9 @@ counts and versions stay exact) followed by the shard's slice. MPI keeps the
 messages of one sender to one receiver in order, which is what makes "push,
 then fetch" see its own push without any extra synchronisation.
 
-Here: the shard geometry, the message packing, the per-shard optimizers
-(momentum SGD and Adagrad) and small polling helpers, so that waiting ranks
-sleep between tests instead of spinning on cores the workers need.
+Here: the shard geometry, the message packing and small polling helpers, so
+that waiting ranks sleep between tests instead of spinning on cores the
+workers need; the per-shard update rules are engine.parallel.ps_optim.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import time
 import numpy as np
 
 from engine.argtypes import nonneg_int, positive_int
+
+from .ps_optim import SERVER_OPTS
 
 # Message tags (one namespace for both strategies).
 FETCH, WEIGHTS, PUSH, DONE, SNAP, SNAP_REPLY = 11, 12, 13, 14, 15, 16
@@ -149,63 +151,6 @@ def recv_poll(comm, source, tag, poll: float = POLL):
     while not comm.Iprobe(source=source, tag=tag, status=st):
         nap(poll)
     return comm.recv(source=st.Get_source(), tag=tag)
-
-
-# ---- per-shard optimizers -----------------------------------------------------
-class ShardSGD:
-    """v = mu v - lr (g + k wd w); w += v, where g is the sum of k replica
-    gradients (a push of k accumulated steps decays the weights k times): with
-    k = 1 exactly the engine's single-process SGD step."""
-    kind = "sgd"
-
-    def __init__(self, n, momentum=0.9, weight_decay=0.0):
-        self.momentum, self.weight_decay = float(momentum), float(weight_decay)
-        self.v = np.zeros(n, np.float32)
-
-    def apply(self, w, g, lr, k=1):
-        g = g + (k * self.weight_decay) * w if self.weight_decay else g
-        self.v *= np.float32(self.momentum)
-        self.v -= np.float32(lr) * g
-        w += self.v
-
-    def state(self):
-        return {"velocity": self.v}
-
-    def load(self, st):
-        self.v[...] = st["velocity"]
-
-
-class ShardAdagrad:
-    """DistBelief's per-parameter learning rates: h += g^2; w -= lr g / sqrt(h)
-    (g with k * wd * w folded in), h starting at ``init`` so that the first
-    steps are not lr-sized in every coordinate."""
-    kind = "adagrad"
-
-    def __init__(self, n, weight_decay=0.0, init=0.1, eps=1e-10):
-        self.weight_decay, self.eps = float(weight_decay), float(eps)
-        self.h = np.full(n, init, np.float32)
-
-    def apply(self, w, g, lr, k=1):
-        g = g + (k * self.weight_decay) * w if self.weight_decay else g
-        self.h += g * g
-        w -= np.float32(lr) * g / (np.sqrt(self.h) + np.float32(self.eps))
-
-    def state(self):
-        return {"accumulator": self.h}
-
-    def load(self, st):
-        self.h[...] = st["accumulator"]
-
-
-SERVER_OPTS = {"sgd": ShardSGD, "adagrad": ShardAdagrad}
-
-
-def make_server_opt(kind, n, momentum=0.9, weight_decay=0.0):
-    if kind == "sgd":
-        return ShardSGD(n, momentum, weight_decay)
-    if kind == "adagrad":
-        return ShardAdagrad(n, weight_decay)
-    raise ValueError(f"server optimizer must be one of {sorted(SERVER_OPTS)}, got {kind!r} (--server-opt)")
 
 
 def role_name(rank: int, servers: int) -> str:

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from toy import SoftmaxSource, init_weights, make_data  # noqa: E402
-from engine.parallel import ps  # noqa: E402
+from engine.parallel import ps, ps_optim  # noqa: E402
 from engine.parallel.abort import abort_on_error  # noqa: E402
 from engine.parallel.comm import get_comm  # noqa: E402
 from engine.parallel.downpour import DownpourConfig, DownpourReplica, DownpourServer  # noqa: E402
@@ -33,7 +33,7 @@ with abort_on_error(comm):
     cfg = DownpourConfig(lr=lr, max_samples=args.steps * args.batch, trace=True)
     mc = comm.comm
     if comm.rank < S:
-        opt = ps.make_server_opt(args.opt, bounds[comm.rank][1] - bounds[comm.rank][0], mom, wd)
+        opt = ps_optim.make_server_opt(args.opt, bounds[comm.rank][1] - bounds[comm.rank][0], mom, wd)
         srv = DownpourServer(mc, comm.rank, bounds, w0, opt, [S], cfg)
         if comm.rank == 0:
             srv.on_epoch = None

@@ -12,7 +12,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
-from engine.parallel import ps  # noqa: E402
+from engine.parallel import ps, ps_optim  # noqa: E402
 from engine.parallel.source import Step  # noqa: E402
 from engine.parallel.abort import abort_on_error  # noqa: E402
 from engine.parallel.comm import get_comm  # noqa: E402
@@ -56,7 +56,7 @@ with abort_on_error(comm):
     if comm.rank < S:
         lo, hi = bounds[comm.rank]
         cfg = DownpourConfig(lr=1.0, max_samples=args.samples, poll=1e-4)
-        srv = DownpourServer(mc, comm.rank, bounds, w0, ps.make_server_opt("sgd", hi - lo, 0.0, 0.0),
+        srv = DownpourServer(mc, comm.rank, bounds, w0, ps_optim.make_server_opt("sgd", hi - lo, 0.0, 0.0),
                              list(range(S, comm.size)), cfg)
         srv.run()
         if comm.rank == 0:

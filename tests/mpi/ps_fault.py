@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from toy import SoftmaxSource, init_weights, make_data  # noqa: E402
-from engine.parallel import ps  # noqa: E402
+from engine.parallel import ps, ps_optim  # noqa: E402
 from engine.parallel.abort import abort_on_error, install_abort_hooks  # noqa: E402
 from engine.parallel.comm import get_comm  # noqa: E402
 from engine.parallel.downpour import DownpourConfig, DownpourReplica, DownpourServer  # noqa: E402
@@ -58,7 +58,7 @@ with abort_on_error(comm):
     if comm.rank < S:
         lo, hi = bounds[comm.rank]
         cls = FaultyServer if (args.role == "server" and args.index == comm.rank) else DownpourServer
-        srv = cls(mc, comm.rank, bounds, w0, ps.make_server_opt("sgd", hi - lo), range(S, comm.size), cfg)
+        srv = cls(mc, comm.rank, bounds, w0, ps_optim.make_server_opt("sgd", hi - lo), range(S, comm.size), cfg)
         srv.run()
     else:
         faulty = args.role == "replica" and args.index == comm.rank - S

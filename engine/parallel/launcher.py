@@ -1,0 +1,47 @@
+"""What the MPI launcher (mpiexec, srun) tells a process about its job,
+read from the environment it sets for every rank, so that the CLI can ask
+before MPI is initialised: whether there is a job, its size and this
+process's rank."""
+from __future__ import annotations
+
+import os
+import sys
+
+# Environment variables set by the common launchers for every rank.
+_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
+                  "MPI_LOCALNRANKS", "HYDI_CONTROL_FD", "PMI_FD")
+
+
+def launched_under_mpi() -> bool:
+    """True when an MPI launcher started this process (or MPI is already up)."""
+    if os.environ.get("SPRINT_NO_MPI"):
+        return False
+    if any(v in os.environ for v in _LAUNCHER_VARS):
+        return True
+    mod = sys.modules.get("mpi4py.MPI")
+    return bool(mod is not None and mod.Is_initialized())
+
+
+def launcher_world_size() -> int:
+    """How many ranks the launcher started (1 without one)."""
+    if not launched_under_mpi():
+        return 1
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
+        v = os.environ.get(var, "")
+        if v.isdigit():
+            return int(v)
+    from .comm import get_comm
+    return get_comm().size
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher numbered it (0 without one),
+    read from its environment so that MPI need not be initialised."""
+    if not launched_under_mpi():
+        return 0
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        v = os.environ.get(var, "")
+        if v.isdigit():
+            return int(v)
+    from .comm import get_comm
+    return get_comm().rank
