@@ -364,3 +364,46 @@ def test_under_mpiexec_help_is_printed_once_and_debug_keeps_every_ranks_tracebac
                                "--lr", "nan", "--out", tmp_path / "run"])
     # each rank prints its own; the first abort may cut another's short
     assert p.returncode == 2 and "Traceback" in out and errors, out[-3000:]
+
+
+SLOW_CHECKPOINT = """
+import sys, time
+from engine import checkpoint
+real = checkpoint.atomic_write
+def slow(path, write):
+    if str(path).endswith("checkpoint.npz"):
+        print("writing the checkpoint", flush=True)
+        time.sleep(20)             # Ctrl-C comes while rank 0 writes, the other rank waiting for it
+    return real(path, write)
+checkpoint.atomic_write = slow
+from engine.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+def test_ctrl_c_under_mpiexec_while_rank_0_writes_says_how_to_resume(tmp_path):
+    """Rank 1 waited for rank 0's checkpoint inside MPI's C wait, where it
+    never saw its Ctrl-C: the job ended in MPI_Abort and MPICH's
+    'Abort(130) on node 1' line instead of the ranks ending it together."""
+    (tmp_path / "slow.py").write_text(SLOW_CHECKPOINT)
+    run = tmp_path / "run"
+    env = dict(ENV, MPIEXEC_TIMEOUT="60", OMP_NUM_THREADS="1")
+    env.pop("SPRINT_DEBUG", None)
+    p = subprocess.Popen(["mpiexec", "-n", "2", sys.executable, "-m", "mpi4py", str(tmp_path / "slow.py"), "train",
+                          "--parallel", "sync", "--epochs", "2", "--no-progress", "--out", str(run)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        while "writing the checkpoint" not in p.stdout.readline():
+            assert p.poll() is None, p.stderr.read()
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and "Abort(" not in out + err and "Traceback" not in err, out + err
+    lines = [ln for ln in err.splitlines() if not ln.startswith("sprint: rank 0 pid")]
+    assert lines == [f"interrupted before the first epoch ended; nothing to resume in {run}"], err

@@ -181,6 +181,7 @@ def _exit_together(comm: Comm, code: int):
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.alarm(30)
     try:
+        comm.settle()
         comm.MPI.Finalize()
     finally:
         _leave_registered_with_launcher(code)

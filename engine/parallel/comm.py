@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from . import waits
 from .launcher import launched_under_mpi
 
 class CommError(RuntimeError):
@@ -150,13 +151,13 @@ class _Done:
 
 
 class _Pending:
-    __slots__ = ("req",)
+    __slots__ = ("req", "pause")
 
-    def __init__(self, req):
-        self.req = req
+    def __init__(self, req, pause=0.0):
+        self.req, self.pause = req, pause
 
     def wait(self):
-        self.req.Wait()
+        waits.wait(self.req, self.pause)
 
 
 class LocalComm(Comm):
@@ -199,9 +200,10 @@ class MPIComm(Comm):
     def __init__(self, mpi_comm=None):
         from mpi4py import MPI
         self.MPI = MPI
-        self.comm = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
-        self.rank = self.comm.Get_rank()
-        self.size = self.comm.Get_size()
+        self.world = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
+        self._comm, self._dup = self.world, None
+        self.rank = self.world.Get_rank()
+        self.size = self.world.Get_size()
         self.thread_level = MPI.Query_thread()
         self._nccl = None
         self._owner = None
@@ -216,9 +218,22 @@ class MPIComm(Comm):
         without blocking, as the first collective of every rank (get_comm), so
         that a rank waiting there never waits on a rank that died or froze
         first: it gives up and aborts the job instead."""
-        self.failure_channel = self.comm.Idup()
+        self.failure_channel = self.world.Idup()
+        self._dup = self.world.Idup()
         import atexit
         atexit.register(self._close_failure_channel)   # runs before mpi4py's MPI_Finalize
+
+    @property
+    def comm(self):
+        """The communicator of the job's collectives: a duplicate of the
+        world's (started beside the failure channel), so that a collective a
+        Ctrl-C left unfinished is not on MPI_COMM_WORLD, whose pending
+        references MPI_Finalize reports; the world's until then."""
+        if self._dup is not None:
+            mc, req = self._dup
+            waits.wait(req)
+            self._comm, self._dup = mc, None
+        return self._comm
 
     def _close_failure_channel(self):
         """At a normal exit: complete and free the channel (MPICH complains at
@@ -229,6 +244,14 @@ class MPIComm(Comm):
         mc, req = channel
         if test_until(req, time.monotonic() + 5.0):    # else a rank never got here: left to the launcher
             mc.Free()
+        self.settle()
+
+    def settle(self, seconds: float = 5.0):
+        """Before MPI_Finalize: complete the duplicate behind ``comm`` when no
+        collective used it yet (an Idup left pending on MPI_COMM_WORLD is
+        reported at MPI_Finalize). Every rank started it, so it completes."""
+        if self._dup is not None and test_until(self._dup[1], time.monotonic() + seconds):
+            self._comm, self._dup = self._dup[0], None
 
     # Only one thread may drive this communicator; the first user claims it.
     def _claim(self):
@@ -243,12 +266,7 @@ class MPIComm(Comm):
         self._claim()
         if _is_device_array(buf):
             return self._allreduce_device(buf)
-        if self.poll_interval > 0 and self.size > 1:
-            req = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
-            while not req.Test():
-                time.sleep(self.poll_interval)
-            return buf
-        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+        waits.wait(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM), self.poll_interval)
         return buf
 
     def iallreduce_(self, buf):
@@ -257,26 +275,26 @@ class MPIComm(Comm):
         self._claim()
         if _is_device_array(buf):
             return super().iallreduce_(buf)
-        return _Pending(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM))
+        return _Pending(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM), self.poll_interval)
 
     def bcast_(self, buf, root=0):
         _check_flat(buf)
         self._claim()
         if _is_device_array(buf):
             host = _to_host_synced(buf)
-            self.comm.Bcast(host, root=root)
+            waits.wait(self.comm.Ibcast(host, root=root), self.poll_interval)
             buf.set(host)
             return buf
-        self.comm.Bcast(buf, root=root)
+        waits.wait(self.comm.Ibcast(buf, root=root), self.poll_interval)
         return buf
 
     def bcast_obj(self, obj, root=0):
         self._claim()
-        return self.comm.bcast(obj, root=root)
+        return waits.bcast_obj(self.comm, obj, root, self.poll_interval)
 
     def allgather_obj(self, obj):
         self._claim()
-        return self.comm.allgather(obj)
+        return waits.allgather_obj(self.comm, obj, self.poll_interval)
 
     def allreduce_scalars(self, values, op="sum"):
         self._claim()
@@ -284,12 +302,12 @@ class MPIComm(Comm):
         if op not in ops:
             raise ValueError(f"op must be one of {sorted(ops)}, got {op!r}")
         a = np.asarray(values, dtype=np.float64).ravel().copy()
-        self.comm.Allreduce(self.MPI.IN_PLACE, a, op=ops[op])
+        waits.wait(self.comm.Iallreduce(self.MPI.IN_PLACE, a, op=ops[op]), self.poll_interval)
         return [float(v) for v in a]
 
     def barrier(self):
         self._claim()
-        self.comm.Barrier()
+        waits.wait(self.comm.Ibarrier(), self.poll_interval)
 
     def abort(self, message: str, code: int = 1, report: bool = True):
         if report:
@@ -298,7 +316,7 @@ class MPIComm(Comm):
         # MPI_Abort makes the launcher kill every process at once and output
         # still in the pipes can be lost: give the forwarders a moment.
         time.sleep(0.5)
-        self.comm.Abort(code)
+        self.world.Abort(code)     # the world's: MPICH ends the whole job for it
         os._exit(code)  # pragma: no cover - Abort does not return
 
     # -- device buffers --------------------------------------------------------

@@ -1,0 +1,47 @@
+"""Waiting for an MPI collective in Python, between tests of its request,
+instead of inside MPI_Wait. Ctrl-C under mpiexec reaches every rank, but a
+rank blocked in MPI's C wait for a peer that the signal stopped elsewhere (rank
+0 writing the checkpoint the others wait for) never returns to Python to see
+it: the job then ended in MPI_Abort and MPICH's 'Abort(130)' line instead of
+the ranks meeting to end it (engine.parallel.abort.abort_once). The object
+collectives pickle into byte buffers for the same reason (mpi4py's
+bcast/allgather of objects block in C)."""
+from __future__ import annotations
+
+import pickle
+import time
+
+import numpy as np
+
+
+def wait(req, pause: float = 0.0) -> None:
+    """Complete ``req``; between tests sleep ``pause`` seconds (0: only
+    yield, so that other threads keep the interpreter)."""
+    while not req.Test():
+        time.sleep(pause)
+
+
+def bcast_obj(mc, obj, root: int = 0, pause: float = 0.0):
+    """mpi4py's ``mc.bcast(obj, root)``, interruptible."""
+    from mpi4py import MPI
+    n = np.zeros(1, np.int64)
+    if mc.Get_rank() == root:
+        blob = np.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), np.uint8)
+        n[0] = blob.size
+    wait(mc.Ibcast([n, MPI.INT64_T], root=root), pause)
+    if mc.Get_rank() != root:
+        blob = np.empty(int(n[0]), np.uint8)
+    wait(mc.Ibcast([blob, MPI.BYTE], root=root), pause)
+    return obj if mc.Get_rank() == root else pickle.loads(blob.tobytes())
+
+
+def allgather_obj(mc, obj, pause: float = 0.0) -> list:
+    """mpi4py's ``mc.allgather(obj)``, interruptible."""
+    from mpi4py import MPI
+    blob = np.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), np.uint8)
+    sizes = np.zeros(mc.Get_size(), np.int64)
+    wait(mc.Iallgather([np.array([blob.size], np.int64), MPI.INT64_T], [sizes, MPI.INT64_T]), pause)
+    displs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    every = np.empty(int(sizes.sum()), np.uint8)
+    wait(mc.Iallgatherv([blob, MPI.BYTE], [every, (sizes.tolist(), displs.tolist()), MPI.BYTE]), pause)
+    return [pickle.loads(every[d:d + s].tobytes()) for d, s in zip(displs, sizes)]
