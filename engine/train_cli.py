@@ -40,7 +40,7 @@ def register(sub):
                         f"L-BFGS batch, default {registry.get_strategy('sandblaster').field_default('batch')})")
     p.add_argument("--lr", type=float, default=None,
                    help=f"learning rate eta, finite and > 0 (default {d.lr}; asgd {asgd.field_default('lr')}; "
-                        "a tenth of that for --model cifar, which diverges at 0.05)")
+                        "a tenth of that for --model cifar and a fiftieth for cnn-a/b/c, which diverge at 0.05)")
     p.add_argument("--momentum", type=float, default=None,
                    help=f"momentum nu in [0, 1) (default {d.momentum}; asgd {asgd.field_default('momentum')})")
     p.add_argument("--weight-decay", type=float, default=None, help=f"L2 weight decay (default {d.weight_decay})")

@@ -150,3 +150,14 @@ def test_metrics_and_plot_errors(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\nnot json\n')
     with pytest.raises(ValueError, match=":2: not JSON"):
         metrics.read(tmp_path / "metrics.jsonl")
+
+
+def test_the_presets_without_normalisation_default_to_a_rate_they_train_at():
+    """cifar and the VGG presets diverge at the strategies' 0.05, and so do
+    their PyTorch twins (engine.spec.PRESET_LR_SCALE says where and how it
+    was measured): an --lr left out gives them a rate they train at."""
+    from engine.session import TrainConfig
+    assert TrainConfig(model="digits").lr == 0.05 and TrainConfig(model="cifar").lr == 0.005
+    for m in ("cnn-a", "cnn-b", "cnn-c"):
+        assert TrainConfig(model=m).lr == 0.001 and TrainConfig(model=m, parallel="asgd").lr == 0.0004
+        assert TrainConfig(model=m, lr=0.05).lr == 0.05
