@@ -317,18 +317,23 @@ def test_a_one_process_command_under_mpiexec_is_refused_once(tmp_path):
     assert p.stderr.splitlines() == errors, p.stderr
 
 
-FULL_DISK = """
-import errno, sys
+def _cli_whose_checkpoint_write(does: str) -> str:
+    """A `sprint` script whose checkpoint.npz writes first run ``does``."""
+    return f"""
+import errno, sys, time
 from engine import checkpoint
 real = checkpoint.atomic_write
-def full(path, write):
+def patched(path, write):
     if str(path).endswith("checkpoint.npz"):
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        {does}
     return real(path, write)
-checkpoint.atomic_write = full
+checkpoint.atomic_write = patched
 from engine.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+
+
+FULL_DISK = _cli_whose_checkpoint_write('raise OSError(errno.ENOSPC, "No space left on device", str(path))')
 
 
 @pytest.mark.mpi
@@ -366,19 +371,8 @@ def test_under_mpiexec_help_is_printed_once_and_debug_keeps_every_ranks_tracebac
     assert p.returncode == 2 and "Traceback" in out and errors, out[-3000:]
 
 
-SLOW_CHECKPOINT = """
-import sys, time
-from engine import checkpoint
-real = checkpoint.atomic_write
-def slow(path, write):
-    if str(path).endswith("checkpoint.npz"):
-        print("writing the checkpoint", flush=True)
-        time.sleep(20)             # Ctrl-C comes while rank 0 writes, the other rank waiting for it
-    return real(path, write)
-checkpoint.atomic_write = slow
-from engine.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+# Ctrl-C comes while rank 0 writes, the other rank waiting for it
+SLOW_CHECKPOINT = _cli_whose_checkpoint_write('print("writing the checkpoint", flush=True); time.sleep(20)')
 
 
 @pytest.mark.mpi
