@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from . import waits
-from .launcher import launched_under_mpi
+from .launcher import launched_under_mpi, unlink_mpich_segments
 
 class CommError(RuntimeError):
     """A collective could not be completed."""
@@ -316,7 +316,13 @@ class MPIComm(Comm):
         # MPI_Abort makes the launcher kill every process at once and output
         # still in the pipes can be lost: give the forwarders a moment.
         time.sleep(0.5)
-        self.world.Abort(code)     # the world's: MPICH ends the whole job for it
+        self.abort_world(code)
+
+    def abort_world(self, code: int):
+        """MPI_Abort on the world, which ends the whole job; MPICH unlinks its
+        /dev/shm bootstrap segment only in MPI_Finalize, so do it first."""
+        unlink_mpich_segments()
+        self.world.Abort(code)
         os._exit(code)  # pragma: no cover - Abort does not return
 
     # -- device buffers --------------------------------------------------------

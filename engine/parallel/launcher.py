@@ -45,3 +45,22 @@ def launcher_rank() -> int:
             return int(v)
     from .comm import get_comm
     return get_comm().rank
+
+
+def unlink_mpich_segments(maps: str = "/proc/self/maps") -> list:
+    """Unlink the named MPICH shared-memory files this process maps (Linux)
+    and return their paths. MPICH removes its node bootstrap segment only in
+    MPI_Finalize, so a job ended by MPI_Abort or a kill leaves it in
+    /dev/shm; the memory stays valid for the processes that map it."""
+    try:
+        with open(maps) as f:
+            paths = sorted({ln.split()[-1] for ln in f if len(ln.split()) >= 6})
+    except OSError:
+        return []
+    paths = [p for p in paths if p.startswith("/dev/shm/mpich_shm_")]
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass                    # a peer on this node got there first
+    return paths

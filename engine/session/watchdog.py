@@ -95,7 +95,7 @@ class Watchdog:
             time.sleep(2.0)     # let the reporter's line out first
         self._kill_local(silent)
         try:
-            self.comm.world.Abort(1)
+            self.comm.abort_world(1)
         finally:
             os._exit(1)
 
@@ -115,7 +115,7 @@ class Watchdog:
                          f"{self.timeout:g}); ending the job\n")
         time.sleep(0.5)
         try:
-            self.comm.world.Abort(1)
+            self.comm.abort_world(1)
         finally:
             os._exit(1)
 
