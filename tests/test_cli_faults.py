@@ -404,16 +404,15 @@ def test_ctrl_c_under_mpiexec_while_rank_0_writes_says_how_to_resume(tmp_path):
 
 
 SEGMENTS_THEN_ABORT = """
-import sys
+import re, time
 from engine.parallel.comm import get_comm
 comm = get_comm()
-comm.barrier()
-maps = sorted({ln.split()[-1] for ln in open("/proc/self/maps") if "/dev/shm/mpich_shm_" in ln})
-print("segments", *maps, flush=True)
-comm.barrier()
+comm.world.Barrier()   # not comm.barrier(): its first collective unlinks the segment already
+print("segments", *sorted(set(re.findall(r"/dev/shm/mpich_shm_\\S+", open("/proc/self/maps").read()))), flush=True)
+comm.world.Barrier()
 if comm.rank == 1:
     comm.abort("sprint: error: rank 1 gives up", 3)
-comm.barrier()
+time.sleep(30)                # until the launcher ends this rank
 """
 
 
@@ -448,3 +447,27 @@ def test_unlink_mpich_segments_takes_only_mpich_files_this_process_maps(tmp_path
     finally:
         if os.path.exists(mine):
             os.unlink(mine)
+
+
+SEGMENTS_THEN_KILLED = """
+import os, re, signal, time
+from engine.parallel.comm import get_comm
+comm = get_comm()
+comm.barrier()
+print("segments", *sorted(set(re.findall(r"/dev/shm/mpich_shm_\\S+", open("/proc/self/maps").read()))), flush=True)
+comm.barrier()
+if comm.rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)     # no rank gets to MPI_Abort: the launcher kills the rest
+time.sleep(30)
+"""
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+def test_a_job_killed_from_outside_leaves_no_mpich_segment_in_dev_shm(tmp_path):
+    (tmp_path / "killed.py").write_text(SEGMENTS_THEN_KILLED)
+    p, out, errors = _mpiexec([2, "-m", "mpi4py", tmp_path / "killed.py"])
+    assert p.returncode != 0, out[-3000:]
+    seen = {s for ln in p.stdout.splitlines() if ln.startswith("segments") for s in ln.split()[1:]}
+    assert seen, out[-3000:]
+    assert not [s for s in seen if os.path.exists(s)], (seen, out[-3000:])

@@ -233,6 +233,7 @@ class MPIComm(Comm):
             mc, req = self._dup
             waits.wait(req)
             self._comm, self._dup = mc, None
+            unlink_mpich_segments()     # all ranks mapped it in MPI_Init: a killed job leaves none
         return self._comm
 
     def _close_failure_channel(self):
@@ -319,8 +320,8 @@ class MPIComm(Comm):
         self.abort_world(code)
 
     def abort_world(self, code: int):
-        """MPI_Abort on the world, which ends the whole job; MPICH unlinks its
-        /dev/shm bootstrap segment only in MPI_Finalize, so do it first."""
+        """MPI_Abort on the world, which ends the whole job."""
+        # MPICH unlinks its /dev/shm bootstrap segment only in MPI_Finalize
         unlink_mpich_segments()
         self.world.Abort(code)
         os._exit(code)  # pragma: no cover - Abort does not return
