@@ -117,7 +117,7 @@ def main(argv=None):
         from engine.perf.profile import Profile as P
         chk = check(P(prof.data, prof.source), seconds=3.0, apply=False)
         cal.append({"ratio": chk.ratio, "noise": chk.noise, "scale": chk.scale, "call_scale": chk.call_scale,
-                    "parts": chk.parts, "messages": chk.messages})
+                    "parts": chk.parts, "messages": chk.messages, "now": chk.now})
         parts = ", ".join(f"{k} x{v:.3f}" for k, v in chk.parts.items())
         print(f"calibration: x{chk.ratio if chk.ratio is not None else float('nan'):.3f} the profile's "
               f"(noise +-{100 * chk.noise:.0f} %{'; ' + parts if parts else ''})"

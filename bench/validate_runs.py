@@ -181,7 +181,14 @@ def calibrated(rows, prof, cals, sim=False):
     kernel scale, per-call scale)``: the profile rescaled by the median over
     the passes of the scales each calibration applied (its kernel part and
     its Python part apart, ``calibrate.PARTS``); None when the calibrations
-    did not time the parts apart or applied nothing."""
+    did not time the parts apart or applied nothing. A calibration that kept
+    its measurement (``now``) is judged against ``prof``'s own stored one:
+    its saved scales are against the profile of the run, which
+    ``--repredict`` may have replaced."""
+    from engine.perf.calibrate import compare
+    stored = prof.data.get("fingerprint")
+    cals = [c if not (c.get("now") and stored) else
+            vars(compare(stored, None, c["now"])) for c in cals]
     split = [c for c in cals if c.get("call_scale") is not None]
     if not split:
         return None

@@ -111,3 +111,21 @@ def test_calibrated_rows_rescale_kernels_and_per_call_costs_apart(vm):
     # Calibrations of a profile without parts, or that applied nothing: no re-prediction.
     assert vm.calibrated([row], prof, [{"scale": 1.3, "call_scale": None}]) is None
     assert vm.calibrated([row], prof, [{"scale": 1.0, "call_scale": 1.0}]) is None
+
+
+def test_a_calibration_is_judged_against_the_profile_it_repredicts_with(vm):
+    """--repredict swaps the profile: a saved calibration's scales are against
+    the run's profile, so its measurement is compared with the new one's."""
+    from engine.perf.profile import Profile
+    cal = lambda k, p: {"wall_s": k + p, "cpu_s": k + p, "u": 0.0, "kernel_s": k, "python_s": p,
+                        "u_kernel": 0.0, "u_python": 0.0}
+    prof = Profile.synthetic(backend="cpu", launch=1e-4)
+    prof.data["fingerprint"] = {"calibration": cal(1e-3, 1e-3)}
+    row = _row("tiny", "fitted grid", [0.0] * 5)
+    row["measured"].update(T_Epoch=2.0, N_Minibatch_avg=4.0, T_Update=1.0)
+    # Saved against another profile (scales x1, x1); measured: kernels x1.5, Python x2 of this one's.
+    cals = [{"scale": 1.0, "call_scale": 1.0, "now": cal(1.5e-3, 2e-3)}]
+    rows, k, kc = vm.calibrated([row], prof, cals)
+    assert (k, kc) == (pytest.approx(1.5), pytest.approx(2.0))
+    # A calibration saved without its measurement keeps its scales.
+    assert vm.calibrated([row], prof, [{"scale": 1.0, "call_scale": 2.0}])[1:] == (1.0, 2.0)

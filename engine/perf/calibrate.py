@@ -183,6 +183,7 @@ class Check:
     # timed their parts apart; None: the same as ``scale``.
     call_scale: float | None = None
     parts: dict = field(default_factory=dict)      # part -> ratio now / then
+    now: dict | None = None            # the fresh calibration (check), to judge another profile by
 
     @property
     def ok(self) -> bool:
@@ -270,7 +271,9 @@ def check(profile, seconds: float = 2.0, apply: bool = True) -> Check:
         # A GPU profile's times are the device's: a CPU workload says nothing about it.
         chk = compare(stored, fingerprint(), None, profile.source)
     else:
-        chk = compare(stored, fingerprint(), calibration_step(seconds) if stored else None, profile.source)
+        now = calibration_step(seconds) if stored else None
+        chk = compare(stored, fingerprint(), now, profile.source)
+        chk.now = now
     if apply:
         if chk.scale != 1.0:
             profile.time_scale = chk.scale
