@@ -16,7 +16,8 @@ import sys
 import threading
 import time
 
-from .comm import Comm, ConfigMismatch, get_comm, test_until
+from .comm import Comm, ConfigMismatch, get_comm
+from .waits import test_until
 
 # seconds a rank other than 0 waits before reporting an input error (abort_once)
 USAGE_ERROR_GRACE_S = 3.0

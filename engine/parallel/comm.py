@@ -171,17 +171,6 @@ class LocalComm(Comm):
         return buf
 
 
-def test_until(req, deadline: float, pause: float = 0.01) -> bool:
-    """Poll the request ``req`` until it completes (True) or time.monotonic()
-    passes ``deadline`` (False): a wait that never hangs on a rank that will
-    not come."""
-    while not req.Test():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(pause)
-    return True
-
-
 def _env_seconds(name) -> float:
     text = os.environ.get(name, "").strip() or "0"
     try:
@@ -243,7 +232,7 @@ class MPIComm(Comm):
         if channel is None or self.MPI.Is_finalized():
             return
         mc, req = channel
-        if test_until(req, time.monotonic() + 5.0):    # else a rank never got here: left to the launcher
+        if waits.test_until(req, time.monotonic() + 5.0):    # else a rank never got here: left to the launcher
             mc.Free()
         self.settle()
 
@@ -251,7 +240,7 @@ class MPIComm(Comm):
         """Before MPI_Finalize: complete the duplicate behind ``comm`` when no
         collective used it yet (an Idup left pending on MPI_COMM_WORLD is
         reported at MPI_Finalize). Every rank started it, so it completes."""
-        if self._dup is not None and test_until(self._dup[1], time.monotonic() + seconds):
+        if self._dup is not None and waits.test_until(self._dup[1], time.monotonic() + seconds):
             self._comm, self._dup = self._dup[0], None
 
     # Only one thread may drive this communicator; the first user claims it.

@@ -21,6 +21,17 @@ def wait(req, pause: float = 0.0) -> None:
         time.sleep(pause)
 
 
+def test_until(req, deadline: float, pause: float = 0.01) -> bool:
+    """``wait`` bounded: poll ``req`` until it completes (True) or
+    time.monotonic() passes ``deadline`` (False), for a wait that must not
+    hang on a rank that will not come."""
+    while not req.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+    return True
+
+
 def bcast_obj(mc, obj, root: int = 0, pause: float = 0.0):
     """mpi4py's ``mc.bcast(obj, root)``, interruptible."""
     from mpi4py import MPI
