@@ -12,16 +12,19 @@ from engine.perf.sweep import QUICK
 from engine.perf.sweep_ops import (OP_FEATURES, OP_KINDS, conv_op_shapes, fc_op_shapes, op_features, op_path)
 
 # Known costs: a per-call Python cost, GEMM flops, packing and the extra dX terms.
-TRUE = {"conv_fwd": {"1": 20e-6, "mnk": 2e-11, "nk": 1e-9},
+# Beyond WIDE taps (9x9 and 11x11 kernels) packing costs more per element.
+WIDE = 49
+TRUE = {"conv_fwd": {"1": 20e-6, "mnk": 2e-11, "nk": 1e-9, "nk_wide": 4e-10},
         "conv_bwd_dw": {"1": 30e-6, "mnk": 2.5e-11, "nk": 1.2e-9, "m": 1e-7},
-        "conv_bwd": {"1": 40e-6, "mnk": 5e-11, "nk": 1.2e-9, "pack_dy": 8e-10, "dx_out": 5e-10},
+        "conv_bwd": {"1": 40e-6, "mnk": 5e-11, "nk": 1.2e-9, "pack_dy": 8e-10, "dx_out": 5e-10,
+                     "pack_dy_wide": 1.5e-9},
         "fc_fwd": {"1": 8e-6, "mnk": 3e-11, "nk": 4e-10},
         "fc_bwd_dw": {"1": 15e-6, "mnk": 3e-11, "nk": 5e-10},
         "fc_bwd": {"1": 22e-6, "mnk": 6e-11, "nk": 9e-10, "mn": 1e-9}}
 
 
 def true_time(kind, m, n, k, c):
-    return sum(TRUE[kind].get(f, 0.0) * v for f, v in zip(OP_FEATURES, op_features(m, n, k, c)))
+    return sum(TRUE[kind].get(f, 0.0) * v for f, v in zip(OP_FEATURES, op_features(m, n, k, c, WIDE)))
 
 
 def synthetic_records(noise=0.0, seed=0):
@@ -66,6 +69,24 @@ def test_fit_recovers_known_costs_on_held_out_shapes():
         held = [r for r in recs if r["kind"] == kind and r["holdout"]]
         for r in held[:5]:
             assert p.op(kind, r["m"], r["n"], r["k"], r["c"]) == pytest.approx(r["t"], rel=1e-3)
+
+
+def test_fit_finds_where_the_packing_leaves_its_tap_table():
+    """The threshold is found in the records: the ops whose truth has wide
+    terms get WIDE, dW (none) gets no threshold; an op swept on 3x3 to 7x7
+    only cannot have one."""
+    cfg = dict(QUICK)
+    assert {c for _, _, _, c, _ in conv_op_shapes(cfg)} >= {3, 5, 7, 9, 11}
+    ops = fit.fit_op_terms(synthetic_records())
+    assert ops["conv_fwd"]["wide_taps"] == WIDE and ops["conv_bwd"]["wide_taps"] == WIDE
+    assert ops["conv_bwd_dw"]["wide_taps"] is None and ops["fc_fwd"]["wide_taps"] is None
+    narrow = [r for r in synthetic_records() if r["c"] <= 7]
+    assert fit.wide_taps([r for r in narrow if r["kind"] == "conv_fwd"]) is None
+    # a 9x9 layer priced by the fit carries the wide term (4e-10 per packed element here)
+    p = Profile({"ops": ops})
+    m, n, k = 24, 980, 12 * 81
+    assert p.op("conv_fwd", m, n, k, 9) == pytest.approx(true_time("conv_fwd", m, n, k, 9), rel=1e-3)
+    assert p.op("conv_fwd", m, n, k, 9) > p.op("conv_fwd", m, n, k, 3) + 0.9 * 4e-10 * n * k
 
 
 def test_fit_with_noise_stays_near_the_truth():
@@ -169,10 +190,10 @@ def test_no_sweep_uses_test_set_8():
                         assert (b, g.w_shape[1], g.w_shape[0]) not in fcs
 
 
-def test_sweeps_see_the_seen_test_nets_and_never_test_set_7():
-    """The op and layer-pass sweeps time the nets of test sets 1-6 (seen:
-    7x7 kernels among them) and none of test set 7 (bench/specs/heldout_k9,
-    heldout_four), which stays held out of every fit."""
+def test_sweeps_see_the_seen_test_nets():
+    """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
+    7x7 and 9x9 kernels among them); set 8's are in none
+    (``test_no_sweep_uses_test_set_8``)."""
     from pathlib import Path
     from engine.perf.sweep import mode_config
     from engine.perf.sweep_kernels import LAYER_NETS, SWEPT_NETS
@@ -183,12 +204,16 @@ def test_sweeps_see_the_seen_test_nets_and_never_test_set_7():
     convs, fcs = conv_op_shapes(cfg), fc_op_shapes(cfg)
     specs = Path(__file__).resolve().parents[1] / "bench" / "specs"
     name = lambda f: spec_mod.get_spec(specs / f).name
-    test7 = {name(f) for f in ("heldout_k9.json", "heldout_four.json")}
     swept = {spec_mod.get_spec(n).name for n in LAYER_PASS_NETS + LAYER_NETS + SWEPT_NETS}
     swept |= {spec_mod.get_spec(n).name for n, _ in CONTENTION_WORKLOADS + MID_WORKLOADS}
-    assert "heldout-k7" in swept and not test7 & swept
+    assert "heldout-k7" in swept
     assert {name(f) for f in ("heldout_k5c3.json", "heldout_pool4.json", "heldout_lenet.json",
-                              "heldout_allconv.json")} <= swept
+                              "heldout_allconv.json", "heldout_k9.json")} <= swept
+    # the seen spec files and the sweeps' copies of them are the same nets
+    for f in ("heldout_k9.json", "heldout_lenet.json", "heldout_allconv.json"):
+        sp = spec_mod.get_spec(specs / f)
+        assert sp.hash() == spec_mod.get_spec(next(n for n in SEEN_NETS if isinstance(n, dict)
+                                                   and n["name"] == sp.name)).hash()
     # heldout-allconv's output layer reads its 4x4x64 map: that FC shape is swept.
     assert (cfg["net_batches"][0], 4 * 4 * 64, 10) in fcs
     k7 = spec_mod.get_spec(next(n for n in SEEN_NETS if isinstance(n, dict) and n["name"] == "heldout-k7"))

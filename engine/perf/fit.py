@@ -127,27 +127,58 @@ def predict_sgemm(regimes, m, n, k):
 # -- the other terms --------------------------------------------------------
 
 def fit_op_terms(records, min_points=12) -> dict:
-    """{op: {"regimes", "path", "cv", "error"}} of the whole-op sweeps
-    (``sweep_ops``): each op's time on its forward GEMM shape, the SGEMM
-    polynomial plus the implicit dX's terms (``sweep_ops.op_features``), in
-    regimes split as the SGEMM fits are. Held out: every fourth shape."""
+    """{op: {"regimes", "path", "cv", "error", "wide_taps"}} of the whole-op
+    sweeps (``sweep_ops``): each op's time on its forward GEMM shape, the
+    SGEMM polynomial plus the implicit convolution's terms
+    (``sweep_ops.op_features``), in regimes split as the SGEMM fits are.
+    Held out: every fourth shape."""
     from .sweep_ops import OP_FEATURES, OP_KINDS, op_features
     out = {}
     for kind in OP_KINDS:
         fit_r, hold = _split(records, kind)
         if len(fit_r) < 2 * min_points:
             continue
-        X = [op_features(r["m"], r["n"], r["k"], r.get("c", 1)) for r in fit_r]
+        wide = wide_taps(fit_r, min_points)
+        X = [op_features(r["m"], r["n"], r["k"], r.get("c", 1), wide) for r in fit_r]
         regimes = fit_sgemm_regimes([(r["m"], r["n"], r["k"]) for r in fit_r], [r["t"] for r in fit_r],
                                     min_points=min_points, X=X, names=OP_FEATURES)
         entry = {"regimes": [{"rule": rule, "coef": coef} for rule, coef in regimes],
-                 "path": fit_r[0].get("path"), "cv": _cv(fit_r + hold)}
+                 "path": fit_r[0].get("path"), "cv": _cv(fit_r + hold), "wide_taps": wide}
         p = Profile({"ops": {kind: entry}})
         ev = lambda rs: error_summary([p.op(kind, r["m"], r["n"], r["k"], r.get("c", 1)) for r in rs],
                                       [r["t"] for r in rs]) if rs else {"n": 0}
         entry["error"] = {"fit": ev(fit_r), "holdout": ev(hold)}
         out[kind] = entry
     return out
+
+
+def wide_taps(recs, min_points=12, min_gain=0.1, min_rms=0.03):
+    """The tap count beyond which a convolution's packing costs more per
+    element (``sweep_ops.op_features``), or None: of the thresholds between
+    the swept tap counts with ``min_points`` records beyond, the one whose
+    single fit leaves the least squared relative residual, kept only if it
+    cuts the residual without one by ``min_gain`` and that residual is above
+    the timing noise (RMS ``min_rms``, as the regime splits)."""
+    from .sweep_ops import op_features
+    conv = [r for r in recs if r.get("c", 1) > 1]
+    taps = sorted({r["c"] ** 2 for r in conv})
+    if len(taps) < 2:
+        return None
+    t = np.array([r["t"] for r in recs], float)
+
+    def residual(w):
+        return _leaf(np.array([op_features(r["m"], r["n"], r["k"], r.get("c", 1), w) for r in recs]), t)[1]
+
+    best, base = None, residual(None)
+    if base / len(recs) <= min_rms ** 2:
+        return None
+    for w in taps[:-1]:
+        if sum(r["c"] ** 2 > w for r in conv) < min_points:
+            continue
+        res = residual(w)
+        if res < (1 - min_gain) * base and (best is None or res < best[0]):
+            best = (res, w)
+    return None if best is None else int(best[1])
 
 
 def fit_linear(x, t):

@@ -195,11 +195,12 @@ class Profile(HostSharing):
     def op(self, kind, m, n, k, c=1) -> float:
         """Fitted time of one whole op (``sweep_ops``) on its forward GEMM shape."""
         from .sweep_ops import OP_FEATURES, op_features
-        regs = (self.data.get("ops") or {}).get(kind, {}).get("regimes")
+        entry = (self.data.get("ops") or {}).get(kind, {})
+        regs = entry.get("regimes")
         if not regs:
             raise ValueError(f"profile {self.source} has no {kind} fit")
         reg = next((r for r in regs if rule_matches(r["rule"], m, n, k)), regs[-1])
-        return self._scaled(reg["coef"], OP_FEATURES, op_features(m, n, k, c))
+        return self._scaled(reg["coef"], OP_FEATURES, op_features(m, n, k, c, entry.get("wide_taps")))
 
     def allreduce_bw(self, n_node, n_param) -> float:
         """Allreduce time without the barrier: (a log2 N + b) N_Param + c log2 N + d."""

@@ -38,17 +38,32 @@ def op_path() -> dict:
     return {"conv": f"{conv_algo()}/{gemm_impl()}", "fc": gemm_impl()}
 
 
-def op_features(m, n, k, c=1):
+def op_features(m, n, k, c=1, wide=None):
     """The SGEMM polynomial's eight monomials of the op's forward GEMM, plus
     what the implicit convolution's dX adds beyond them: packing dy for its
     GEMM (M c^2 per output column, ``m n c^2``) and writing dX (C per
-    column, ``n k / c^2``). Zero for FC ops (c = 1 would double count)."""
+    column, ``n k / c^2``). Zero for FC ops (c = 1 would double count).
+
+    ``wide``: the tap count (c^2) above which the implicit packers leave
+    their tap table for the general path (csrc/gemm_conv_pack.h keeps a
+    table of at most 49 taps; the fit finds the threshold in the records,
+    ``fit.fit_op_terms``). Beyond it every B element the forward packs
+    (``n k``) and every dy element dX packs (``m n c^2``) costs more: a
+    9x9 or 11x11 forward ran 1.5-2x, its dX 2.5-4x, the 3x3 convolution of
+    the same GEMM shape (12 x 9 x 9 against 108 x 3 x 3 channels x taps,
+    2026-12-01). None (profiles fitted before): both zero."""
     m, n, k, c2 = float(m), float(n), float(k), float(c) ** 2
     extra = (m * n * c2, n * k / c2) if c > 1 else (0.0, 0.0)
-    return (m * n * k, m * n, m * k, n * k, m, n, k, 1.0) + extra
+    beyond = (n * k, m * n * c2) if c > 1 and wide is not None and c2 > wide else (0.0, 0.0)
+    return (m * n * k, m * n, m * k, n * k, m, n, k, 1.0) + extra + beyond
 
 
-OP_FEATURES = ("mnk", "mn", "mk", "nk", "m", "n", "k", "1", "pack_dy", "dx_out")
+OP_FEATURES = ("mnk", "mn", "mk", "nk", "m", "n", "k", "1", "pack_dy", "dx_out", "nk_wide", "pack_dy_wide")
+# Kernel sides of the random conv shapes and how often each is drawn. 9 and
+# 11 since test set 7, whose 9x9 layers ran 35-40 % slower than the fit
+# extrapolated from 3-7 (bench/RESULTS.md section 4): the general packing
+# path beyond 49 taps was in no sweep.
+CONV_SIDES = ((3, 0.3), (5, 0.2), (7, 0.2), (9, 0.15), (11, 0.15))
 
 
 def _log_int(rng, lo, hi):
@@ -57,13 +72,13 @@ def _log_int(rng, lo, hi):
 
 def conv_op_shapes(cfg, rng=None):
     """[(B, C, H, c, M)]: the swept and seen nets' conv layers at the
-    sweep's batch sizes, then random shapes (log-uniform sizes, c in 3/5/7)
-    up to ``cfg["op_max"]`` multiply-adds.
+    sweep's batch sizes, then random shapes (log-uniform sizes, c from
+    ``CONV_SIDES``) up to ``cfg["op_max"]`` multiply-adds.
 
     7x7 kernels were 15 % of the random shapes until test set 4, whose 7x7
     layers then ran 13-85 % longer than the fit priced them (bench/RESULTS.md
-    section 4): they are 30 % now, and the seen nets (``SEEN_NETS``, 7x7
-    ones among them) are swept whole."""
+    section 4): they are 20 % now, 9x9 and 11x11 30 %, and the seen nets
+    (``SEEN_NETS``, 7x7 and 9x9 ones among them) are swept whole."""
     from .sweep_kernels import layer_net_convs
     rng = rng or np.random.default_rng(11)
     out = []
@@ -75,7 +90,7 @@ def conv_op_shapes(cfg, rng=None):
             out.append(s)
     n_net = len(out)
     while len(out) < n_net + cfg["op_shapes"]:
-        c = int(rng.choice((3, 5, 7), p=(0.4, 0.3, 0.3)))
+        c = int(rng.choice([s for s, _ in CONV_SIDES], p=[q for _, q in CONV_SIDES]))
         s = (_log_int(rng, 1, 48), _log_int(rng, 1, 128), max(c, 2 * _log_int(rng, 2, 24)), c,
              _log_int(rng, 2, 128))
         if _macs(s) <= cfg["op_max"]:
