@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate_report import (LAYER_TARGET, QTY, TARGETS, _row_line, format_report,  # noqa: E402,F401
                              rel, summarize)
 from validate_runs import (DEFAULT_SUB, N_TRAIN, calibrated, group_of, layer_times,  # noqa: E402,F401
-                           make_data, measured, median_runs, merge_runs, predicted, repredict,
-                           run_config, safe_name, swept_nets)
+                           make_data, measured, measured_mode, median_runs, merge_runs, predicted,
+                           repredict, run_config, safe_name, swept_nets)
 
 
 def main(argv=None):
@@ -96,7 +96,10 @@ def main(argv=None):
             repredict(d, a.profile, sim=not a.no_sim)
         got = calibrated(d["rows"], Profile.load(a.profile), d.get("calibrations") or [], sim=False) \
             if a.repredict else None
-        print(format_report(d["rows"], d["layers"], d.get("calibration_scale"), got))
+        # The measured-layers mode prices the rest by the run's own profile unless re-predicted.
+        run_prof = a.profile if a.repredict else (d.get("profile") or (d.get("parts") or [{}])[0].get("profile"))
+        meas = measured_mode(d["rows"], d["layers"], Profile.load(run_prof)) if run_prof else None
+        print(format_report(d["rows"], d["layers"], d.get("calibration_scale"), got, meas))
         return 1 if d.get("failed") or not d["rows"] else 0
     from engine.perf.plots import plot_validation
     from engine.perf.sweep import probe_host
@@ -177,7 +180,8 @@ def main(argv=None):
         l["group"] = group_of(l["model"], prof)
     ratios = [c["ratio"] for c in cal if c["ratio"]]
     scale = float(np.median(ratios)) if ratios else None
-    report = format_report(rows, layers, scale, calibrated(rows, prof, cal, sim=False))
+    report = format_report(rows, layers, scale, calibrated(rows, prof, cal, sim=False),
+                           measured_mode(rows, layers, prof))
     print(report)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     tmp_out = Path(a.out).with_suffix(".tmp")

@@ -65,9 +65,11 @@ def _rescaled(rows, scale):
     return out
 
 
-def format_report(rows, layers, scale=None, calibrated=None) -> str:
+def format_report(rows, layers, scale=None, calibrated=None, measured_layers=None) -> str:
     """The report; ``calibrated``: ``calibrated()``'s re-prediction, shown in
-    place of the one-ratio rescaling of the times."""
+    place of the one-ratio rescaling of the times; ``measured_layers``:
+    ``measured_mode()``'s rows (the layer passes timed, not fitted),
+    summarized apart: they never count toward the per-layer target."""
     out = ["", "measured vs predicted (closed form; simulation in brackets), relative error of the prediction",
            f"{'net':>6} {'N':>2} {'G':>2} {'S':>3} " + " ".join(f"{k:>22}" for k in QTY)]
     for r in rows:
@@ -103,6 +105,12 @@ def format_report(rows, layers, scale=None, calibrated=None) -> str:
                         cells.append(f"{k} {100 * got[1]:.1f} / {100 * got[0]:.1f} %")
                 out.append(f"  rescaled by the calibration (x{scale:.3f}, median of the passes), mean / median "
                            f"|err|: " + ", ".join(cells))
+            if measured_layers:
+                keys = {id(r) for r in sel}
+                part = [c for r, c in zip(rows, measured_layers) if id(r) in keys]
+                got = [(k, summarize(part, k)) for k in QTY]
+                out.append("  measured layer passes (--measure-layers, not the fitted model), mean / median |err|: "
+                           + ", ".join(f"{k} {100 * g[1]:.1f} / {100 * g[0]:.1f} %" for k, g in got if g))
     if any(len(r.get("runs", ())) > 1 for r in rows):
         out.append("")
         single = lambda k: [abs(rel(r["predicted"][k], x[k])) for r in rows for x in r["runs"] if x.get(k)]

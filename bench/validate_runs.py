@@ -1,7 +1,8 @@
 """The runs and predictions of bench/validate_model.py: one SPRINT ASGD run
 per configuration under mpiexec, the quantities it measured, the model's
-prediction for it (closed form, simulation, the calibrated re-prediction),
-the in-process layer passes, and the merging of saved validations."""
+prediction for it (closed form, simulation, the calibrated re-prediction,
+the measured-layers one), the in-process layer passes, and the merging of
+saved validations."""
 from __future__ import annotations
 
 import time
@@ -205,3 +206,24 @@ def calibrated(rows, prof, cals, sim=False):
         out.append(dict(r, predicted=predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], p, n_file,
                                                sim=sim)))
     return out, k, kc
+
+
+def measured_mode(rows, layers, prof):
+    """Rows predicted as ``sprint predict --measure-layers`` would: each
+    layer pass the in-process pass timed during the validation
+    (``layer_times``), the rest of the model as it is; None when a row's
+    net and batch size have no timed passes."""
+    from engine.perf.measure_layers import LayerMeasure
+    from engine.perf.profile import Profile
+    by = {}
+    for l in layers:
+        pas = "fwd" if l["pass"] == "forward" else "bwd"
+        by.setdefault((l["model"], l["n_subbatch"]), {})[(l["layer"], pas)] = l["measured"]
+    if not rows or any((r["model"], r["n_subbatch"]) not in by for r in rows):
+        return None
+    p = Profile(prof.data, prof.source)
+    p.layer_measure = LayerMeasure()
+    for (net, n), t in by.items():
+        p.layer_measure.put(net, n, t)
+    return [dict(r, predicted=predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], p, row_n_file(r),
+                                        sim=False)) for r in rows]

@@ -129,3 +129,31 @@ def test_a_calibration_is_judged_against_the_profile_it_repredicts_with(vm):
     assert (k, kc) == (pytest.approx(1.5), pytest.approx(2.0))
     # A calibration saved without its measurement keeps its scales.
     assert vm.calibrated([row], prof, [{"scale": 1.0, "call_scale": 2.0}])[1:] == (1.0, 2.0)
+
+
+def test_measured_layers_mode_repredicts_from_the_passes_timed_in_the_run(vm):
+    """The rows as `sprint predict --measure-layers` would price them, from
+    the in-process passes of the validation; reported apart, and only when
+    every row's net and batch size has its passes."""
+    from engine import spec as spec_mod
+    from engine.perf import model as M
+    from engine.perf.measure_layers import LayerMeasure
+    from engine.perf.profile import Profile
+    prof = Profile.synthetic(backend="cpu")
+    row = _row("tiny", "fitted grid", [0.0] * 5)
+    row["n_subbatch"], row["n_file"] = 4, 64
+    passes = {(g.name, pas): 1e-4 * (i + 1) + (3e-5 if pas == "bwd" else 0.0)
+              for i, g in enumerate(spec_mod.layers(spec_mod.get_spec("tiny"), 4)) for pas in ("fwd", "bwd")}
+    layers = [{"model": "tiny", "n_subbatch": 4, "layer": l, "pass": "forward" if p == "fwd" else "backward",
+               "measured": t, "predicted": 0.0} for (l, p), t in passes.items()]
+    got = vm.measured_mode([row], layers, prof)
+    ref = Profile.synthetic(backend="cpu")
+    ref.layer_measure = LayerMeasure()
+    ref.layer_measure.put("tiny", 4, passes)
+    want = M.predict("tiny", 1, 1, 4, ref, n_file=64, ranks_per_host=1, impl=M.RUNNER_SWEEP_IMPL)
+    assert got[0]["predicted"]["T_GPU"] == pytest.approx(want.t_gpu, rel=1e-12)
+    assert got[0]["predicted"]["T_GPU"] != pytest.approx(
+        M.predict("tiny", 1, 1, 4, prof, n_file=64, ranks_per_host=1, impl=M.RUNNER_SWEEP_IMPL).t_gpu, rel=1e-3)
+    assert prof.layer_measure is None                      # the caller's profile untouched
+    assert "measured layer passes (--measure-layers" in vm.format_report([row], layers, None, None, got)
+    assert vm.measured_mode([dict(row, n_subbatch=8)], layers, prof) is None

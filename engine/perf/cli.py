@@ -21,6 +21,9 @@ def _profile(args):
         from .calibrate import check
         for msg in check(prof, seconds=args.calibrate_seconds).messages:
             print(f"sprint {args.command}: warning: {msg}", file=sys.stderr)
+    if getattr(args, "measure_layers", False):
+        from .measure_layers import enable
+        enable(prof)
     return prof
 
 
@@ -51,6 +54,10 @@ def _config_args(p, need_config=True):
                    help="skip the few-second calibration that checks the profile describes this machine "
                         "(and rescales its times when it does not)")
     p.add_argument("--calibrate-seconds", type=positive_float, default=2.0, help="length of that calibration")
+    p.add_argument("--measure-layers", action="store_true",
+                   help="time the net's own layer passes here (one thread, about half a second per "
+                        "N_Subbatch) and price ComputeGradient by them instead of the fitted per-layer "
+                        "terms; the sharing and queueing model stays")
     p.add_argument("--explain", action="store_true", help="add one line on what each printed term means")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 

@@ -150,12 +150,12 @@ def python_share(spec, n_subbatch, profile, rows=None) -> float | None:
     if not profile.data.get("layer_terms"):
         return None
     if rows is None:
-        rows = compute_gradient_terms(spec_mod.get_spec(spec), n_subbatch, profile)
+        rows = compute_gradient_terms(spec_mod.get_spec(spec), n_subbatch, profile, measured=False)
     tot = sum(r[4] for r in rows)
     return sum(r[4] for r in rows if r[2] == "per-call") / tot if tot > 0 else None
 
 
-def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False):
+def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False, measured=True):
     """Per layer, pass and kernel: [(layer, pass, kernel, size, seconds)].
 
     Pass is ``fwd``, ``bwd`` or ``loss`` (the softmax between them). With
@@ -164,7 +164,14 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False):
     ``layer_term_keys``) and pass;
     older profiles scale every kernel by one ``kernel_factor`` and add a
     ``per_layer`` overhead. ``kernels_only``: the swept kernels alone.
+    With ``profile.layer_measure`` (``--measure-layers``) and ``measured``,
+    each layer pass is the pass timed on this machine instead
+    (``measure_layers.measured_rows``).
     """
+    if measured and not kernels_only and getattr(profile, "layer_measure", None) is not None:
+        from .measure_layers import measured_rows
+        return measured_rows(spec, n_subbatch, profile,
+                             compute_gradient_terms(spec, n_subbatch, profile, measured=False))
     geoms = spec_mod.layers(spec, n_subbatch)
     lt = {} if kernels_only else profile.data.get("layer_terms", {})
     # Sweeps time kernels on warm caches; a whole step runs slower by the

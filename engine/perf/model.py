@@ -127,7 +127,9 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     n_param = spec_mod.n_params(sp)
     cpu = profile.data.get("backend", "cpu") == "cpu"
     terms = compute_gradient_terms(sp, n_subbatch, profile)
-    phi = python_share(sp, n_subbatch, profile, terms) if cpu else None
+    # The fitted terms' per-call share even when the passes are measured
+    # (--measure-layers): it places the net among the contention sweeps.
+    phi = python_share(sp, n_subbatch, profile) if cpu else None
     # On the CPU every worker thread of the ranks sharing a host competes for
     # its cores; on GPUs each worker owns its device.
     if slowdown is not None:

@@ -64,6 +64,9 @@ class Profile(HostSharing):
         # or with ``call_scale`` set the per-unit parts only.
         self.time_scale = 1.0
         self._call_scale = None
+        # measure_layers.LayerMeasure under --measure-layers: the net's layer
+        # passes timed here replace the fitted per-layer terms.
+        self.layer_measure = None
 
     @property
     def call_scale(self) -> float:
