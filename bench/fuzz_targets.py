@@ -377,6 +377,19 @@ def cpu_binding_valid(name, rng, A):
                     bool(rng.random() < 0.5), ""]
         dx = _f(A, N, C, H, W) if sh == sw == 1 else None
         return [x, w, _f(A, *ys), _f(A, M, C, kh, kw), dx, sh, sw, ph, pw, ""]
+    if name.startswith("conv2d_winograd_"):  # 3x3 stride 1, pads 0-2, F(2,3) or F(4,3)
+        from engine import _sprint_cpu as ext
+        N, C, M = (int(v) for v in rng.integers(1, 5, 3))
+        p, t = int(rng.integers(0, 3)), int(rng.choice([2, 4]))
+        H, W = (max(3 - 2 * p, int(v)) for v in rng.integers(1, 12, 2))
+        dx = name.endswith("backward_x")
+        if name == "conv2d_winograd_workspace":
+            return [N, C, H, W, M, p, p, t, bool(rng.random() < 0.5)]
+        ws = _f(A, ext.conv2d_winograd_workspace(N, C, H, W, M, p, p, t, dx))
+        x, w, y = _f(A, N, C, H, W), _f(A, M, C, 3, 3), _f(A, N, M, H + 2 * p - 2, W + 2 * p - 2)
+        if dx:
+            return [w, y, x, p, p, t, ws, ""]
+        return [x, w, _f(A, M) if rng.random() < 0.5 else None, y, p, p, bool(rng.random() < 0.5), t, ws, ""]
     if name == "sgemm":
         m, n, k = (int(v) for v in rng.integers(1, 40, 3))
         ta, tb = bool(rng.random() < 0.5), bool(rng.random() < 0.5)

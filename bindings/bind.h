@@ -39,6 +39,7 @@ void bind_vector_cuda(py::module_& m);
 void bind_deform(py::module_& m);
 void bind_deform_cuda(py::module_& m);
 void bind_gemm(py::module_& m);
+void bind_winograd(py::module_& m);
 
 namespace sprint {
 namespace bind {

@@ -22,4 +22,5 @@ PYBIND11_MODULE(_sprint_cpu, m) {
     bind_deform(m);
     // ---- end K2 ----
     bind_gemm(m);
+    bind_winograd(m);
 }

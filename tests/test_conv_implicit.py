@@ -143,10 +143,12 @@ def test_conv_algo_selection(monkeypatch):
     assert conv.conv_algo() == "im2col"
     with using("implicit"):
         assert conv.conv_algo() == "implicit"
-    monkeypatch.setenv("SPRINT_CONV_ALGO", "winograd")
+    with using("winograd"):
+        assert conv.conv_algo() == "winograd"
+    monkeypatch.setenv("SPRINT_CONV_ALGO", "fft")
     with pytest.raises(ValueError, match="SPRINT_CONV_ALGO"):
         conv.conv_algo()
-    with pytest.raises(ValueError, match="implicit, im2col"):
+    with pytest.raises(ValueError, match="implicit, im2col, winograd"):
         conv.set_conv_algo("fft")
 
 
@@ -159,14 +161,15 @@ def test_net_step_same_under_both_algos():
     x = rng.standard_normal((4,) + tuple(shape)).astype(np.float32)
     y = rng.integers(0, 10, 4)
     out = {}
-    for algo in ("im2col", "implicit"):
+    for algo in conv.CONV_ALGOS:
         with using(algo):
             net = Net("digits", seed=1)
             loss, _ = net.loss_and_grad(x, y)
             out[algo] = (loss, net.grads.copy())
-    assert out["im2col"][0] == pytest.approx(out["implicit"][0], rel=1e-5)
-    np.testing.assert_allclose(out["implicit"][1], out["im2col"][1], rtol=1e-4,
-                               atol=1e-5 * np.abs(out["im2col"][1]).max())
+    for algo in ("implicit", "winograd"):
+        assert out["im2col"][0] == pytest.approx(out[algo][0], rel=1e-5), algo
+        np.testing.assert_allclose(out[algo][1], out["im2col"][1], rtol=1e-4,
+                                   atol=1e-5 * np.abs(out["im2col"][1]).max(), err_msg=algo)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -184,7 +187,7 @@ def test_rows_of_a_micro_batch_equal_the_whole_batch_bitwise(isa):
             assert np.array_equal(ops.conv2d_backward(x[lo:hi], w, dy[lo:hi], pad=1)[0], dx[lo:hi]), (lo, hi)
 
 
-@pytest.mark.parametrize("algo,isa", [("implicit", i) for i in ISAS] + [("im2col", None)])
+@pytest.mark.parametrize("algo,isa", [("implicit", i) for i in ISAS] + [("im2col", None), ("winograd", None)])
 def test_gradients_accumulated_over_micro_batches_equal_the_whole_batch(algo, isa, monkeypatch):
     """conv2d_backward / linear_backward with accumulate on consecutive
     micro-batches give the whole batch's dw and db bit for bit (the engine

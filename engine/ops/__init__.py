@@ -7,17 +7,17 @@ The ops, by family (each family: kernels/<op>.cu, csrc/<op>.cpp,
 engine/ops/<op>.py and tests/test_<op>.py):"""
 from __future__ import annotations
 
-from engine.ops.conv import (col2im, conv2d_backward, conv2d_forward, conv_out_size, im2col,
-                             linear_backward, linear_forward)
+from engine.ops.conv import col2im, conv2d_backward, conv2d_forward, conv_out_size, im2col
 from engine.ops.deform import deform, identity_params
 from engine.ops.elementwise import bias_act, relu_backward, relu_forward
 from engine.ops.gemm import gemm
+from engine.ops.linear import linear_backward, linear_forward
 from engine.ops.pool import maxpool_backward, maxpool_forward, pool_out_shape
 from engine.ops.softmax import softmax_xent
 from engine.ops.vector import axpy, momentum_step, scale, sgd_update, sum_into
 
 __all__ = [
-    # matrix product and convolution (conv.py, gemm.py)
+    # matrix product, convolution and fully connected (gemm.py, conv.py, linear.py)
     "gemm", "im2col", "col2im", "conv_out_size", "conv2d_forward", "conv2d_backward",
     "linear_forward", "linear_backward",
     # elementwise.py

@@ -1,8 +1,9 @@
-"""Convolution as im2col + SGEMM, and fully connected layers, forward and
-backward (SPEC §2).
+"""Convolution, forward and backward (SPEC §2; fully connected layers:
+linear.py).
 
-Two algorithms (`conv_algo()`: set_conv_algo / `--conv-algo`, else
-$SPRINT_CONV_ALGO, else implicit -- the faster one measured, RESULTS.md §2):
+Three algorithms (`conv_algo()`: set_conv_algo / `--conv-algo`, else
+$SPRINT_CONV_ALGO, else implicit -- the faster one measured, RESULTS.md §2;
+the table _ALGOS says which functions run each):
 
   implicit  (CPU) the engine's SGEMM packs its B panels straight from the
             image (csrc/gemm_driver.h): no column matrix; the write-back adds
@@ -10,6 +11,9 @@ $SPRINT_CONV_ALGO, else implicit -- the faster one measured, RESULTS.md §2):
             (csrc/gemm_dw.h) and sums db from its packed dy panels; dX (stride
             1) is the forward convolution of dy with the flipped, transposed
             filters (strided: the explicit path below).
+  winograd  (CPU, opt-in) F(4x4, 3x3) for 3x3 stride-1 layers
+            (conv_winograd.py); dW and db the implicit path's; other layers
+            run on implicit.
   im2col    the explicit path below: the GPU path (cuBLAS) and the reference.
 
 Layouts (csrc/im2col.h): x (N,C,H,W); cols (K, N*P) with K = C*kh*kw rows
@@ -29,12 +33,13 @@ import os
 from dataclasses import dataclass
 
 from engine.backend import get_backend
+from engine.ops import conv_winograd
 from engine.ops._check import (check_array, check_bool, check_no_alias, check_nonneg_int, check_pair,
                                check_positive_int, out_array)
 from engine.ops.gemm import gemm
 
 _MAX_DIM = 1 << 31
-CONV_ALGOS = ("implicit", "im2col")
+CONV_ALGOS = ("implicit", "im2col", "winograd")
 _algo: str | None = None
 
 
@@ -56,8 +61,13 @@ def conv_algo() -> str:
     return env
 
 
-def _implicit(be) -> bool:
-    return be.kernels == "cpp" and conv_algo() == "implicit"
+def _algo_for(be, g: "Geom", M: int, ws: int, need_dx: bool = False) -> str:
+    """The algorithm that runs layer g: im2col off the C++ kernels (the GPU:
+    cuBLAS), conv_algo() where it serves g, else implicit."""
+    if be.kernels != "cpp":
+        return "im2col"
+    algo = conv_algo()
+    return algo if algo != "winograd" or conv_winograd.serves(be, g, M, ws, need_dx) else "implicit"
 
 
 def default_workspace_bytes() -> int:
@@ -252,14 +262,23 @@ def conv2d_forward(x, w, b=None, stride=1, pad=0, workspace_bytes=None, out=None
         check_array("b", b, shape=(M,))
     y = out_array("out", out, (g.B, M, g.OH, g.OW))
     check_no_alias("out", y, "x", x)
-    if _implicit(be):
-        be.ext.conv2d_implicit_forward(x, w, b, y, g.sh, g.sw, g.ph, g.pw, relu)
-        return y
+    _ALGOS[_algo_for(be, g, M, ws)][0](be, x, w, b, y, g, ws, relu)
+    return y
+
+
+def _implicit_forward(be, x, w, b, y, g: Geom, ws: int, relu: bool):
+    be.ext.conv2d_implicit_forward(x, w, b, y, g.sh, g.sw, g.ph, g.pw, relu)
+
+
+def _winograd_forward(be, x, w, b, y, g: Geom, ws: int, relu: bool):
+    conv_winograd.forward(be, x, w, b, y, g, relu)
+
+
+def _im2col_forward(be, x, w, b, y, g: Geom, ws: int, relu: bool):
     _explicit_forward(be, x, w, b, y, g, ws)
     if relu:
         from engine.ops.elementwise import relu_forward
         relu_forward(y, out=y)
-    return y
 
 
 def _explicit_forward(be, x, w, b, y, g: Geom, ws: int):
@@ -305,15 +324,22 @@ def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx
     check_no_alias("dw_out", dw, "db_out", db)
     check_no_alias("dx_out", dx, "dw_out", dw)
     check_no_alias("dx_out", dx, "db_out", db)
-    if _implicit(be):
-        implicit_dx = need_dx and g.sh == g.sw == 1
-        be.ext.conv2d_implicit_backward(x, w, dy, dw, dx if implicit_dx else None, g.sh, g.sw, g.ph, g.pw,
-                                        accumulate=accumulate, db=db)  # db from dW's packed dy panels
-        if need_dx and not implicit_dx:  # strided: explicit W^T @ dy + col2im
-            _explicit_backward(be, x, w, dy, None, None, dx, g, ws)
-        return dx, dw, db
-    _explicit_backward(be, x, w, dy, dw, db, dx, g, ws, accumulate)
+    _ALGOS[_algo_for(be, g, M, ws, need_dx)][1](be, x, w, dy, dw, db, dx, g, ws, accumulate)
     return dx, dw, db
+
+
+def _implicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate: bool):
+    implicit_dx = dx is not None and g.sh == g.sw == 1
+    be.ext.conv2d_implicit_backward(x, w, dy, dw, dx if implicit_dx else None, g.sh, g.sw, g.ph, g.pw,
+                                    accumulate=accumulate, db=db)  # db from dW's packed dy panels
+    if dx is not None and not implicit_dx:  # strided: explicit W^T @ dy + col2im
+        _explicit_backward(be, x, w, dy, None, None, dx, g, ws)
+
+
+def _winograd_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate: bool):
+    _implicit_backward(be, x, w, dy, dw, db, None, g, ws, accumulate)  # dW, db: the implicit tap kernel
+    if dx is not None:
+        conv_winograd.backward_x(be, w, dy, dx, g)
 
 
 def _explicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate=False):
@@ -347,54 +373,6 @@ def _explicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate=Fa
             _k_col2im(be, cols, dx[n0:n1], gc)
 
 
-# ---- fully connected ---------------------------------------------------------
-
-def _check_linear(x, w):
-    check_array("x", x, ndim=2, nonempty=True)
-    check_array("w", w, ndim=2, nonempty=True)
-    if w.shape[1] != x.shape[1]:
-        raise ValueError(f"w must have shape (out, {x.shape[1]}) to match x's {x.shape[1]} features, "
-                         f"got {tuple(w.shape)}")
-
-
-def linear_forward(x, w, b=None, out=None):
-    """y (N,out) = x (N,in) @ w (out,in)^T + b (out,)."""
-    _check_linear(x, w)
-    if b is not None:
-        check_array("b", b, shape=(w.shape[0],))
-    y = out_array("out", out, (x.shape[0], w.shape[0]))
-    gemm(x, w, trans_b=True, out=y)
-    if b is not None:
-        y += b
-    return y
-
-
-def linear_backward(x, w, dy, dw_out=None, db_out=None, need_dx=True, dx_out=None, accumulate=False):
-    """Gradients of linear_forward: (dx or None, dw, db); outputs overwritten,
-    or with accumulate dw and db added to dw_out/db_out (both required) by
-    continuing their sums row by row, as conv2d_backward does."""
-    be = get_backend()
-    xp = be.xp
-    _check_linear(x, w)
-    need_dx = check_bool("need_dx", need_dx)
-    accumulate = check_bool("accumulate", accumulate)
-    if accumulate and (dw_out is None or db_out is None):
-        raise ValueError("accumulate needs dw_out and db_out (the sums to add to)")
-    check_array("dy", dy, shape=(x.shape[0], w.shape[0]))
-    dw = out_array("dw_out", dw_out, w.shape)
-    db = out_array("db_out", db_out, (w.shape[0],))
-    for name, o in (("dw_out", dw), ("db_out", db)):
-        for iname, i in (("x", x), ("w", w), ("dy", dy)):
-            check_no_alias(name, o, iname, i)
-    gemm(dy, x, trans_a=True, out=dw, beta=1.0 if accumulate else 0.0)
-    if be.kernels == "cpp":  # row by row onto db, so micro-batches chain exactly
-        _k_channel_sum(be, dy.reshape(dy.shape[0], dy.shape[1], 1), db, accumulate)
-    elif accumulate:
-        db += xp.sum(dy, axis=0)
-    else:
-        xp.sum(dy, axis=0, out=db)
-    dx = None
-    if need_dx:
-        dx = out_array("dx_out", dx_out, x.shape)
-        gemm(dy, w, out=dx)
-    return dx, dw, db
+# algorithm -> (forward, backward): conv_algo()'s names, as _algo_for picks them
+_ALGOS = {"implicit": (_implicit_forward, _implicit_backward), "winograd": (_winograd_forward, _winograd_backward),
+          "im2col": (_im2col_forward, _explicit_backward)}
