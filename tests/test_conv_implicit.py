@@ -93,7 +93,11 @@ BIG = [((2, 40, 12, 12), (24, 40, 3, 3), (1, 1), (1, 1)),
        # cifar conv1's shape (27 taps, 64 channels): dW splits the channels
        # over the threads by registers (a half panel each, its tile moves
        # partial), and the forward's write-back fetches rows ahead
-       ((8, 3, 32, 32), (64, 3, 3, 3), (1, 1), (1, 1))]
+       ((8, 3, 32, 32), (64, 3, 3, 3), (1, 1), (1, 1)),
+       # K = 810 past KC (at most 768) for the forward and dX alike, so a k
+       # block starts inside a channel's taps (768 = 85*9 + 3): the im2col
+       # packer walks each block tap by tap, then channel by channel
+       ((2, 90, 6, 6), (90, 90, 3, 3), (1, 1), (1, 1))]
 
 
 @pytest.mark.parametrize("isa", ISAS)
