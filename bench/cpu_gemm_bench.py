@@ -5,18 +5,19 @@
   gemm    SGEMM GFLOP/s on the conv GEMM shapes of `cifar` (batch 32) and
           `cnn-a` (batch 1), on all threads and on one, and the implicit
           convolution's three passes on cifar, as a share of the measured peak
-  layers  each cifar conv layer forward + backward: engine implicit (the
-          default), explicit im2col + OpenBLAS (the default before issue 14),
-          PyTorch (own processes, alternated)
-  step    cifar training step at batch 32 and 128: the same three, the
-          engine's share of the step outside the micro-kernel loops, and peak
-          memory
+  layers  each cifar conv layer forward + backward: the engine's algorithms
+          of --algos (default implicit, the default, and im2col: explicit
+          im2col + OpenBLAS, the default before issue 14; winograd), PyTorch
+          (own processes, alternated)
+  step    cifar training step at batch 32 and 128: the same, the engine's
+          share of the step outside the micro-kernel loops, and peak memory
+          (per algorithm)
 
 Every engine/PyTorch ratio is between runs alternated in the same invocation;
 times are medians of repeats, with the spread (min..max of the per-process
 medians) printed. Results go to --out (bench/results/cpu_gemm*.json).
 
-    python bench/cpu_gemm_bench.py [--parts peak,gemm,layers,step] [--procs 3]
+    python bench/cpu_gemm_bench.py [--parts peak,gemm,layers,step] [--procs 3] [--algos implicit,winograd]
 """
 from __future__ import annotations
 
@@ -154,9 +155,13 @@ def layer_times(framework, algo, reps):
     return out
 
 
+ALGOS = ("implicit", "im2col", "winograd")
+
+
 def _engine_variant(algo):
     """implicit: the defaults (engine SGEMM, implicit conv); im2col: explicit
-    im2col with OpenBLAS, the CPU path before issue 14."""
+    im2col with OpenBLAS, the CPU path before issue 14; winograd: F(4x4,3x3)
+    for the 3x3 stride-1 layers (engine SGEMM), implicit for the rest."""
     from engine import backend
     from engine.ops import conv
     if algo == "im2col":
@@ -166,11 +171,11 @@ def _engine_variant(algo):
     return backend.get_backend().ext
 
 
-def layers_bench(procs, reps):
-    runs = {"implicit": [], "im2col": [], "torch": []}
+def layers_bench(procs, reps, algos=("implicit", "im2col")):
+    runs = {**{a: [] for a in algos}, "torch": []}
     for _ in range(procs):
-        runs["implicit"].append(_fresh("engine", "layer_times", "engine", "implicit", reps))
-        runs["im2col"].append(_fresh("engine", "layer_times", "engine", "im2col", reps))
+        for a in algos:
+            runs[a].append(_fresh("engine", "layer_times", "engine", a, reps))
         if _torch():
             runs["torch"].append(_fresh("torch", "layer_times", "torch", None, reps))
     res = {}
@@ -183,7 +188,7 @@ def layers_bench(procs, reps):
             fl = sum(v["flops"] for v in rs[0].values()) if name == "all" else rs[0][name]["flops"]
             row[k] = {**_stats(per), "gflops": fl / statistics.median(per) / 1e9}
         if "torch" in row:
-            for k in ("implicit", "im2col"):
+            for k in algos:
                 row[f"{k}_vs_torch"] = row["torch"]["median"] / row[k]["median"]
         res[name] = row
     return res
@@ -205,30 +210,35 @@ def step_times(framework, algo, n, rounds):
     return {"times": ts, "kernel_share": prof["kernel_s"] / wall, "pack_share": prof["pack_s"] / wall}
 
 
-def step_bench(procs, batches=(32, 128)):
+def step_bench(procs, batches=(32, 128), algos=("implicit", "im2col")):
     from test_bench_train import peak_memory
     res = {}
     for n in batches:
         rounds = 8 if n == 32 else 4
-        runs = {"implicit": [], "im2col": [], "torch": []}
+        runs = {**{a: [] for a in algos}, "torch": []}
         shares = []
         for _ in range(procs):
-            r = _fresh("engine", "step_times", "engine", "implicit", n, rounds)
-            runs["implicit"].append(statistics.median(r["times"]))
-            shares.append((r["kernel_share"], r["pack_share"]))
-            runs["im2col"].append(statistics.median(_fresh("engine", "step_times", "engine", "im2col", n,
-                                                            rounds)["times"]))
+            for a in algos:
+                r = _fresh("engine", "step_times", "engine", a, n, rounds)
+                runs[a].append(statistics.median(r["times"]))
+                if a == algos[0]:
+                    shares.append((r["kernel_share"], r["pack_share"]))
             if _torch():
                 runs["torch"].append(statistics.median(_fresh("torch", "step_times", "torch", None, n, rounds)["times"]))
         row = {k: {**_stats(v), "img_s": n / statistics.median(v)} for k, v in runs.items() if v}
         if "torch" in row:
-            for k in ("implicit", "im2col"):
+            for k in algos:
                 row[f"{k}_vs_torch"] = row["torch"]["median"] / row[k]["median"]
                 # ratio of each alternated pair, to show the spread
                 row[f"{k}_vs_torch_pairs"] = [t / e for t, e in zip(runs["torch"], runs[k])]
-        row["kernel_share"] = statistics.median(s[0] for s in shares)
+        row["kernel_share"] = statistics.median(s[0] for s in shares)  # of algos[0]
         row["pack_share"] = statistics.median(s[1] for s in shares)
-        row["memory_engine"] = peak_memory("engine", n)
+        old = os.environ.get("SPRINT_CONV_ALGO")
+        for a in algos:  # the fresh process reads the algorithm from the environment
+            os.environ["SPRINT_CONV_ALGO"] = a
+            row[f"memory_{a}"] = peak_memory("engine", n)
+        os.environ.pop("SPRINT_CONV_ALGO") if old is None else os.environ.update(SPRINT_CONV_ALGO=old)
+        row["memory_engine"] = row[f"memory_{algos[0]}"]
         res[n] = row
     return res
 
@@ -243,9 +253,16 @@ def main(argv=None):
     ap.add_argument("--parts", default="peak,gemm,layers,step")
     ap.add_argument("--procs", type=int, default=3, help="alternated processes per framework")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--batches", default="32,128", help="step: the batch sizes")
+    ap.add_argument("--algos", default="implicit,im2col",
+                    help=f"the engine's convolution algorithms timed by layers and step (of {', '.join(ALGOS)}; "
+                         "the first is the one whose step profile and memory are printed)")
     ap.add_argument("--out", default=str(BENCH / "results" / "cpu_gemm.json"))
     args = ap.parse_args(argv)
     parts = args.parts.split(",")
+    algos = tuple(args.algos.split(","))
+    if not algos or any(a not in ALGOS for a in algos):
+        ap.error(f"--algos: a comma list of {', '.join(ALGOS)}, got {args.algos!r}")
     env = {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "SPRINT_CPU_ISA")}
     out = {"threads": THREADS, "env": env, "loadavg_start": os.getloadavg(),
            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
@@ -263,20 +280,20 @@ def main(argv=None):
             print(f"{r['net']:6s} {r['layer']:7s} {r['pass']:15s} {r['m']:5d}x{r['n']:6d}x{r['k']:5d} "
                   f"median {r['gflops_median']:6.1f} best {r['gflops_best']:6.1f} GFLOP/s{share}{share1}", flush=True)
     if "layers" in parts:
-        out["layers"] = layers_bench(args.procs, args.reps)
+        out["layers"] = layers_bench(args.procs, args.reps, algos)
         for name, row in out["layers"].items():
             print(name, " ".join(f"{k} {v['gflops']:.1f} GF/s ({v['best'] * 1e3:.2f}..{v['worst'] * 1e3:.2f} ms)"
                                  for k, v in row.items() if isinstance(v, dict)),
                   " ".join(f"{k} {v:.2f}x" for k, v in row.items() if k.endswith("vs_torch")), flush=True)
     if "step" in parts:
-        out["step"] = step_bench(args.procs)
+        out["step"] = step_bench(args.procs, tuple(int(b) for b in args.batches.split(",")), algos)
         for n, row in out["step"].items():
             print(f"step batch {n}:", " ".join(f"{k} {v['img_s']:.1f} img/s" for k, v in row.items()
                                                if isinstance(v, dict) and "img_s" in v),
                   " ".join(f"{k} {v:.2f}x" for k, v in row.items() if k.endswith("vs_torch")),
-                  f"pairs {row.get('implicit_vs_torch_pairs')}",
+                  " ".join(f"{a} pairs {row.get(f'{a}_vs_torch_pairs')}" for a in algos),
                   f"kernel share {100 * row['kernel_share']:.1f} %, packing {100 * row['pack_share']:.1f} %,",
-                  f"memory {row['memory_engine']['step_rss_mib']:.0f} MiB", flush=True)
+                  " ".join(f"memory {a} {row[f'memory_{a}']['step_rss_mib']:.0f} MiB" for a in algos), flush=True)
     out["loadavg_end"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1, default=str))

@@ -47,8 +47,11 @@ bool layout(const Conv& g, int m, Layout& L) {
     const i64 l2 = gemm::blocking(Isa::generic).l2;
     const i64 fit = l2 / 2 / (4 * L.N * (g.C + g.M)) / 48 * 48;
     const int threads = omp_get_max_threads();
-    L.tb = fit < 48 ? 48 : fit;
-    if (L.tb * threads > L.T) L.tb = cdiv(cdiv(L.T, threads), 48) * 48;  // every thread a block, if there are tiles
+    // Then the blocks evened out over the threads (a multiple of them, if
+    // there are tiles enough: cifar's 8x8 layers have 128 tiles, which 48-tile
+    // blocks would split 96 : 32), at the cost of narrower GEMMs.
+    const i64 nb = cdiv(cdiv(L.T, fit < 48 ? 48 : fit), threads) * threads;
+    L.tb = up16(cdiv(L.T, nb));
     L.nblocks = cdiv(L.T, L.tb);
     L.nth = int(L.nblocks < threads ? L.nblocks : threads);
     L.ld = L.tb;

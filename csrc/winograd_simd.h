@@ -122,16 +122,26 @@ void filter_t(const Conv& g, const float* w, bool flipped, float* U, i64 r0, i64
     for (i64 r = r0; r < r1; ++r)
         for (i64 c0 = 0; c0 < cols; c0 += L) {
             const int nl = int(cols - c0 < L ? cols - c0 : L);
-            for (int l = 0; l < L; ++l)
-                for (int e = 0; e < 9; ++e)
-                    G[e * L + l] = l >= nl ? 0.f
-                                  : flipped ? w[((c0 + l) * rows + r) * 9 + 8 - e]
-                                            : w[(r * cols + c0 + l) * 9 + e];
+            for (int l = 0; l < nl; ++l) {
+                const float* s = flipped ? w + ((c0 + l) * rows + r) * 9 : w + (r * cols + c0 + l) * 9;
+                if (flipped) {
+                    for (int e = 0; e < 9; ++e) G[e * L + l] = s[8 - e];
+                } else {
+                    for (int e = 0; e < 9; ++e) G[e * L + l] = s[e];
+                }
+            }
+            for (int l = nl; l < L; ++l)
+                for (int e = 0; e < 9; ++e) G[e * L + l] = 0.f;
             for (int i = 0; i < 3; ++i) T::template filt<L>(G + i * 3 * L, L, Q + i * A * L, L);  // along j
             for (int k = 0; k < A; ++k) T::template filt<L>(Q + k * L, A * L, R + k * L, A * L);  // along i
             for (int xi = 0; xi < A * A; ++xi) {
                 float* u = U + (xi * rows + r) * cols + c0;
-                for (int l = 0; l < nl; ++l) u[l] = R[xi * L + l];
+                if (nl == L) {
+#pragma GCC ivdep
+                    for (int l = 0; l < L; ++l) u[l] = R[xi * L + l];  // one vector store
+                } else {
+                    for (int l = 0; l < nl; ++l) u[l] = R[xi * L + l];
+                }
             }
         }
 }

@@ -15,7 +15,7 @@ from test_conv import _data, close, ref_conv, ref_conv_grads
 from test_conv_implicit import ISAS, poison, using
 
 from engine import backend, ops
-from engine.ops import conv
+from engine.ops import conv, conv_winograd
 
 # Error bound, in units of 2^-24 times the largest |x|*|w| sum of the output
 # (the convolution of |x| with |w|: the magnitude of the terms the outputs
@@ -43,6 +43,20 @@ def tile(m):
             os.environ.pop("SPRINT_WINOGRAD_TILE", None)
         else:
             os.environ["SPRINT_WINOGRAD_TILE"] = old
+
+
+@contextlib.contextmanager
+def winograd(m=4, isa=None, depth=1):
+    """--conv-algo winograd with tile m on `isa`, serving layers down to
+    `depth` channels (1: the small test shapes too; the engine's is
+    conv_winograd.MIN_DEPTH, a speed threshold, not a numerical one)."""
+    old = conv_winograd.MIN_DEPTH
+    conv_winograd.MIN_DEPTH = depth
+    try:
+        with using("winograd", isa), tile(m):
+            yield
+    finally:
+        conv_winograd.MIN_DEPTH = old
 
 
 def within(got, ref, mag, m):
@@ -85,7 +99,7 @@ def test_winograd_matches_float64_and_implicit(case):
         with using("implicit", isa):
             implicit = run(x, w, b, dy, pad, relu)
         for m in TILES:
-            with using("winograd", isa), tile(m):
+            with winograd(m, isa):
                 y, dx, dw, db = run(x, w, b, dy, pad, relu)
             for name, g in (("y", y), ("dx", dx), ("dw", dw), ("db", db)):
                 assert not np.isnan(g).any(), (isa, m, name)
@@ -109,7 +123,7 @@ def test_fused_bias_relu_equals_unfused_on_cifar_shapes(isa, m, xs, ws, pad):
     transform equal a separate ReLU after it bit for bit."""
     x, w, b = _data(xs, ws, True, 3)
     w = w / np.float32(np.sqrt(9 * xs[1]))
-    with using("winograd", isa), tile(m):
+    with winograd(m, isa):
         y = ops.conv2d_forward(x, w, b, pad=pad, out=poison((xs[0], ws[0], xs[2] + 2 * pad - 2, xs[3] + 2 * pad - 2)))
         fused = ops.conv2d_forward(x, w, b, pad=pad, relu=True)
         nobias = ops.conv2d_forward(x, w, None, pad=pad)
@@ -127,7 +141,7 @@ def test_dx_central_differences(m):
     x, w, b = (a.astype(np.float64) for a in _data((2, 3, 6, 5), (4, 3, 3, 3), True, 21))
     g = np.random.default_rng(22).standard_normal((2, 4, 6, 5))
     loss = lambda: float((ref_conv(x, w, b, 1, 1, 1, 1) * g).sum())  # noqa: E731
-    with using("winograd"), tile(m):
+    with winograd(m):
         dx = ops.conv2d_backward(x.astype(np.float32), w.astype(np.float32), g.astype(np.float32), pad=1)[0]
     for idx in np.ndindex(x.shape):
         old = x[idx]
@@ -147,7 +161,7 @@ def test_rows_of_a_micro_batch_equal_the_whole_batch_bitwise(m):
     whole batch exactly, forward and dX (the pipeline's gpipe relies on it)."""
     x, w, b = _data((23, 6, 17, 19), (13, 6, 3, 3), True, 7)
     dy = np.random.default_rng(8).standard_normal((23, 13, 17, 19)).astype(np.float32)
-    with using("winograd"), tile(m):
+    with winograd(m):
         y = ops.conv2d_forward(x, w, b, pad=1, relu=True)
         dx = ops.conv2d_backward(x, w, dy, pad=1)[0]
         for lo, hi in ((0, 1), (1, 9), (9, 23)):
@@ -156,43 +170,50 @@ def test_rows_of_a_micro_batch_equal_the_whole_batch_bitwise(m):
 
 
 def test_layers_it_does_not_serve_run_on_implicit(monkeypatch):
-    """Not 3x3, stride 2, pad 3, or a workspace past the limit: the implicit
-    path's results bit for bit, and the Winograd kernels never called; a 3x3
-    stride-1 layer calls them (forward and dX)."""
+    """Not 3x3, stride 2, pad 3, a workspace past the limit, or fewer input
+    channels than MIN_DEPTH (C forward, M for dX): the implicit path's
+    results bit for bit, and the Winograd kernels never called; the layers it
+    serves call them (forward and dX apart)."""
     ext = backend.get_backend().ext
     calls = []
     for k in ("conv2d_winograd_forward", "conv2d_winograd_backward_x"):
         real = getattr(ext, k)
         monkeypatch.setattr(ext, k, lambda *a, _r=real, _k=k, **kw: (calls.append(_k), _r(*a, **kw))[1])
-    layers = [((2, 3, 9, 8), (4, 3, 5, 5), 1, 2, None), ((2, 3, 9, 8), (4, 3, 3, 3), 2, 1, None),
-              ((2, 3, 9, 8), (4, 3, 1, 1), 1, 0, None), ((1, 2, 5, 5), (3, 2, 3, 3), 1, 3, None),
-              ((2, 3, 9, 8), (4, 3, 3, 3), 1, 1, 64)]
-    for xs, ws, stride, pad, limit in layers:
+    deep = conv_winograd.MIN_DEPTH
+    layers = [((2, 3, 9, 8), (4, 3, 5, 5), 1, 2, None, 1), ((2, 3, 9, 8), (4, 3, 3, 3), 2, 1, None, 1),
+              ((2, 3, 9, 8), (4, 3, 1, 1), 1, 0, None, 1), ((1, 2, 5, 5), (3, 2, 3, 3), 1, 3, None, 1),
+              ((2, 3, 9, 8), (4, 3, 3, 3), 1, 1, 64, 1), ((2, 3, 9, 8), (4, 3, 3, 3), 1, 1, None, deep)]
+    for xs, ws, stride, pad, limit, depth in layers:
         x, w, b = _data(xs, ws, True, 5)
         outs = {}
-        for algo in ("implicit", "winograd"):
-            with using(algo):
+        for algo, ctx in (("implicit", lambda: using("implicit")), ("winograd", lambda: winograd(4, None, depth))):
+            with ctx():
                 y = ops.conv2d_forward(x, w, b, stride=stride, pad=pad, workspace_bytes=limit)
                 outs[algo] = (y,) + ops.conv2d_backward(x, w, np.ones_like(y), stride=stride, pad=pad,
                                                         workspace_bytes=limit)
         assert all(np.array_equal(a, c) for a, c in zip(outs["implicit"], outs["winograd"])), (ws, stride, pad)
     assert not calls
-    x, w, b = _data((2, 3, 9, 8), (4, 3, 3, 3), True, 5)
-    with using("winograd"):
-        y = ops.conv2d_forward(x, w, b, pad=1)
-        ops.conv2d_backward(x, w, np.ones_like(y), pad=1)
-        ops.conv2d_backward(x, w, np.ones_like(y), pad=1, need_dx=False)
-    assert calls == ["conv2d_winograd_forward", "conv2d_winograd_backward_x"]
+    for ws, served in (((4, 3, 3, 3), []), ((4, deep, 3, 3), ["conv2d_winograd_forward"]),
+                       ((deep, 4, 3, 3), ["conv2d_winograd_backward_x"]),
+                       ((deep, deep, 3, 3), ["conv2d_winograd_forward", "conv2d_winograd_backward_x"])):
+        x, w, b = _data((2, ws[1], 9, 8), ws, True, 5)
+        calls.clear()
+        with winograd(4, None, deep):
+            y = ops.conv2d_forward(x, w, b, pad=1)
+            ops.conv2d_backward(x, w, np.ones_like(y), pad=1)
+            ops.conv2d_backward(x, w, np.ones_like(y), pad=1, need_dx=False)
+        assert calls == served, ws
 
 
-def test_winograd_workspace_is_bounded_by_the_batch_independent_blocks():
-    """U plus one tile block per thread: the same for batch 32 and 256."""
+def test_winograd_workspace_stops_growing_with_the_batch():
+    """U plus one tile block per thread: past a few blocks per thread, the
+    same for batch 256 and 4096, and a small part of the workspace limit."""
     ext = backend.get_backend().ext
     for C, M, H in ((64, 64, 32), (256, 256, 8)):
         for m in TILES:
-            small = ext.conv2d_winograd_workspace(32, C, H, H, M, 1, 1, m, False)
-            assert 0 < small == ext.conv2d_winograd_workspace(256, C, H, H, M, 1, 1, m, False)
-            assert 4 * small <= conv.default_workspace_bytes() // 8
+            n = ext.conv2d_winograd_workspace(256, C, H, H, M, 1, 1, m, False)
+            assert 0 < n == ext.conv2d_winograd_workspace(4096, C, H, H, M, 1, 1, m, False)
+            assert 4 * n <= conv.default_workspace_bytes() // 8
 
 
 def test_bad_arguments_are_refused():
@@ -212,7 +233,7 @@ def test_bad_arguments_are_refused():
         ext.conv2d_winograd_forward(x, np.zeros((3, 2, 5, 5), np.float32), None, y, 1, 1, False, 4, ws)
     with pytest.raises(ValueError, match="overlap"):
         ext.conv2d_winograd_forward(x, w, None, y, 1, 1, False, 4, y.reshape(-1))
-    with tile(3), using("winograd"), pytest.raises(ValueError, match="SPRINT_WINOGRAD_TILE"):
+    with winograd(3), pytest.raises(ValueError, match="SPRINT_WINOGRAD_TILE"):
         ops.conv2d_forward(x, w, None, pad=1)
 
 
@@ -227,6 +248,7 @@ def test_training_with_conv_algo_winograd_follows_the_implicit_loss_curve(tmp_pa
     import engine
     from engine import cli
     data = _blobs(tmp_path / "blobs.npz")
+    monkeypatch.setattr(conv_winograd, "MIN_DEPTH", 1)  # the tiny net's 3 channels
     monkeypatch.setenv("SPRINT_CONV_ALGO", "implicit")  # restored after the CLI's setting
     engine.train(_cfg(data, out=str(tmp_path / "implicit")))
     assert cli.main(["train", "--model", "tiny", "--data", str(data), "--epochs", "4", "--batch", "16",
