@@ -1,0 +1,99 @@
+"""Ctrl-C in a terminal running `mpiexec -n N sprint train --parallel ...`:
+SIGINT to the whole process group while one rank is busy and the others wait
+for it in MPI. Every strategy must end with exit 130 and the one resume hint
+line, without MPI_Abort (MPICH's 'Abort(130)' line, or nothing at all when
+the launcher kills the job before that line is out) and without a traceback;
+`--resume` then continues the run.
+
+The layer-wise executor waited for its collectives inside MPI's C calls
+(Alltoallv, Allreduce): a rank sitting there for a peer that the Ctrl-C had
+stopped never saw its own, and after abort_once's grace the job ended in
+MPI_Abort (seen on b15b1a2 with the layerwise case below)."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine import checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+STALL = ROOT / "tests" / "mpi" / "ctrlc_stall.py"
+pytestmark = [pytest.mark.mpi,
+              pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")]
+
+# strategy -> (ranks, train options, the rank that stalls, in which function, at which call):
+# the stall comes in epoch 2 or later, so that there is an epoch to resume
+CASES = {
+    "asgd": (2, ["--parallel", "asgd"], 0, "engine.parallel.asgd:ASGD._wait_for_grads", 60),
+    "downpour": (3, ["--parallel", "downpour"], 0, "engine.parallel.downpour:DownpourServer._apply", 100),
+    "sandblaster": (3, ["--parallel", "sandblaster"], 1,
+                    "engine.parallel.sandblaster_replica:SandReplica.fetch", 10),
+    "gpipe": (2, ["--parallel", "pipeline", "--pipe-schedule", "gpipe"], 0,
+              "engine.parallel.pipeline:StageExecutor._update", 60),
+    # 1F1B and DualPipe update after every micro-batch (4 per batch, 180 an epoch)
+    "1f1b": (2, ["--parallel", "pipeline", "--pipe-schedule", "1f1b"], 1,
+             "engine.parallel.pipeline:StageExecutor._update", 300),
+    "dualpipe": (2, ["--parallel", "pipeline", "--pipe-schedule", "dualpipe"], 1,
+                 "engine.parallel.pipeline:StageExecutor._update", 300),
+    "layerwise": (2, ["--parallel", "layerwise", "--batch", "64", "--plan", "{plan}"], 0,
+                  "engine.parallel.layerwise:LayerwiseExecutor._forward", 100),
+}
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SPRINT_DEVICE="cpu", OMP_NUM_THREADS="1", MPIEXEC_TIMEOUT="120")
+    env.pop("SPRINT_DEBUG", None)
+    return env
+
+
+def _layerwise_plan(tmp_path) -> str:
+    plan = tmp_path / "plan.json"
+    p = subprocess.run([sys.executable, "-m", "engine.cli", "plan", "--model", "digits", "--gpus", "2",
+                        "--no-calibrate", "--write", "model", "--out", str(plan)],
+                       capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return str(plan)
+
+
+@pytest.mark.parametrize("strategy", list(CASES))
+def test_ctrl_c_under_mpiexec_while_a_peer_waits_in_mpi_says_how_to_resume(tmp_path, strategy):
+    n, opts, rank, target, k = CASES[strategy]
+    if "{plan}" in opts:
+        opts = [o.replace("{plan}", _layerwise_plan(tmp_path)) for o in opts]
+    run = tmp_path / "run"
+    # a terminal's Ctrl-C reaches every process of the foreground group: mpiexec and the ranks
+    p = subprocess.Popen(["mpiexec", "-n", str(n), sys.executable, "-m", "mpi4py", str(STALL), str(rank), target,
+                          str(k), "train", *opts, "--epochs", "30", "--no-progress", "--out", str(run)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT,
+                         start_new_session=True)
+    try:
+        while "stalled" not in p.stdout.readline():
+            assert p.poll() is None, p.stderr.read()
+        time.sleep(1.0)                      # the other ranks reach their wait for the stalled one
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert p.returncode == 130, out[-2000:] + err
+    # ctrlc_stall.py says 'MPI_Abort called' on the rank that calls it, before the launcher can cut any line
+    assert "MPI_Abort called" not in err and "Abort(" not in out + err and "Traceback" not in err, out[-2000:] + err
+    lines = [ln for ln in err.splitlines() if not re.match(r"sprint: (rank 0 pid|\w+ roles:)", ln)]
+    assert len(lines) == 1, err
+    m = re.fullmatch(rf"interrupted after epoch (\d+); resume with: mpiexec -n {n} sprint train --resume "
+                     rf"{re.escape(str(run))}", lines[0])
+    assert m, err
+    epoch = int(m.group(1))
+    assert checkpoint.load(run)["epoch"] == epoch
+    p = subprocess.run(["mpiexec", "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "engine.cli", "train",
+                        "--resume", str(run), "--epochs", str(epoch + 1), "--no-progress"],
+                       capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr
+    assert checkpoint.load(run)["epoch"] == epoch + 1
