@@ -219,6 +219,36 @@ def test_contention_factor_is_rescaled_by_the_updater_duty():
     assert gpu.slowdown == 1.0
 
 
+def test_a_net_not_swept_takes_the_swept_slowdowns_without_their_updaters_share():
+    """Truth: every net's workers slow by S0 (the GIL and memory) times the
+    core share its own updaters leave them. cifar's 3.2 M-parameter updaters
+    and tiny's fast-cycling ones take different shares of the 2 cores; the
+    entries record what that truth gives at their runs. Another net
+    (digits, not swept) then slows by S0 times its own share, not by the
+    swept nets' measured factors (phi or their mean)."""
+    S0 = 1.3
+    base = Profile(dict(PROF.data, backend="cpu", cores=2))
+    phis = {"tiny": 0.05, "cifar": 0.001}
+    entries = [{"model": m, "ranks": 1, "workers": 1, "rel": 1.0, "host": 1.0, "n_subbatch": n, "phi": phis[m]}
+               for m, n in (("tiny", 8), ("cifar", 4))]
+    for m, n in (("tiny", 8), ("cifar", 4)):
+        # the slowdown that is its own fixed point at the sweep's run
+        s = S0 * 2
+        for _ in range(30):
+            ref = model._predict(m, 2, 2, n, base, ranks_per_host=2, slowdown=s)
+            s = 0.5 * (s + S0 * model.core_share(2, 2, 2, model.updater_duty(ref, base)))
+        entries.append({"model": m, "ranks": 2, "workers": 2, "rel": s, "host": 1.0, "n_subbatch": n,
+                        "phi": phis[m]})
+    prof = Profile(dict(base.data, contention={"entries": entries}))
+    rel = {e["model"]: e["rel"] for e in entries if e["ranks"] == 2}
+    assert abs(rel["cifar"] / rel["tiny"] - 1) > 0.03      # their updaters' shares differ
+    got = model.predict("digits", 2, 2, 16, prof, ranks_per_host=2)
+    want = S0 * model.core_share(2, 2, 2, model.updater_duty(got, prof))
+    assert got.slowdown == pytest.approx(want, rel=2e-3)
+    # the swept nets keep their own measured factor at their own runs
+    assert model.predict("cifar", 2, 2, 4, prof, ranks_per_host=2).slowdown == pytest.approx(rel["cifar"], rel=2e-3)
+
+
 def test_cold_terms_only_when_a_step_overflows_the_last_level_cache():
     terms = dict(PROF.terms)
     for k in ("copy", "add", "scale", "sub", "fill"):

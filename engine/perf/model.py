@@ -342,12 +342,19 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file
         p = _predict(spec, n_node, n_gpu, n_subbatch, profile, **kw)
         p.extra.update(threads=threads, oversubscribed=over)
         return p
-    base = profile.slowdown(ranks_per_host, n_gpu, sp.name, python_share(sp, n_subbatch, profile))
     R, cores = ranks_per_host, profile.cores
-    # The sweep's own configuration: R ranks of n_gpu workers on this host.
-    ref = _predict(spec, R, n_gpu, int(entry["n_subbatch"]), profile, **dict(kw, ranks_per_host=R))
-    ref_duty = updater_duty(ref, profile)
-    ref_share = core_share(R, n_gpu, cores, ref_duty)
+    if entry.get("model") == sp.name:
+        base = profile.slowdown(ranks_per_host, n_gpu, sp.name, python_share(sp, n_subbatch, profile))
+        # The sweep's own configuration: R ranks of n_gpu workers on this host.
+        ref = _predict(spec, R, n_gpu, int(entry["n_subbatch"]), profile, **dict(kw, ranks_per_host=R))
+        ref_duty = updater_duty(ref, profile)
+        ref_share = core_share(R, n_gpu, cores, ref_duty)
+    else:
+        # Another net: each swept net's slowdown without its own updaters'
+        # share of the cores, read between them by phi, times this net's.
+        base = profile.slowdown(ranks_per_host, n_gpu, sp.name, python_share(sp, n_subbatch, profile),
+                                shares=swept_shares(profile, R, n_gpu, kw))
+        ref_duty, ref_share = None, 1.0
     slow = base
     for _ in range(20):
         p = _predict(spec, n_node, n_gpu, n_subbatch, profile, slowdown=slow, **kw)
@@ -359,6 +366,30 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file
     p.extra["core_share"] = {"sweep_slowdown": base, "sweep_duty": ref_duty, "duty": duty}
     p.extra.update(threads=threads, oversubscribed=over)
     return p
+
+
+def swept_shares(profile, R, n_gpu, kw) -> dict:
+    """{swept net: ``core_share`` of its own runner contention run at this
+    sharing}, at the updater duty the model gives that run with the
+    slowdown it measured. cifar's 3.2 M-parameter updaters take a large
+    share of the 2 cores, so its 2 x 2 slowdown (x2.8) is mostly theirs; a
+    net of 0.1 M parameters placed near it by phi was priced x2.75 and ran
+    x1.8 (heldout-k9, 2026-12-01). Kept on the profile per sharing."""
+    cache = profile.__dict__.setdefault("_swept_shares", {})
+    key = (R, n_gpu, kw.get("impl"), profile.time_scale, profile.call_scale)
+    if key not in cache:
+        out = {}
+        for e in profile._contention():
+            if (e["ranks"], e["workers"]) != (R, n_gpu) or not e.get("n_subbatch") or not e.get("model"):
+                continue
+            try:
+                ref = _predict(e["model"], R, n_gpu, int(e["n_subbatch"]), profile,
+                               slowdown=profile.slowdown(R, n_gpu, e["model"]), **dict(kw, ranks_per_host=R))
+            except (KeyError, ValueError):       # a swept net this install cannot build
+                continue
+            out[e["model"]] = core_share(R, n_gpu, profile.cores, updater_duty(ref, profile))
+        cache[key] = out
+    return cache[key]
 
 
 def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None,

@@ -132,7 +132,8 @@ class HostSharing:
         bw = max(float(e.get("rel") or 1.0), 1.0) if e else 1.0
         return self.slowdown(1, 1, model, phi) * bw
 
-    def slowdown(self, ranks_per_host: int, n_gpu: int, model: str = "", phi: float | None = None) -> float:
+    def slowdown(self, ranks_per_host: int, n_gpu: int, model: str = "", phi: float | None = None,
+                 shares: dict | None = None) -> float:
         """Per-step time factor when ``ranks_per_host`` processes of ``n_gpu``
         worker threads share the host, relative to the profile's own sweeps.
 
@@ -145,6 +146,9 @@ class HostSharing:
         between, or the same net at another N_Subbatch, slows in between.
         Without ``phi`` (or phi-less entries), the mean over nets.
         Unmeasured pairs scale the nearest measured one by the thread count.
+        ``shares``: {swept net: the core share its own updaters left its
+        workers in its run} (``model.swept_shares``); a net not swept gets
+        the swept ones' slowdowns divided by them.
         """
         entries = self._contention()
         threads = ranks_per_host * n_gpu
@@ -167,6 +171,9 @@ class HostSharing:
                 return max(e["rel"], 1.0) * (h if h is not None else e["host"])
             return e["ratio"]
         same = self._sharing(entries, ranks_per_host, n_gpu, model)
+        if shares and all(e.get("model") != model for e in same):
+            raw = ratio
+            ratio = lambda e: raw(e) / shares.get(e.get("model"), 1.0)   # noqa: E731
         if same:
             if phi is not None and all(e.get("model") != model for e in same):
                 # Read in sqrt(phi): the slowdown climbs fastest at small
