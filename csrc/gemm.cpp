@@ -292,6 +292,16 @@ namespace {
 // for all pixels).
 detail::DwPlan dw_plan(const Kernels& kr, const Blocking& bl, i64 K, i64 M, i64 BP) {
     detail::DwPlan best{};
+    // Pixels per k block. The tap kernel reads NR floats of the dy^T panel per
+    // pixel (256 bytes per 24 FMAs on AVX-512, a third more than the 8 x 48
+    // GEMM kernel): streamed from L2 (KC 768) the bare kernel ran at 80 % of
+    // the FMA peak on cifar's shapes, from L1 (128 pixels) at 91-92 %. But
+    // every k block moves all of dW^T's tiles in and out: where dW^T is larger
+    // than L1 that cost more than it saved (cifar conv3-conv6 dW 1.12-1.18x
+    // slower at 128), where it fits (conv1: 27 x 64) the panel in 2/3 of L1
+    // won (0.80x).
+    const bool small = K * M * 4 <= bl.l1d;
+    const i64 kc = small ? clamp(bl.l1d * 2 / 3 / (i64(kr.dw_nr) * 4) / 8 * 8, 32, bl.kc) : bl.kc;
     const double work = double(K) * double(M) * double(BP) / kr.lanes;
     const int nth = work < 1.0e5 ? 1 : omp_get_max_threads();
     double best_cost = std::numeric_limits<double>::infinity();
@@ -308,7 +318,7 @@ detail::DwPlan dw_plan(const Kernels& kr, const Blocking& bl, i64 K, i64 M, i64 
         const i64 panels = cdiv(nq, kr.dw_nr);
         const double fma = double(mq) * double(nq + panels * kr.dw_l) * double(BP) / kr.lanes;
         const double cost = fma + double(BP) * double(nq);
-        if (cost < best_cost) best_cost = cost, best = detail::DwPlan{nth, tm, tn, mq, nq, bl.kc, nullptr, 0, nullptr, nullptr, nullptr, 0, 0};
+        if (cost < best_cost) best_cost = cost, best = detail::DwPlan{nth, tm, tn, mq, nq, kc, nullptr, 0, nullptr, nullptr, nullptr, 0, 0};
     }
     best.buf_floats = cdiv(best.kc * kr.dw_nr + 2 * best.kc, 16) * 16;
     return best;
