@@ -197,8 +197,11 @@ class MPIComm(Comm):
         self._nccl = None
         self._owner = None
         self.device_path = "host"
-        # > 0: wait for host allreduces by polling with sleeps instead of
-        # MPICH's busy wait, leaving the core to the worker threads.
+        # > 0: wait for host allreduces (allreduce_, the ASGD updater's) by
+        # polling with sleeps, leaving the core to the worker threads. The
+        # other collectives test without sleeping (waits.wait): a timed sleep
+        # between the tests of sync's per-step gradient segments and loss sums
+        # made its 2-rank step on digits 1.55x slower (bench/RESULTS.md section 3).
         self.poll_interval = _env_seconds("SPRINT_MPI_POLL")
 
     def open_failure_channel(self):
@@ -265,26 +268,26 @@ class MPIComm(Comm):
         self._claim()
         if _is_device_array(buf):
             return super().iallreduce_(buf)
-        return _Pending(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM), self.poll_interval)
+        return _Pending(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM))
 
     def bcast_(self, buf, root=0):
         _check_flat(buf)
         self._claim()
         if _is_device_array(buf):
             host = _to_host_synced(buf)
-            waits.wait(self.comm.Ibcast(host, root=root), self.poll_interval)
+            waits.wait(self.comm.Ibcast(host, root=root))
             buf.set(host)
             return buf
-        waits.wait(self.comm.Ibcast(buf, root=root), self.poll_interval)
+        waits.wait(self.comm.Ibcast(buf, root=root))
         return buf
 
     def bcast_obj(self, obj, root=0):
         self._claim()
-        return waits.bcast_obj(self.comm, obj, root, self.poll_interval)
+        return waits.bcast_obj(self.comm, obj, root)
 
     def allgather_obj(self, obj):
         self._claim()
-        return waits.allgather_obj(self.comm, obj, self.poll_interval)
+        return waits.allgather_obj(self.comm, obj)
 
     def allreduce_scalars(self, values, op="sum"):
         self._claim()
@@ -292,12 +295,12 @@ class MPIComm(Comm):
         if op not in ops:
             raise ValueError(f"op must be one of {sorted(ops)}, got {op!r}")
         a = np.asarray(values, dtype=np.float64).ravel().copy()
-        waits.wait(self.comm.Iallreduce(self.MPI.IN_PLACE, a, op=ops[op]), self.poll_interval)
+        waits.wait(self.comm.Iallreduce(self.MPI.IN_PLACE, a, op=ops[op]))
         return [float(v) for v in a]
 
     def barrier(self):
         self._claim()
-        waits.wait(self.comm.Ibarrier(), self.poll_interval)
+        waits.wait(self.comm.Ibarrier())
 
     def abort(self, message: str, code: int = 1, report: bool = True):
         if report:

@@ -8,6 +8,7 @@ collectives pickle into byte buffers for the same reason (mpi4py's
 bcast/allgather of objects block in C)."""
 from __future__ import annotations
 
+import os
 import pickle
 import time
 
@@ -16,9 +17,18 @@ import numpy as np
 
 def wait(req, pause: float = 0.0) -> None:
     """Complete ``req``; between tests sleep ``pause`` seconds (0: only
-    yield, so that other threads keep the interpreter)."""
+    yield the core and the interpreter to other threads)."""
+    if pause > 0:
+        while not req.Test():
+            time.sleep(pause)
+        return
+    # os.sched_yield, not time.sleep(0): both release the GIL, but
+    # sleep(0) is a timed sleep that lasts the kernel's timer slack (69 us
+    # here), and MPICH moves a non-blocking collective on only inside Test:
+    # with it the 2-rank sync step on digits ran 1.55x slower than the C
+    # wait it replaced (bench/RESULTS.md section 3)
     while not req.Test():
-        time.sleep(pause)
+        os.sched_yield()
 
 
 def test_until(req, deadline: float, pause: float = 0.01) -> bool:
