@@ -233,10 +233,15 @@ void output_t(const Conv& g, const float* Z, const Block& blk, const float* bias
                 R[e] = relu && !(v > 0.f) ? 0.f : v;  // max(v, 0) as the implicit path's write-back does
             }
             for (int l = 0; l < nl; ++l) {
-                float* d = y + base[l] + r * P2;
+                float* d = y + base[l] + r * P2 + h0[l] * g.OW + w0[l];
                 const i64 hn = g.OH - h0[l] < m ? g.OH - h0[l] : m, wn = g.OW - w0[l] < m ? g.OW - w0[l] : m;
-                for (i64 i = 0; i < hn; ++i)
-                    for (i64 j = 0; j < wn; ++j) d[(h0[l] + i) * g.OW + w0[l] + j] = R[(i * m + j) * L + l];
+                if (hn == m && wn == m) {  // a whole tile: fixed loops the compiler unrolls
+                    for (int i = 0; i < m; ++i)
+                        for (int j = 0; j < m; ++j) d[i * g.OW + j] = R[(i * m + j) * L + l];
+                } else {
+                    for (i64 i = 0; i < hn; ++i)
+                        for (i64 j = 0; j < wn; ++j) d[i * g.OW + j] = R[(i * m + j) * L + l];
+                }
             }
         }
     }
