@@ -46,4 +46,6 @@ def digits_as_cifar(out_dir, n_train=None, seed=0):
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python tests/cifar_like.py DIR")
-    print(digits_as_cifar(sys.argv[1]))
+    n_train, n_test = digits_as_cifar(sys.argv[1])
+    print(f"wrote {n_train:,} train / {n_test:,} test images in {sys.argv[1]} "
+          f"(train on them: sprint train --model cifar --data {sys.argv[1]} --format cifar)")

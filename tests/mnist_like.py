@@ -44,4 +44,6 @@ def digits_as_mnist(out_dir):
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python tests/mnist_like.py DIR")
-    print(digits_as_mnist(sys.argv[1]))
+    n_train, n_test = digits_as_mnist(sys.argv[1])
+    print(f"wrote {n_train:,} train / {n_test:,} test images in {sys.argv[1]} "
+          f"(train on them: sprint train --model mnist --data {sys.argv[1]} --format mnist)")
