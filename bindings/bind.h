@@ -171,5 +171,16 @@ void launch_nogil(const char* what, F&& f) {
     raise_cuda_error(e, what);
 }
 
+// Runs f (returns nullptr or an error message) without the GIL, then raises its error.
+template <class F>
+void call_nogil(F f) {
+    const char* err;
+    {
+        py::gil_scoped_release nogil;
+        err = f();
+    }
+    if (err) value_error(err);
+}
+
 }  // namespace bind
 }  // namespace sprint

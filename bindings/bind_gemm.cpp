@@ -1,6 +1,6 @@
 // engine._sprint_cpu: the engine's SGEMM and the implicit-GEMM convolution
 // (csrc/gemm.h). `isa` = "" uses $SPRINT_CPU_ISA, then the best the CPU has.
-#include "bind.h"
+#include "bind_isa.h"
 #include "gemm.h"
 
 using namespace sprint;
@@ -9,24 +9,6 @@ namespace G = sprint::gemm;
 using G::i64;
 
 namespace {
-
-G::Isa pick_isa(const std::string& isa) {
-    G::Isa out;
-    std::string err;
-    if (!G::isa_select(isa, out, err)) value_error(err);
-    return out;
-}
-
-// Runs f (returns nullptr or an error message) without the GIL, then raises its error.
-template <class F>
-void call_nogil(F f) {
-    const char* err;
-    {
-        py::gil_scoped_release nogil;
-        err = f();
-    }
-    if (err) value_error(err);
-}
 
 void sgemm(py::handle a_, py::handle b_, py::handle c_, bool trans_a, bool trans_b, double alpha, double beta,
            const std::string& isa) {

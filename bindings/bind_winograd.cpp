@@ -3,7 +3,7 @@
 // the best the CPU has (the SGEMM's selection). The workspace is the
 // caller's (engine/ops/conv_winograd.py takes it from the backend's
 // workspace, under its limit): conv2d_winograd_workspace says how much.
-#include "bind.h"
+#include "bind_isa.h"
 #include "winograd.h"
 
 using namespace sprint;
@@ -12,13 +12,6 @@ namespace W = sprint::winograd;
 using W::i64;
 
 namespace {
-
-gemm::Isa isa_of(const std::string& isa) {
-    gemm::Isa out;
-    std::string err;
-    if (!gemm::isa_select(isa, out, err)) value_error(err);
-    return out;
-}
 
 i64 tile_of(i64 tile) {
     if (tile != 2 && tile != 4) value_error("tile must be 2 or 4, got " + std::to_string(tile));
@@ -44,16 +37,6 @@ W::Conv checked(const py::array& x, const py::array& w, const py::array& ws, i64
     return g;
 }
 
-template <class F>
-void call_nogil(F f) {
-    const char* err;
-    {
-        py::gil_scoped_release nogil;
-        err = f();
-    }
-    if (err) value_error(err);
-}
-
 void forward(py::handle x_, py::handle w_, py::object bias_, py::handle y_, i64 ph, i64 pw, bool relu, i64 tile,
              py::handle ws_, const std::string& isa) {
     py::array x = check_array<float>(x_, "x", 4), w = check_array<float>(w_, "w", 4);
@@ -71,7 +54,7 @@ void forward(py::handle x_, py::handle w_, py::object bias_, py::handle y_, i64 
         check_no_overlap(ws, "workspace", bias, "bias");
         bp = cptr<float>(bias);
     }
-    const gemm::Isa i = isa_of(isa);
+    const gemm::Isa i = pick_isa(isa);
     const float *xp = cptr<float>(x), *wp = cptr<float>(w);
     float *yp = mptr<float>(y), *wsp = mptr<float>(ws);
     const i64 n = ws.shape(0);
@@ -87,7 +70,7 @@ void backward_x(py::handle w_, py::handle dy_, py::handle dx_, i64 ph, i64 pw, i
     check_shape(dy, "dy", {g.B, g.M, g.OH, g.OW});
     for (auto* in : {&w, &dy, &ws}) check_no_overlap(dx, "dx", *in, "another argument");
     check_no_overlap(ws, "workspace", dy, "dy");
-    const gemm::Isa i = isa_of(isa);
+    const gemm::Isa i = pick_isa(isa);
     const float *wp = cptr<float>(w), *dyp = cptr<float>(dy);
     float *dxp = mptr<float>(dx), *wsp = mptr<float>(ws);
     const i64 n = ws.shape(0);
