@@ -1,0 +1,96 @@
+"""The per-step times of Algorithms 1 and 2 at a given ``(T_GPU, T_Update)``.
+
+``model.predict`` iterates these to its fixed point: each worker step
+(lock waits, the fetch taken with probability ``T_GPU / T_Update``, the
+deposit that finds the buffer empty or not) and each updater step (the
+gradient sums, the barrier of the slowest node, the time-slice wait of a
+shared host) from the per-step costs ``model.step_costs`` gives. Apart from
+the model so that the step formulas and the solver read on their own.
+"""
+from __future__ import annotations
+
+import math
+
+from .queueing import _first_deposit_wait, barrier_wait, lock_wait
+
+
+def _means(c):
+    return {k: val[0] for k, val in c.items() if not k.startswith("_")}
+
+
+def _worker_steps(c, n_gpu, t_gpu, t_update):
+    m = _means(c)
+    p_fetch = min(t_gpu / t_update, 1.0) if t_update > 0 else 1.0
+    p_ne = min(t_update / t_gpu, 1.0) if t_gpu > 0 else 1.0
+    s = {}
+    # LatestWeights: held by the updater to publish once per T_Update and by
+    # each other worker for its copy when it fetches.
+    s["LockWeights"] = lock_wait(m["update_weights"], t_update) + \
+        (n_gpu - 1) * p_fetch * lock_wait(m["fetch"], t_gpu)
+    s["FetchWeights"] = p_fetch * m["fetch"]
+    s["LoadImage"] = m["load"]
+    s["DeformImage"] = m["deform"]
+    s["ComputeGradient"] = m["compute_gradient"]
+    s["ComputeUpdateVal"] = m["update_val"] + m["worker_loop"]
+    # GradBuf_t: held by the updater while it takes this buffer (when non-empty).
+    s["LockGradient"] = p_ne * lock_wait(m["sum_cs"], t_update)
+    # The updater empties the buffer once per T_Update: a worker slower than
+    # the updater always finds it empty (set), a faster one accumulates.
+    s["UpdateGradient"] = p_fetch * m["deposit_set"] + (1 - p_fetch) * m["deposit_add"]
+    return s, p_fetch
+
+
+def _updater_steps(c, n_gpu, n_node, t_gpu, t_update):
+    m = _means(c)
+    impl = c["_impl"][0]
+    p_ne = min(t_update / t_gpu, 1.0) if t_gpu > 0 else 1.0
+    p_fetch = min(t_gpu / t_update, 1.0) if t_update > 0 else 1.0
+    G = n_gpu
+    s = {}
+    s["LockGradient"] = G * (p_fetch * lock_wait(m["deposit_set"], t_gpu)
+                             + (1 - p_fetch) * lock_wait(m["deposit_add"], t_gpu))
+    p_any = 1 - (1 - p_ne) ** G
+    s["SumGradient"] = p_any * m["sum_first"] + (G * p_ne - p_any) * m["sum_add"] + (1 - p_any) * m["sum_zero"]
+    s["AddMomentum"] = m["add_momentum"]
+    # The barrier: the slowest node summed max_i X_i buffers, this one X_1.
+    cost = lambda x: m["sum_zero"] if x == 0 else m["sum_first"] + (x - 1) * m["sum_add"]
+    # A node also reaches the barrier late when it waited for a worker's
+    # deposit: per worker, probability q of a wait uniform on (0, cs).
+    cs = p_fetch * m["deposit_set"] + (1 - p_fetch) * m["deposit_add"]
+    q = min(cs / t_gpu, 1.0) if t_gpu > 0 else 0.0
+    var_lock = G * (q * cs * cs / 3 - (q * cs / 2) ** 2)
+    sigma = math.sqrt(c["_updater_sigma"][0] ** 2 + max(var_lock, 0.0))
+    barrier = barrier_wait(cost, G, n_node, p_ne, sigma)
+    s["Allreduce"] = m["allreduce_bw"]
+    s["UpdateMomentum"] = m["update_momentum"]
+    s["LockWeights"] = G * p_fetch * lock_wait(m["fetch"], t_gpu)
+    s["UpdateWeights"] = m["update_weights"] + m["updater_loop"]
+    wait = 0.0
+    if impl.min_grads:
+        work = sum(s.values())
+        wait, extra = _first_deposit_wait(work, t_gpu, G, n_node, c["_wait_state"][0])
+        barrier += extra
+    # The time-slice wait that grows with the step comes after the deposit
+    # wait, not beside it: the updater that got its gradient waits for a
+    # core (and its worker's GIL) before it sums, so the cycle outlasts
+    # T_GPU by it (3 ranks on 2 cores: T_Update 38 ms at T_GPU 31 ms).
+    # (Fitted against the runner's timed T_GPU, not its whole cycle.)
+    gc, gb = c["_cycle_gap"][0]
+    barrier += c["_slice_beta"][0] * max(t_gpu - gc, 0.0) / (1.0 + gb)
+    s["Allreduce"] += barrier
+    s = {"WaitGradient": wait, **s}
+    return s, barrier, p_ne
+
+
+def _idle_at_deposit(c, n_gpu, t_gpu, t_update):
+    """P(a deposit finds the updater waiting for it).
+
+    Not the updater's idle share of time: deposits are not random arrivals,
+    the updater's work starts with one. A cycle ends its wait on exactly one
+    of its N_GPU T_Update / T_GPU deposits, and cycles wait with the
+    probability pi the waiting model solved for (None: no such model).
+    """
+    st = c["_wait_state"][0]
+    if not c["_impl"][0].min_grads or "pi" not in st or t_update <= 0:
+        return None
+    return min(1.0, st["pi"] * t_gpu / (n_gpu * t_update))
