@@ -171,6 +171,16 @@ void launch_nogil(const char* what, F&& f) {
     raise_cuda_error(e, what);
 }
 
+// An optional float32 bias of shape (M,) for the output y: nullptr for None,
+// else its data, the array kept alive in `keep` while the kernel runs.
+inline const float* optional_bias(const py::handle& bias, std::int64_t M, const py::array& y, py::array& keep) {
+    if (bias.is_none()) return nullptr;
+    keep = check_array<float>(bias, "bias", 1);
+    check_shape(keep, "bias", {M});
+    check_no_overlap(y, "y", keep, "bias");
+    return cptr<float>(keep);
+}
+
 // Runs f (returns nullptr or an error message) without the GIL, then raises its error.
 template <class F>
 void call_nogil(F f) {

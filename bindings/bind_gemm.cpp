@@ -63,14 +63,8 @@ void conv_forward(py::handle x_, py::handle w_, py::object bias_, py::handle y_,
     check_shape(y, "y", {g.B, g.M, g.OH, g.OW});
     check_no_overlap(y, "y", x, "x");
     check_no_overlap(y, "y", w, "w");
-    const float* bp = nullptr;
     py::array bias;
-    if (!bias_.is_none()) {
-        bias = check_array<float>(bias_, "bias", 1);
-        check_shape(bias, "bias", {g.M});
-        check_no_overlap(y, "y", bias, "bias");
-        bp = cptr<float>(bias);
-    }
+    const float* bp = optional_bias(bias_, g.M, y, bias);
     const G::Isa i = pick_isa(isa);
     const float *xp = cptr<float>(x), *wp = cptr<float>(w);
     float* yp = mptr<float>(y);

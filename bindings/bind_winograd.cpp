@@ -45,15 +45,9 @@ void forward(py::handle x_, py::handle w_, py::object bias_, py::handle y_, i64 
     const int m = int(tile_of(tile));
     check_shape(y, "y", {g.B, g.M, g.OH, g.OW});
     for (auto* in : {&x, &w, &ws}) check_no_overlap(y, "y", *in, "another argument");
-    const float* bp = nullptr;
     py::array bias;
-    if (!bias_.is_none()) {
-        bias = check_array<float>(bias_, "bias", 1);
-        check_shape(bias, "bias", {g.M});
-        check_no_overlap(y, "y", bias, "bias");
-        check_no_overlap(ws, "workspace", bias, "bias");
-        bp = cptr<float>(bias);
-    }
+    const float* bp = optional_bias(bias_, g.M, y, bias);
+    if (bp) check_no_overlap(ws, "workspace", bias, "bias");
     const gemm::Isa i = pick_isa(isa);
     const float *xp = cptr<float>(x), *wp = cptr<float>(w);
     float *yp = mptr<float>(y), *wsp = mptr<float>(ws);
