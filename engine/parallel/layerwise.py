@@ -31,6 +31,8 @@ import numpy as np
 from engine import spec as spec_mod
 from engine.perf import layerwise as L
 
+# Every collective here is non-blocking and waited for in Python (waits.wait): a
+# rank blocked in MPI's C wait for a peer that Ctrl-C stopped never sees its own.
 from . import waits
 
 
@@ -225,9 +227,9 @@ class LayerwiseExecutor:
         disp = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
         packed = np.empty(int(counts.sum()), local.dtype) if root in (None, self.rank) else None
         if root is None:
-            _done(self.comm.Iallgatherv(send, [packed, (counts, disp)]))
+            waits.wait(self.comm.Iallgatherv(send, [packed, (counts, disp)]))
         else:
-            _done(self.comm.Igatherv(send, [packed, (counts, disp)] if packed is not None else None, root=root))
+            waits.wait(self.comm.Igatherv(send, [packed, (counts, disp)] if packed is not None else None, root=root))
             if packed is None:
                 return None
         out = np.empty(self.n_params, local.dtype)
@@ -247,7 +249,7 @@ class LayerwiseExecutor:
             for box, at, n in route.sends:
                 send[at:at + n] = data[box].ravel()
             recv = np.empty(route.n_recv, self.dtype)
-            _done(self.comm.Ialltoallv([send, route.s_spec], [recv, route.r_spec]))
+            waits.wait(self.comm.Ialltoallv([send, route.s_spec], [recv, route.r_spec]))
         if route.shape is None:
             return None
         if route.identity:
@@ -327,16 +329,10 @@ class LayerwiseExecutor:
             g = self._exchange(d, self.bwd[i], accumulate=True)
             d = self._backward(i - 1, g) if self._active(i - 1) else None
         for grp, a, b in self.buckets:
-            _done(grp.Iallreduce(_in_place(), self.grads[a:b]))
+            waits.wait(grp.Iallreduce(_in_place(), self.grads[a:b]))
         tot = np.array([loss_sum, right], np.float64)
-        _done(self.comm.Iallreduce(_in_place(), tot))
+        waits.wait(self.comm.Iallreduce(_in_place(), tot))
         return float(tot[0]) / B, int(round(tot[1]))
-
-
-def _done(req):
-    # every collective waited for in Python: a rank blocked in MPI's C wait
-    # for a peer that Ctrl-C stopped never sees its own (engine.parallel.waits)
-    waits.wait(req)
 
 
 def _in_place():
