@@ -163,10 +163,9 @@ def test_layer_passes_of_spec_nets_hold_out_a_whole_net():
     assert spec_mod.get_spec(r["spec"]).name == held["name"]            # a fit can rebuild it
 
 
-def test_no_sweep_uses_test_set_8():
-    """Test set 8's nets (bench/specs/heldout_k11, heldout_five; RESULTS
-    section 4) are in no sweep: not the op, layer-pass, net-step or runner
-    sweeps, nor the conv and FC shapes they time."""
+def _assert_in_no_sweep(files):
+    """The nets of ``files`` (under bench/specs) are in no sweep: not the op,
+    layer-pass, net-step or runner sweeps, nor the conv and FC shapes they time."""
     from pathlib import Path
     from engine.perf.sweep import mode_config
     from engine.perf.sweep_kernels import LAYER_NETS, SWEPT_NETS
@@ -174,20 +173,32 @@ def test_no_sweep_uses_test_set_8():
     from engine.perf.sweep_ops import conv_op_shapes, fc_op_shapes
     from engine.perf.sweep_runner import CONTENTION_WORKLOADS, MID_WORKLOADS
     specs = Path(__file__).resolve().parents[1] / "bench" / "specs"
-    test8 = [spec_mod.get_spec(specs / f) for f in ("heldout_k11.json", "heldout_five.json")]
+    held = [spec_mod.get_spec(specs / f) for f in files]
     swept = {spec_mod.get_spec(n).name for n in LAYER_PASS_NETS + LAYER_NETS + SWEPT_NETS}
     swept |= {spec_mod.get_spec(n).name for n, _ in CONTENTION_WORKLOADS + MID_WORKLOADS}
-    assert not {sp.name for sp in test8} & swept
+    assert not {sp.name for sp in held} & swept
     for quick in (True, False):
         cfg = mode_config(quick)
         convs, fcs = set(conv_op_shapes(cfg)), set(fc_op_shapes(cfg))
-        for sp in test8:
+        for sp in held:
             for g in spec_mod.layers(sp, 1):
                 for b in set(cfg["batches"]) | set(cfg["net_batches"]):
                     if g.kind == "conv":
                         assert (b, g.in_shape[0], g.in_shape[1], sp.c, g.w_shape[0]) not in convs
                     else:
                         assert (b, g.w_shape[1], g.w_shape[0]) not in fcs
+
+
+def test_no_sweep_uses_test_set_8():
+    """Test set 8's nets (bench/specs/heldout_k11, heldout_five; RESULTS
+    section 4) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k11.json", "heldout_five.json"))
+
+
+def test_no_sweep_uses_test_set_9():
+    """Test set 9's nets (bench/specs/heldout_w3, heldout_shallow; RESULTS
+    section 4, registered 2026-12-01 12:25 UTC) are in no sweep."""
+    _assert_in_no_sweep(("heldout_w3.json", "heldout_shallow.json"))
 
 
 def test_sweeps_see_the_seen_test_nets():
