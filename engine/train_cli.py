@@ -41,6 +41,7 @@ def register(sub):
                         f"L-BFGS batch, default {registry.get_strategy('sandblaster').field_default('batch')})")
     p.add_argument("--lr", type=float, default=None,
                    help=f"learning rate eta, finite and > 0 (default {d.lr}; asgd {asgd.field_default('lr')}; "
+                        f"pipeline 1f1b/dualpipe {d.lr}/M, as they update after every micro-batch; "
                         "a tenth of that for --model cifar and a fiftieth for cnn-a/b/c, which diverge at 0.05)")
     p.add_argument("--momentum", type=float, default=None,
                    help=f"momentum nu in [0, 1) (default {d.momentum}; asgd {asgd.field_default('momentum')})")

@@ -102,6 +102,14 @@ def test_spectrain_predicts_better_than_the_stale_version_on_cifar_format_data(t
     assert stages[-1]["err_stale_mean"] == 0.0
 
 
+def test_dualpipe_trains_on_digits_at_its_default_rate():
+    """At the mini-batch's 0.05, applied after every micro-batch, dualpipe
+    on digits (30 epochs: the cosine keeps the rate high for long) fell to
+    chance by epoch 3 (10.9 %) and stayed there; its default is 0.05 / M."""
+    res = _train(2, {"cfg": {"parallel": "pipeline", "epochs": 30, "stop_after": 3, "extra": {"schedule": "dualpipe"}}})
+    assert res["epochs"] == 3 and min(res["history"][1:]) > 0.9, res
+
+
 @pytest.mark.parametrize("rank1", [{"extra": {"microbatches": 2}}, {"extra": {"partition": "0:1,1:4"}},
                                    {"lr": 0.03}])
 def test_ranks_with_different_options_refuse_to_start(rank1):
@@ -130,6 +138,8 @@ def test_sprint_train_parallel_pipeline_cli(tmp_path):
     import json
     train = json.loads((run / "config.json").read_text())["train"]
     assert train["extra"]["schedule"] == "1f1b" and train["schedule"] == "cosine"
+    # 1f1b updates after each of the 2 micro-batches: the default lr is 0.05 / 2
+    assert train["lr"] == 0.025 and "lr 0.025," in out
     from engine.cli import main
     assert main(["report", str(run), "--no-png"]) == 0
 

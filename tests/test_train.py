@@ -131,6 +131,25 @@ def test_cifar_defaults_to_a_tenth_of_the_strategys_learning_rate(tmp_path):
     assert TrainConfig.from_dict(saved).lr == 0.05
 
 
+def test_pipelines_that_update_every_micro_batch_default_to_the_rate_over_m():
+    """1f1b and dualpipe apply an update after every micro-batch (a step of
+    --batch / M samples): at the mini-batch's 0.05 dualpipe on digits fell to
+    chance (test_pipeline_mpi). Left at None their lr is the base one over
+    M, the preset's scale on top; gpipe keeps one process's; an lr given,
+    or saved in a run's config.json, is kept."""
+    def lr(**extra):
+        return TrainConfig(parallel="pipeline", extra=extra).lr
+    assert lr() == lr(schedule="gpipe") == lr(schedule="gpipe", microbatches=8) == 0.05
+    assert lr(schedule="dualpipe") == lr(schedule="1f1b", microbatches=4) == 0.0125
+    assert lr(schedule="1f1b", microbatches=8) == 0.00625 and lr(schedule="dualpipe", microbatches=1) == 0.05
+    assert TrainConfig(parallel="pipeline", model="cifar", extra={"schedule": "1f1b"}).lr == 0.00125
+    assert TrainConfig(parallel="pipeline", lr=0.05, extra={"schedule": "dualpipe"}).lr == 0.05
+    saved = TrainConfig(parallel="pipeline", lr=0.05, extra={"schedule": "dualpipe"}).to_dict()
+    assert TrainConfig.from_dict(saved).lr == 0.05
+    # a bad M is left to the pipeline's check, which names --microbatches
+    assert lr(schedule="1f1b", microbatches=0) == lr(schedule="1f1b", microbatches="x") == 0.05
+
+
 def test_metrics_and_plot_errors(tmp_path):
     from engine import metrics
     from engine.plot import plot_run

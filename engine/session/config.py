@@ -36,7 +36,7 @@ class TrainConfig:
     fmt: str | None = None           # tree | mnist | cifar | npz (guessed when None)
     epochs: int | None = None        # None: the strategy's default (10; ASGD 12)
     batch: int | None = None         # None: the strategy's default (32; sandblaster 256)
-    lr: float | None = None          # None: the strategy's default (0.05; ASGD 0.02), x0.1 for cifar
+    lr: float | None = None          # None: the strategy's default (0.05; ASGD 0.02; 1f1b/dualpipe 0.05/M), x0.1 for cifar
     momentum: float | None = None    # None: the strategy's default (0.9; ASGD 0)
     weight_decay: float = 5e-4
     schedule: str = "cosine"         # constant | step | cosine
@@ -65,10 +65,11 @@ class TrainConfig:
 
     def __post_init__(self):
         strat = registry.get_strategy(self.parallel)
+        self.extra = {**strat.extra, **(self.extra or {})}
         if self.lr is None:
             from engine.spec import PRESET_LR_SCALE
             scale = PRESET_LR_SCALE.get(self.model, 1.0) if isinstance(self.model, str) else 1.0
-            self.lr = round(strat.field_default("lr") * scale, 12)
+            self.lr = round(strat.default_lr(self.extra) * scale, 12)
         for k in ("epochs", "momentum", "batch"):
             if getattr(self, k) is None:
                 setattr(self, k, strat.field_default(k))
@@ -78,7 +79,6 @@ class TrainConfig:
             takes = [s.name for s in registry.STRATEGIES.values() if s.workers]
             raise ValueError(f"workers applies to a parallel strategy ({', '.join(takes)}), "
                              f"not parallel={self.parallel!r}")
-        self.extra = {**strat.extra, **(self.extra or {})}
         for k in ("epochs", "batch", "eval_batch", "workers"):
             _integer(k, getattr(self, k), 1)
         if self.threads is not None:
