@@ -249,6 +249,30 @@ def test_a_net_not_swept_takes_the_swept_slowdowns_without_their_updaters_share(
     assert model.predict("cifar", 2, 2, 4, prof, ranks_per_host=2).slowdown == pytest.approx(rel["cifar"], rel=2e-3)
 
 
+def test_a_net_not_swept_reads_the_excess_apart_for_small_and_large_vectors():
+    """The swept nets' slowdowns beyond their core shares (``shares``): per-
+    call Python (phi) for the nets whose vectors fit the L2, read from
+    (phi 0, x1); cifar's vectors overflow it, its excess is its own. A net
+    of compute-bound layers and few parameters is read on the small nets'
+    line, not at cifar's phi; one between the groups in log N_Param."""
+    base = Profile(dict(PROF.data, backend="cpu", cores=2, cache={"l2_bytes": 2 << 20}))
+    shares = {"tiny": 1.5, "mnist": 1.5, "cifar": 1.6}
+    truth = {"tiny": (0.04, 580, 1.2), "mnist": (0.01, 200_000, 1.1), "cifar": (0.0025, 3_200_000, 1.4)}
+    entries = [{"model": m, "ranks": 3, "workers": 1, "ratio": x * shares[m], "phi": phi, "n_param": n,
+                "n_subbatch": 4} for m, (phi, n, x) in truth.items()]
+    prof = Profile(dict(base.data, contention={"entries": entries}))
+    read = lambda phi, n: prof.slowdown(3, 1, "other", phi, shares=shares, n_param=n)   # noqa: E731
+    # sqrt(phi) 0.05: halfway from (0, 1) to mnist's (0.1, 1.1)
+    assert read(0.0025, 50_000) == pytest.approx(1.05)
+    assert read(0.04, 580) == pytest.approx(1.2)
+    assert read(0.0025, 3_200_000) == pytest.approx(1.4)       # cifar's, at and beyond its size
+    assert read(0.0025, 10_000_000) == pytest.approx(1.4)
+    # 800 k parameters: halfway in log between mnist's 200 k and cifar's 3.2 M
+    assert read(0.0025, 800_000) == pytest.approx(0.5 * 1.05 + 0.5 * 1.4)
+    # phi alone (the reading before) put cifar's x1.4 on the compute-bound net
+    assert read(0.0025, 50_000) < 0.8 * 1.4
+
+
 def test_cold_terms_only_when_a_step_overflows_the_last_level_cache():
     terms = dict(PROF.terms)
     for k in ("copy", "add", "scale", "sub", "fill"):

@@ -272,7 +272,7 @@ def predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_file
         # Another net: each swept net's slowdown without its own updaters'
         # share of the cores, read between them by phi, times this net's.
         base = profile.slowdown(ranks_per_host, n_gpu, sp.name, python_share(sp, n_subbatch, profile),
-                                shares=swept_shares(profile, R, n_gpu, kw))
+                                shares=swept_shares(profile, R, n_gpu, kw), n_param=spec_mod.n_params(sp))
         ref_duty, ref_share = None, 1.0
     slow = base
     for _ in range(20):

@@ -30,6 +30,42 @@ class HostSharing:
         same = [e for e in entries if e["ranks"] == ranks_per_host and e["workers"] == n_gpu]
         return [e for e in same if e.get("model") == model] or same
 
+    def _excess(self, same, ratio, phi, n_param=None) -> float:
+        """A net's slowdown beyond its core share, read from the swept nets'
+        (``ratio``: theirs over their own core shares) in sqrt(phi), apart
+        for the nets whose flat vectors fit the L2 and those that overflow
+        it, and between the two groups in log N_Param.
+
+        Two causes, read apart. Per-call Python queues for the GIL, and
+        grows with phi; with no per-call share and cache-resident vectors
+        a worker pays its core share only, so the small nets' curve starts
+        at (phi 0, x1). Updaters streaming vectors larger than the L2
+        (cifar's 13 MB) evict the workers' data: that excess is the large
+        nets', whatever their phi. Read in phi alone, cifar (phi 0.002)
+        anchored every compute-bound net: heldout-k9 and heldout-k11 (0.1 M
+        parameters, phi 0.001-0.006) were priced x1.3-1.4 beyond their core
+        share at 2 x 2, 3 x 1 and 3 x 2 and ran x0.96-1.10 (test sets 7-8,
+        bench/RESULTS.md section 4)."""
+        l2 = float((self.data.get("cache") or {}).get("l2_bytes") or 0)
+        pts = [(math.sqrt(e["phi"]), float(e.get("n_param") or 0), ratio(e)) for e in same
+               if e.get("phi") is not None]
+        big = [p for p in pts if l2 and 4 * p[1] > l2]
+        small = [p for p in pts if p not in big]
+        x = math.sqrt(max(phi, 0.0))
+
+        def read(group, anchored):
+            group = sorted(group)
+            xs, ys = [p[0] for p in group], [p[2] for p in group]
+            if anchored:
+                xs, ys = [0.0] + xs, [1.0] + ys
+            return float(np.interp(x, xs, ys))            # clamped to the read range
+        if not big or not small:
+            return read(pts, anchored=not big) if pts else float(np.mean([ratio(e) for e in same]))
+        lo, hi = max(p[1] for p in small), min(p[1] for p in big)
+        n = float(n_param or 0)
+        w = 0.0 if n <= lo else 1.0 if n >= hi else math.log(n / lo) / math.log(hi / lo)
+        return (1.0 - w) * read(small, anchored=True) + w * read(big, anchored=False)
+
     def sharing_excess(self, key, ranks_per_host: int, n_gpu: int, model: str = "", n_param: int = 0) -> float:
         """Seconds per cycle of a runner contention entry's ``key`` (e.g.
         ``updater_excess``, ``slice_wait``) for this sharing: this net's where
@@ -133,7 +169,7 @@ class HostSharing:
         return self.slowdown(1, 1, model, phi) * bw
 
     def slowdown(self, ranks_per_host: int, n_gpu: int, model: str = "", phi: float | None = None,
-                 shares: dict | None = None) -> float:
+                 shares: dict | None = None, n_param: int | None = None) -> float:
         """Per-step time factor when ``ranks_per_host`` processes of ``n_gpu``
         worker threads share the host, relative to the profile's own sweeps.
 
@@ -148,7 +184,8 @@ class HostSharing:
         Unmeasured pairs scale the nearest measured one by the thread count.
         ``shares``: {swept net: the core share its own updaters left its
         workers in its run} (``model.swept_shares``); a net not swept gets
-        the swept ones' slowdowns divided by them.
+        the swept ones' slowdowns divided by them, read by ``_excess``
+        (``n_param``: this net's parameter count).
         """
         entries = self._contention()
         threads = ranks_per_host * n_gpu
@@ -174,6 +211,8 @@ class HostSharing:
         if shares and all(e.get("model") != model for e in same):
             raw = ratio
             ratio = lambda e: raw(e) / shares.get(e.get("model"), 1.0)   # noqa: E731
+            if phi is not None and same:
+                return self._excess(same, ratio, phi, n_param)
         if same:
             if phi is not None and all(e.get("model") != model for e in same):
                 # Read in sqrt(phi): the slowdown climbs fastest at small
