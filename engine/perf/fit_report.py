@@ -1,0 +1,50 @@
+"""The fit table of a machine profile (``sprint profile`` prints it): for
+every fit its points and relative errors on the fitted and the held-out
+points, and what each fit holds out. Apart from fit.py, which fits; this
+only reads the fitted profile dict."""
+from __future__ import annotations
+
+from .fit_steps import HOLDOUT
+from .profile import Profile
+
+
+def format_errors(prof: dict) -> str:
+    """One line per fit: its points and relative errors on fitted and held-out points."""
+    def cell(e):
+        if not e or not e.get("n"):
+            return f"{'-':>22}"
+        return f"{e['n']:>4} {100 * e['median']:>6.1f} {100 * e['p90']:>6.1f}%"
+    lines = [f"{prof.get('machine', '')} ({prof.get('backend', '')}, {prof.get('cores', '?')} cores), "
+             f"{prof.get('date', '')}",
+             f"{'fit':<22}{'fitted: n med p90':>22}{'held out: n med p90':>24}"]
+    for var, v in sorted(prof.get("sgemm", {}).get("variants", {}).items()):
+        label = f"sgemm_{var} ({len(v['regimes'])} regimes)"
+        lines.append(f"{label:<22}{cell(v['error']['fit'])}  {cell(v['error']['holdout'])}")
+        if "net_shapes" in v["error"]:
+            lines.append(f"{'  net shapes':<22}{'':>22}  {cell(v['error']['net_shapes'])}")
+    for name, o in sorted(prof.get("ops", {}).items()):
+        lines.append(f"{name + ' (' + str(len(o['regimes'])) + ' regimes)':<22}{cell(o['error']['fit'])}  "
+                     f"{cell(o['error']['holdout'])}")
+    for name, t in sorted(prof.get("terms", {}).items()):
+        lines.append(f"{name:<22}{cell(t['error']['fit'])}  {cell(t['error']['holdout'])}")
+    if "allreduce" in prof:
+        a = prof["allreduce"]
+        lines.append(f"{'allreduce':<22}{cell(a['error']['fit'])}  {cell(a['error']['holdout'])}")
+    for key, t in sorted(prof.get("layer_terms", {}).items()):
+        lines.append(f"{'layer ' + key.replace('_', ' '):<22}{cell(t['error']['fit'])}  {cell(t['error']['holdout'])}"
+                     f"  f {t['f']:.2f}, b {1e6 * t['b']:.1f} us"
+                     + (f", w {1e3 * t['w'] * 2 ** 20:.2f} ms/MiB beyond the L2" if t.get("w") else ""))
+    ov = prof.get("overhead", {})
+    if "error" in ov and isinstance(ov["error"], dict):
+        e = ov["error"]
+        if e.get("kernels_only"):
+            lines.append(f"{'net step (kernels)':<22}{cell(e.get('kernels_only'))}  "
+                         f"{cell(e.get('holdout_kernels_only'))}")
+        lines.append(f"{'net step (+overhead)':<22}{cell(e.get('fit'))}  {cell(e.get('holdout'))}")
+    if ov.get("runner_steps"):
+        p = Profile(prof)
+        lines.append("runner excess per call: " + ", ".join(
+            f"{k} {1e6 * c:.1f} us + {100 * r:.0f} % of its kernel"
+            for k, (c, r) in ((k, p.runner_step_terms(k)) for k in ov["runner_steps"])))
+    lines.append("held out of each fit (never fitted): " + "; ".join(f"{k}: {v}" for k, v in HOLDOUT.items()))
+    return "\n".join(lines)
