@@ -6,9 +6,10 @@
           `cnn-a` (batch 1), on all threads and on one, and the implicit
           convolution's three passes on cifar, as a share of the measured peak
   layers  each cifar conv layer forward + backward: the engine's algorithms
-          of --algos (default implicit, the default, and im2col: explicit
-          im2col + OpenBLAS, the default before issue 14; winograd), PyTorch
-          (own processes, alternated)
+          of --algos (default: `default`, what runs with no --conv-algo and no
+          $SPRINT_CONV_ALGO, and implicit; also winograd, and im2col: explicit
+          im2col + OpenBLAS, the default before issue 14), PyTorch (own
+          processes, alternated)
   step    cifar training step at batch 32 and 128: the same, the engine's
           share of the step outside the micro-kernel loops, and peak memory
           (per algorithm)
@@ -155,23 +156,27 @@ def layer_times(framework, algo, reps):
     return out
 
 
-ALGOS = ("implicit", "im2col", "winograd")
+ALGOS = ("default", "winograd", "implicit", "im2col")
 
 
 def _engine_variant(algo):
-    """implicit: the defaults (engine SGEMM, implicit conv); im2col: explicit
-    im2col with OpenBLAS, the CPU path before issue 14; winograd: F(4x4,3x3)
-    for the 3x3 stride-1 layers (engine SGEMM), implicit for the rest."""
+    """default: the engine as a user gets it (no --conv-algo, no
+    $SPRINT_CONV_ALGO); implicit: the implicit conv everywhere (engine
+    SGEMM); im2col: explicit im2col with OpenBLAS, the CPU path before issue
+    14; winograd: F(4x4,3x3) for the 3x3 stride-1 layers it serves (engine
+    SGEMM), implicit for the rest."""
     from engine import backend
     from engine.ops import conv
     if algo == "im2col":
         os.environ["SPRINT_GEMM"] = "blas"
     backend.set_backend("cpu")
-    conv.set_conv_algo(algo)
+    if algo == "default":
+        os.environ.pop("SPRINT_CONV_ALGO", None)
+    conv.set_conv_algo(None if algo == "default" else algo)
     return backend.get_backend().ext
 
 
-def layers_bench(procs, reps, algos=("implicit", "im2col")):
+def layers_bench(procs, reps, algos=("default", "implicit")):
     runs = {**{a: [] for a in algos}, "torch": []}
     for _ in range(procs):
         for a in algos:
@@ -207,20 +212,23 @@ def step_times(framework, algo, n, rounds):
     prof_ts = _timeit(step, max(2, rounds // 2), warmup=0)
     prof = ext.gemm_profile(False)
     wall = sum(prof_ts) * ext.get_num_threads()  # thread-seconds available
-    return {"times": ts, "kernel_share": prof["kernel_s"] / wall, "pack_share": prof["pack_s"] / wall}
+    from engine.ops.conv import conv_algo
+    return {"times": ts, "kernel_share": prof["kernel_s"] / wall, "pack_share": prof["pack_s"] / wall,
+            "conv_algo": conv_algo()}  # what the process ran: says what `default` is
 
 
-def step_bench(procs, batches=(32, 128), algos=("implicit", "im2col")):
+def step_bench(procs, batches=(32, 128), algos=("default", "implicit")):
     from test_bench_train import peak_memory
     res = {}
     for n in batches:
         rounds = 8 if n == 32 else 4
         runs = {**{a: [] for a in algos}, "torch": []}
-        shares = []
+        shares, ran = [], {}
         for _ in range(procs):
             for a in algos:
                 r = _fresh("engine", "step_times", "engine", a, n, rounds)
                 runs[a].append(statistics.median(r["times"]))
+                ran[a] = r["conv_algo"]
                 if a == algos[0]:
                     shares.append((r["kernel_share"], r["pack_share"]))
             if _torch():
@@ -233,11 +241,12 @@ def step_bench(procs, batches=(32, 128), algos=("implicit", "im2col")):
                 row[f"{k}_vs_torch_pairs"] = [t / e for t, e in zip(runs["torch"], runs[k])]
         row["kernel_share"] = statistics.median(s[0] for s in shares)  # of algos[0]
         row["pack_share"] = statistics.median(s[1] for s in shares)
+        row["conv_algo"] = ran
         old = os.environ.get("SPRINT_CONV_ALGO")
         for a in algos:  # the fresh process reads the algorithm from the environment
-            os.environ["SPRINT_CONV_ALGO"] = a
+            os.environ.pop("SPRINT_CONV_ALGO", None) if a == "default" else os.environ.update(SPRINT_CONV_ALGO=a)
             row[f"memory_{a}"] = peak_memory("engine", n)
-        os.environ.pop("SPRINT_CONV_ALGO") if old is None else os.environ.update(SPRINT_CONV_ALGO=old)
+        os.environ.pop("SPRINT_CONV_ALGO", None) if old is None else os.environ.update(SPRINT_CONV_ALGO=old)
         row["memory_engine"] = row[f"memory_{algos[0]}"]
         res[n] = row
     return res
@@ -254,7 +263,7 @@ def main(argv=None):
     ap.add_argument("--procs", type=int, default=3, help="alternated processes per framework")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--batches", default="32,128", help="step: the batch sizes")
-    ap.add_argument("--algos", default="implicit,im2col",
+    ap.add_argument("--algos", default="default,implicit",
                     help=f"the engine's convolution algorithms timed by layers and step (of {', '.join(ALGOS)}; "
                          "the first is the one whose step profile and memory are printed)")
     ap.add_argument("--out", default=str(BENCH / "results" / "cpu_gemm.json"))
@@ -288,7 +297,7 @@ def main(argv=None):
     if "step" in parts:
         out["step"] = step_bench(args.procs, tuple(int(b) for b in args.batches.split(",")), algos)
         for n, row in out["step"].items():
-            print(f"step batch {n}:", " ".join(f"{k} {v['img_s']:.1f} img/s" for k, v in row.items()
+            print(f"step batch {n} (ran {row['conv_algo']}):", " ".join(f"{k} {v['img_s']:.1f} img/s" for k, v in row.items()
                                                if isinstance(v, dict) and "img_s" in v),
                   " ".join(f"{k} {v:.2f}x" for k, v in row.items() if k.endswith("vs_torch")),
                   " ".join(f"{a} pairs {row.get(f'{a}_vs_torch_pairs')}" for a in algos),

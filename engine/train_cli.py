@@ -72,8 +72,9 @@ def register(sub):
     p.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads for the kernels (default: 1 for nets under 20 MFLOP per image, else all)")
     p.add_argument("--conv-algo", choices=list(CONV_ALGOS), default=None,
-                   help="CPU convolution: implicit GEMM, explicit im2col + SGEMM, or winograd (F(4x4,3x3) for "
-                        "3x3 stride-1 layers, implicit for the rest) (default $SPRINT_CONV_ALGO, else implicit)")
+                   help="CPU convolution: winograd (F(4x4,3x3) for the 3x3 stride-1 layers of 32 or more "
+                        "channels, the implicit GEMM for the rest), implicit GEMM everywhere, or explicit im2col + "
+                        "SGEMM (default $SPRINT_CONV_ALGO, else winograd, the fastest measured)")
     p.add_argument("--crop-pad", type=nonneg_int, default=None, help=f"random crop padding in pixels (default {d.crop_pad})")
     p.add_argument("--flip", action="store_true", default=None, help="random horizontal flips")
     p.add_argument("--scale-jitter", type=float, default=None, help="random zoom in [1-j, 1+j] (default 0)")

@@ -260,3 +260,47 @@ def test_training_with_conv_algo_winograd_follows_the_implicit_loss_curve(tmp_pa
     assert len(curves["winograd"]) == 4 and curves["winograd"][-1] < curves["winograd"][0]
     assert curves["winograd"] == pytest.approx(curves["implicit"], rel=1e-4)
     assert curves["winograd"] != curves["implicit"]  # not bitwise: the Winograd layer did run
+
+
+
+def _priced(model, profile):
+    """The model's ComputeGradient seconds at batch 32 and the op fits that priced it."""
+    from engine import spec as spec_mod
+    from engine.perf.layer_cost import compute_gradient_terms
+    rows = compute_gradient_terms(spec_mod.get_spec(model), 32, profile, measured=False)
+    return sum(r[-1] for r in rows), profile.op_kinds()
+
+
+def test_a_profile_swept_on_implicit_prices_winograd_by_its_nearest_fits_and_says_so(monkeypatch, capsys):
+    """The shipped profile's conv fits were swept on implicit/engine. Under
+    the default Winograd they still price the convolutions (not the im2col
+    kernels), and `sprint predict` says once that they misprice a net with a
+    layer Winograd runs, and nothing for a net without one; with another
+    GEMM the conv fits do not hold at all and the warning says what prices
+    them instead."""
+    from engine import cli
+    from engine.perf.profile import Profile
+    for var in ("SPRINT_GEMM", "SPRINT_WINOGRAD_TILE", "SPRINT_CONV_ALGO"):
+        monkeypatch.delenv(var, raising=False)
+    assert Profile.load().data["ops"]["conv_fwd"]["path"] == "implicit/engine"
+    assert conv.conv_algo() == "winograd"
+    predict = ["predict", "--nodes", "1", "--subbatch", "32", "--no-calibrate", "--json", "--model"]
+    conv_ops = {"conv_fwd", "conv_bwd", "conv_bwd_dw"}
+    winograd = {m: _priced(m, Profile.load()) for m in ("tiny", "cifar")}
+    assert winograd["cifar"][1] >= conv_ops
+    assert Profile.load().path_warning("tiny") == ""  # 3-16 channels: Winograd runs none of its layers
+    assert cli.main(predict + ["tiny"]) == 0 and capsys.readouterr().err == ""
+    assert cli.main(predict + ["cifar"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("sprint predict: warning: default_profile.json: its conv op fits "
+                                               "were swept on implicit/engine, this process runs winograd/engine: "
+                                               "priced as implicit/engine runs them"), err
+    assert "`sprint profile`" in err[0]
+    monkeypatch.setenv("SPRINT_CONV_ALGO", "implicit")
+    assert {m: _priced(m, Profile.load()) for m in ("tiny", "cifar")} == winograd  # the same fits
+    assert Profile.load().path_warning("cifar") == ""
+    monkeypatch.setenv("SPRINT_GEMM", "blas")
+    t, kinds = _priced("cifar", Profile.load())
+    assert not kinds & conv_ops and t != winograd["cifar"][0]
+    assert "its conv op fits were swept on implicit/engine, this process runs implicit/blas: priced from the " \
+           "kernel fits" in Profile.load().path_warning("tiny")

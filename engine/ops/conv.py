@@ -2,18 +2,18 @@
 linear.py).
 
 Three algorithms (`conv_algo()`: set_conv_algo / `--conv-algo`, else
-$SPRINT_CONV_ALGO, else implicit -- the faster one measured, RESULTS.md §2;
-the table _ALGOS says which functions run each):
+$SPRINT_CONV_ALGO, else winograd -- the fastest measured, bench/RESULTS.md
+issue 14; the table _ALGOS says which functions run each):
 
+  winograd  (CPU, the default) F(4x4, 3x3) for the 3x3 stride-1 layers it
+            serves (conv_winograd.py); dW and db the implicit path's; every
+            other layer runs on implicit.
   implicit  (CPU) the engine's SGEMM packs its B panels straight from the
             image (csrc/gemm_driver.h): no column matrix; the write-back adds
             the bias, applies a fused ReLU and writes NCHW. dW reads x in place
             (csrc/gemm_dw.h) and sums db from its packed dy panels; dX (stride
             1) is the forward convolution of dy with the flipped, transposed
             filters (strided: the explicit path below).
-  winograd  (CPU, opt-in) F(4x4, 3x3) for 3x3 stride-1 layers
-            (conv_winograd.py); dW and db the implicit path's; other layers
-            run on implicit.
   im2col    the explicit path below: the GPU path (cuBLAS) and the reference.
 
 Layouts (csrc/im2col.h): x (N,C,H,W); cols (K, N*P) with K = C*kh*kw rows
@@ -39,7 +39,8 @@ from engine.ops._check import (check_array, check_bool, check_no_alias, check_no
 from engine.ops.gemm import gemm
 
 _MAX_DIM = 1 << 31
-CONV_ALGOS = ("implicit", "im2col", "winograd")
+CONV_ALGOS = ("winograd", "implicit", "im2col")
+DEFAULT_CONV_ALGO = "winograd"
 _algo: str | None = None
 
 
@@ -52,22 +53,27 @@ def set_conv_algo(algo: str | None) -> None:
 
 
 def conv_algo() -> str:
-    """The CPU convolution algorithm in force: set_conv_algo, $SPRINT_CONV_ALGO, implicit."""
+    """The CPU convolution algorithm in force: set_conv_algo, $SPRINT_CONV_ALGO, winograd."""
     if _algo is not None:
         return _algo
-    env = os.environ.get("SPRINT_CONV_ALGO", "") or "implicit"
+    env = os.environ.get("SPRINT_CONV_ALGO", "") or DEFAULT_CONV_ALGO
     if env not in CONV_ALGOS:
         raise ValueError(f"conv algo must be one of {', '.join(CONV_ALGOS)}, got {env!r} (SPRINT_CONV_ALGO)")
     return env
 
 
-def _algo_for(be, g: "Geom", M: int, ws: int, need_dx: bool = False) -> str:
-    """The algorithm that runs layer g: im2col off the C++ kernels (the GPU:
-    cuBLAS), conv_algo() where it serves g, else implicit."""
+def _algo_for(be, g: "Geom", M: int, ws: int, need_dx: bool = False) -> tuple[str, int]:
+    """(the algorithm that runs layer g, the floats of workspace it asked
+    for): im2col off the C++ kernels (the GPU: cuBLAS), conv_algo() where
+    it serves g, else implicit. Only Winograd asks ahead (0 for the others):
+    its size, computed to decide, is handed on rather than asked again."""
     if be.kernels != "cpp":
-        return "im2col"
+        return "im2col", 0
     algo = conv_algo()
-    return algo if algo != "winograd" or conv_winograd.serves(be, g, M, ws, need_dx) else "implicit"
+    if algo != "winograd":
+        return algo, 0
+    floats = conv_winograd.serves(be, g, M, ws, need_dx)
+    return ("winograd", floats) if floats else ("implicit", 0)
 
 
 def default_workspace_bytes() -> int:
@@ -262,19 +268,20 @@ def conv2d_forward(x, w, b=None, stride=1, pad=0, workspace_bytes=None, out=None
         check_array("b", b, shape=(M,))
     y = out_array("out", out, (g.B, M, g.OH, g.OW))
     check_no_alias("out", y, "x", x)
-    _ALGOS[_algo_for(be, g, M, ws)][0](be, x, w, b, y, g, ws, relu)
+    algo, floats = _algo_for(be, g, M, ws)
+    _ALGOS[algo][0](be, x, w, b, y, g, ws, relu, floats)
     return y
 
 
-def _implicit_forward(be, x, w, b, y, g: Geom, ws: int, relu: bool):
+def _implicit_forward(be, x, w, b, y, g: Geom, ws: int, relu: bool, floats: int):
     be.ext.conv2d_implicit_forward(x, w, b, y, g.sh, g.sw, g.ph, g.pw, relu)
 
 
-def _winograd_forward(be, x, w, b, y, g: Geom, ws: int, relu: bool):
-    conv_winograd.forward(be, x, w, b, y, g, relu)
+def _winograd_forward(be, x, w, b, y, g: Geom, ws: int, relu: bool, floats: int):
+    conv_winograd.forward(be, x, w, b, y, g, relu, floats)
 
 
-def _im2col_forward(be, x, w, b, y, g: Geom, ws: int, relu: bool):
+def _im2col_forward(be, x, w, b, y, g: Geom, ws: int, relu: bool, floats: int):
     _explicit_forward(be, x, w, b, y, g, ws)
     if relu:
         from engine.ops.elementwise import relu_forward
@@ -324,11 +331,12 @@ def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx
     check_no_alias("dw_out", dw, "db_out", db)
     check_no_alias("dx_out", dx, "dw_out", dw)
     check_no_alias("dx_out", dx, "db_out", db)
-    _ALGOS[_algo_for(be, g, M, ws, need_dx)][1](be, x, w, dy, dw, db, dx, g, ws, accumulate)
+    algo, floats = _algo_for(be, g, M, ws, need_dx)
+    _ALGOS[algo][1](be, x, w, dy, dw, db, dx, g, ws, accumulate, floats)
     return dx, dw, db
 
 
-def _implicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate: bool):
+def _implicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate: bool, floats: int = 0):
     implicit_dx = dx is not None and g.sh == g.sw == 1
     be.ext.conv2d_implicit_backward(x, w, dy, dw, dx if implicit_dx else None, g.sh, g.sw, g.ph, g.pw,
                                     accumulate=accumulate, db=db)  # db from dW's packed dy panels
@@ -336,13 +344,13 @@ def _implicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate: b
         _explicit_backward(be, x, w, dy, None, None, dx, g, ws)
 
 
-def _winograd_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate: bool):
+def _winograd_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate: bool, floats: int):
     _implicit_backward(be, x, w, dy, dw, db, None, g, ws, accumulate)  # dW, db: the implicit tap kernel
     if dx is not None:
-        conv_winograd.backward_x(be, w, dy, dx, g)
+        conv_winograd.backward_x(be, w, dy, dx, g, floats)
 
 
-def _explicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate=False):
+def _explicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate=False, floats: int = 0):
     """dw, db (when not None; accumulate: added to) and dx (when not None) by
     im2col + SGEMM + col2im."""
     M = w.shape[0]
@@ -373,6 +381,8 @@ def _explicit_backward(be, x, w, dy, dw, db, dx, g: Geom, ws: int, accumulate=Fa
             _k_col2im(be, cols, dx[n0:n1], gc)
 
 
-# algorithm -> (forward, backward): conv_algo()'s names, as _algo_for picks them
+# algorithm -> (forward, backward): conv_algo()'s names, as _algo_for picks
+# them; each takes the workspace limit ws and the floats _algo_for says the
+# algorithm asked for (Winograd's; 0 for the others)
 _ALGOS = {"implicit": (_implicit_forward, _implicit_backward), "winograd": (_winograd_forward, _winograd_backward),
           "im2col": (_im2col_forward, _explicit_backward)}

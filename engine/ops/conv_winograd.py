@@ -1,4 +1,4 @@
-"""The Winograd convolution (`--conv-algo winograd`, a CPU algorithm beside
+"""The Winograd convolution (`--conv-algo winograd`, the CPU default, beside
 implicit and im2col; engine/ops/conv.py dispatches to it).
 
 F(m x m, 3x3) (Lavin & Gray 2015; csrc/winograd.h): the filters and the
@@ -34,27 +34,32 @@ def tile() -> int:
     return int(env)
 
 
-def _floats(be, g, M: int, dx: bool) -> int:
-    return be.ext.conv2d_winograd_workspace(g.B, g.C, g.H, g.W, M, g.ph, g.pw, tile(), dx)
+def shape_served(window, depth: int) -> bool:
+    """Whether a (kh, kw, sh, sw, ph, pw) window over ``depth`` channels (the
+    GEMM's: C forward, M for dX) is a layer Winograd runs, its workspace apart."""
+    kh, kw, sh, sw, ph, pw = window
+    return kh == kw == 3 and sh == sw == 1 and ph <= 2 and pw <= 2 and depth >= MIN_DEPTH
 
 
-def serves(be, g, M: int, ws_bytes: int, need_dx: bool = False) -> bool:
-    """Whether the Winograd path runs layer g (M filters) forward (or, need_dx,
-    its dX): 3x3, stride 1, pads <= 2, a depth of MIN_DEPTH channels or more,
-    and its workspace within ws_bytes."""
-    if not (g.kh == g.kw == 3 and g.sh == g.sw == 1 and g.ph <= 2 and g.pw <= 2):
-        return False
-    if (M if need_dx else g.C) < MIN_DEPTH:
-        return False
-    n = _floats(be, g, M, need_dx)
-    return 0 < 4 * n <= ws_bytes
+def serves(be, g, M: int, ws_bytes: int, need_dx: bool = False) -> int:
+    """The floats of workspace the Winograd path takes for layer g (M
+    filters) forward (or, need_dx, its dX), 0 where it does not serve it:
+    3x3, stride 1, pads <= 2, a depth of MIN_DEPTH channels or more, and the
+    workspace within ws_bytes. forward and backward_x take this count (the
+    size is asked of the C++ side once per pass)."""
+    if not shape_served((g.kh, g.kw, g.sh, g.sw, g.ph, g.pw), M if need_dx else g.C):
+        return 0
+    n = be.ext.conv2d_winograd_workspace(g.B, g.C, g.H, g.W, M, g.ph, g.pw, tile(), need_dx)
+    return n if 0 < 4 * n <= ws_bytes else 0
 
 
-def forward(be, x, w, b, y, g, relu: bool) -> None:
-    ws = be.workspace("conv_winograd", _floats(be, g, w.shape[0], False))
+def forward(be, x, w, b, y, g, relu: bool, floats: int) -> None:
+    """y of layer g; floats: serves' answer for it."""
+    ws = be.workspace("conv_winograd", floats)
     be.ext.conv2d_winograd_forward(x, w, b, y, g.ph, g.pw, relu, tile(), ws)
 
 
-def backward_x(be, w, dy, dx, g) -> None:
-    ws = be.workspace("conv_winograd", _floats(be, g, w.shape[0], True))
+def backward_x(be, w, dy, dx, g, floats: int) -> None:
+    """dx of layer g; floats: serves' answer for its dX."""
+    ws = be.workspace("conv_winograd", floats)
     be.ext.conv2d_winograd_backward_x(w, dy, dx, g.ph, g.pw, tile(), ws)

@@ -184,16 +184,32 @@ class Profile(HostSharing):
 
     def op_kinds(self) -> set:
         """The whole-op fits (``fit.fit_op_terms``) that price the ops as they
-        run now: on a CPU profile only those swept on the conv/GEMM path in
-        force (``sweep_ops.op_path``); the others fall back to the kernels."""
+        run now: on a CPU profile those swept on the conv/GEMM path in force
+        or the nearest (``sweep_ops.fits_hold``: implicit's for Winograd);
+        the others fall back to the kernels. ``path_warning`` says when
+        that misprices a net."""
         ops = self.data.get("ops") or {}
         if not ops:
             return set()
         if self.data.get("backend", "cpu") != "cpu":
             return set(ops)
-        from .sweep_ops import op_path
+        from .sweep_ops import fits_hold, op_path
         now = op_path()
-        return {k for k, o in ops.items() if o.get("path") == now[k.split("_")[0]]}
+        return {k for k, o in ops.items() if fits_hold(o.get("path"), k.split("_")[0], now)}
+
+    def path_warning(self, model) -> str:
+        """'' when this profile's op fits were swept on the path ``model``'s
+        layers run on now (a GPU profile: always); else what differs and
+        what to do, for the commands that price to say."""
+        ops = self.data.get("ops") or {}
+        if not ops or self.data.get("backend", "cpu") != "cpu":
+            return ""
+        from engine import spec as spec_mod
+        from .sweep_ops import op_path, path_mismatch
+        differs = path_mismatch(ops, op_path(), spec_mod.layers(spec_mod.get_spec(model)))
+        return differs and (f"{self.source}: {differs}; the layers that run otherwise are mispriced: "
+                            "`sprint profile` sweeps the path in force ($SPRINT_CONV_ALGO / --conv-algo, "
+                            "$SPRINT_GEMM), or set those to the profile's")
 
     def op(self, kind, m, n, k, c=1) -> float:
         """Fitted time of one whole op (``sweep_ops``) on its forward GEMM shape."""

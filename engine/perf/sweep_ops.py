@@ -1,9 +1,10 @@
 """Whole-op sweeps: the convolution and FC ops as the layers call them.
 
-The CPU default convolution is the implicit GEMM (engine.ops.conv: the
-engine SGEMM packs its panels straight from the image, dX is the forward
-convolution of dy with the flipped filters): none of the im2col, col2im and
-layout kernels the explicit path runs. Pricing it as those kernels and
+The CPU convolutions are the implicit GEMM (engine.ops.conv: the engine
+SGEMM packs its panels straight from the image, dX is the forward
+convolution of dy with the flipped filters) and, by default, Winograd on the
+3x3 layers it serves (engine.ops.conv_winograd): none of the im2col, col2im
+and layout kernels the explicit path runs. Pricing it as those kernels and
 correcting by a per-layer factor fitted on two nets held on those nets only
 (RESULTS section 4, test set 2: conv passes 5-39 % short). These sweeps time
 the ops themselves, through ``engine.ops`` with their Python, as
@@ -32,10 +33,59 @@ OP_KINDS = CONV_OPS + FC_OPS
 
 def op_path() -> dict:
     """Which CPU implementations the ops run now (a profile's op fits hold
-    for the path they were swept on)."""
+    for the path they were swept on): the conv algorithm -- Winograd's tile
+    added when not the default F(4x4,3x3), whose speed differs -- over the
+    GEMM, and the FC layers' GEMM."""
+    from engine.ops import conv_winograd
     from engine.ops.conv import conv_algo
     from engine.ops.gemm import gemm_impl
-    return {"conv": f"{conv_algo()}/{gemm_impl()}", "fc": gemm_impl()}
+    algo = conv_algo()
+    if algo == "winograd" and conv_winograd.tile() != conv_winograd.TILES[0]:
+        algo = f"winograd-f{conv_winograd.tile()}"
+    return {"conv": f"{algo}/{gemm_impl()}", "fc": gemm_impl()}
+
+
+def _winograd_runs(g) -> bool:
+    """Whether the Winograd path runs a pass of spec layer g (every spec
+    convolution is stride 1, padded (c-1)/2): its forward, or its dX (not
+    the first layer's); the workspace limit is not priced."""
+    from engine.ops.conv_winograd import shape_served
+    if g.kind != "conv":
+        return False
+    M, C, kh, kw = g.w_shape
+    window = (kh, kw, 1, 1, (kh - 1) // 2, (kw - 1) // 2)
+    return shape_served(window, C) or (g.index > 0 and shape_served(window, M))
+
+
+def _plain(path):
+    """The path a layer Winograd does not run takes: implicit on the same GEMM."""
+    return "implicit/" + path.split("/", 1)[1] if isinstance(path, str) and path.startswith("winograd") else path
+
+
+def fits_hold(swept, fam: str, now: dict) -> bool:
+    """Whether op fits of family ``fam`` swept on path ``swept`` are the
+    nearest that price it as it runs now (``now``: op_path()): the same
+    path, or for convolutions the implicit and Winograd paths of one GEMM
+    (Winograd runs the other layers on implicit; path_mismatch says when
+    the difference is priced)."""
+    return swept == now[fam] or (fam == "conv" and _plain(swept) == _plain(now[fam]))
+
+
+def path_mismatch(ops: dict, now: dict, layers=None) -> str:
+    """What a CPU profile's op fits (``ops``) were swept on that differs from
+    the path in force (``now``) for ``layers`` (spec geometries; None: any),
+    in words, and what prices those layers instead; '' when nothing does.
+    Winograd against implicit differs only on the layers Winograd runs."""
+    out = {}
+    for k, o in ops.items():
+        fam, swept = k.split("_")[0], o.get("path")
+        if swept == now[fam] or (fam == "conv" and layers is not None and fits_hold(swept, fam, now)
+                                 and not any(map(_winograd_runs, layers))):
+            continue
+        how = f"priced as {swept} runs them" if fits_hold(swept, fam, now) else \
+            "priced from the kernel fits (im2col, SGEMM, col2im)"
+        out[fam] = f"its {fam} op fits were swept on {swept}, this process runs {now[fam]}: {how}"
+    return "; ".join(out[f] for f in sorted(out))
 
 
 def op_features(m, n, k, c=1, wide=None):
