@@ -107,7 +107,11 @@ def test_dualpipe_trains_on_digits_at_its_default_rate():
     on digits (30 epochs: the cosine keeps the rate high for long) fell to
     chance by epoch 3 (10.9 %) and stayed there; its default is 0.05 / M."""
     res = _train(2, {"cfg": {"parallel": "pipeline", "epochs": 30, "stop_after": 3, "extra": {"schedule": "dualpipe"}}})
-    assert res["epochs"] == 3 and min(res["history"][1:]) > 0.9, res
+    # 0.8, not 0.9: epochs 2-3 ranged 0.855-0.975 over seeds 0-5 with either
+    # conv algorithm (implicit 0.861-0.972, Winograd 0.855-0.975; 12:50 UTC,
+    # 2026-12-01), so 0.9 held for implicit's seed 0 only by chance; far
+    # from the 10.9 % of the failure
+    assert res["epochs"] == 3 and min(res["history"][1:]) > 0.8, res
 
 
 @pytest.mark.parametrize("rank1", [{"extra": {"microbatches": 2}}, {"extra": {"partition": "0:1,1:4"}},
