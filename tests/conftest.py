@@ -14,6 +14,13 @@ import os
 import pytest
 
 os.environ.setdefault("SPRINT_DEVICE", "cpu")
+# MPICH's launcher (hydra's proxy) writes the host's topology for the ranks
+# of a job to /tmp/hydra_hwloc_xmlfile_XXXXXX (a fixed folder: TMPDIR is not
+# read) and removes it only when the job ends normally; the suite's MPI_Abort
+# and kill tests left about 25 a run. The proxy writes none when
+# HWLOC_XMLFILE is set; set empty, each rank's hwloc fails to open it and
+# discovers the topology itself, as a one-rank job does.
+os.environ.setdefault("HWLOC_XMLFILE", "")
 
 
 def pytest_configure(config):

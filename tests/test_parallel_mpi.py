@@ -86,3 +86,21 @@ def test_mismatched_configs_refused_at_start():
     assert rc != 0 and dt < 30
     assert "ranks disagree on config hash" in out and "refusing to start" in out, out[-3000:]
     assert "UNEXPECTED" not in out
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace not on PATH")
+def test_an_aborted_job_of_the_suite_leaves_no_hwloc_topology_file(tmp_path):
+    """Hydra's proxy writes /tmp/hydra_hwloc_xmlfile_* for the ranks and
+    removes it only at a normal end: every MPI_Abort of the suite left one.
+    With the suite's environment (conftest: HWLOC_XMLFILE set) none is
+    written. Traced, not counted in /tmp, where other jobs write theirs."""
+    log = tmp_path / "trace"
+    p = subprocess.run(["strace", "-f", "-e", "trace=open,openat,creat", "-o", str(log), "mpiexec", "-n", "2",
+                        sys.executable, "-c", "from mpi4py import MPI; MPI.COMM_WORLD.Abort(3)"],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, MPIEXEC_TIMEOUT="30"))
+    if not log.exists() or "ptrace" in p.stderr.lower():
+        pytest.skip(f"strace cannot trace here: {p.stderr[-300:]}")
+    assert p.returncode == 3, p.stdout + p.stderr
+    trace = log.read_text()
+    assert "mpi4py" in trace and "hydra_hwloc_xmlfile" not in trace, [ln for ln in trace.splitlines()
+                                                                       if "hwloc" in ln]
