@@ -297,11 +297,33 @@ def test_divergence_under_mpiexec_is_one_error_line_not_a_traceback_per_rank(tmp
 
 @pytest.mark.mpi
 @needs_mpiexec
-@pytest.mark.parametrize("parallel", ["pipeline", "downpour"])
+@pytest.mark.parametrize("n,args", [(2, ["--schedule", "gpipe"]), (3, ["--schedule", "1f1b"]),
+                                    (2, ["--schedule", "dualpipe"]),
+                                    (4, ["--schedule", "dualpipe", "--replicas", "2"])])
+def test_a_pipeline_divergence_ends_every_stage_with_one_line(tmp_path, n, args):
+    """The loss lives on the last stage only: it raised there alone, the
+    job ended in MPI_Abort (its banner under the line, which named neither
+    the epoch nor the step, and numpy's overflow warnings from the stages'
+    weight norms). Now the last stage hands the NaN back through the
+    gradients and the replicas' allreduce, and every stage stops at the
+    same update with the same line."""
+    p, out, errors = _mpiexec([n, *MPI_TRAIN, "--parallel", "pipeline", *args, "--lr", "1e30",
+                               "--out", tmp_path / "run"])
+    assert p.returncode == 1 and "Traceback" not in out and "Warning" not in out, out[-3000:]
+    assert "Abort(" not in out and " failed: " not in out, out[-3000:]
+    assert len(errors) == 1 and re.fullmatch(r"sprint: error: training diverged: the loss became (nan|inf) at "
+                                             r"epoch 1, step \d+; try a lower learning rate \(--lr, now .*\)",
+                                             errors[0]), out[-3000:]
+    assert [ln for ln in p.stderr.splitlines() if not ln.startswith("sprint: rank 0 pid ")] == errors, p.stderr
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.parametrize("parallel", ["downpour"])
 def test_a_divergence_seen_by_one_rank_is_one_line_naming_it(tmp_path, parallel):
-    """The loss lives on the pipeline's last stage or a Downpour replica only:
-    its FloatingPointError was a traceback per rank (and numpy's overflow
-    warnings from the server), not the one line a divergence is."""
+    """The loss lives on a Downpour replica only: its FloatingPointError was
+    a traceback per rank (and numpy's overflow warnings from the server),
+    not the one line a divergence is."""
     p, out, errors = _mpiexec([2, *MPI_TRAIN, "--parallel", parallel, "--lr", "1e30", "--out", tmp_path / "run"])
     assert p.returncode == 1 and "Traceback" not in out and "Warning" not in out, out[-3000:]
     assert len(errors) == 1 and "loss became nan" in errors[0] and errors[0].endswith("(rank 1 of 2)"), out[-3000:]

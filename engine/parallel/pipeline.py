@@ -73,6 +73,19 @@ class StageTimeout(RuntimeError):
     """A neighbouring stage sent nothing for too long (frozen or dead)."""
 
 
+class StageDiverged(FloatingPointError):
+    """The loss became ``loss`` (NaN or Inf) before update ``u`` of the
+    stream. Only the last stage sees the loss: it sends back a gradient
+    filled with that value instead of the real one, each stage passes it on
+    and adds it to the gradient its replicas allreduce, and every stage of
+    every replica raises this at the same update, with the same value, so
+    the job ends with one line instead of the other ranks timing out."""
+
+    def __init__(self, loss, u):
+        self.loss, self.u = float(loss), int(u)
+        super().__init__(f"loss became {self.loss} before update {self.u + 1} of the stream: lower --lr")
+
+
 class P2P:
     """Non-blocking sends and receives between neighbouring stages. A wait
     longer than ``timeout`` seconds raises StageTimeout naming the rank and
@@ -152,6 +165,7 @@ class StageExecutor:
         self.keep_grads = False            # tests: keep each update's gradient
         self.grad_log = []
         self._fresh = True                 # the next backward starts the stage's gradient sums anew
+        self.diverged = None               # the NaN/Inf loss met in this stream (StageDiverged)
         self.reset_window()
 
     # ---- bookkeeping --------------------------------------------------------
@@ -258,19 +272,32 @@ class StageExecutor:
             T.add("fwd", _now() - t0)
             return out
 
+        def poisoned(i):
+            """The gradient a stage sends back once the loss diverged (StageDiverged)."""
+            rec[i].update(v_bwd=self.version - v0, s_bwd=0, w_bwd=self.version - v0)
+            return None if st.first else np.full((sizes[i],) + st.in_shape, self.diverged, in_dtype)
+
         def backward(i, dy_or_y):
             t0 = _now()
             c = ctx.pop(i)
             g = group_of[i]
             if st.last:
+                if self.diverged is not None:
+                    outs.pop(i)
+                    return poisoned(i)
                 loss, correct, dy = st.loss_grad(outs.pop(i), dy_or_y, total_of[g])
                 if not np.isfinite(loss):
-                    raise FloatingPointError(f"loss became {loss} at micro-batch {i} of the stream: lower --lr")
+                    self.diverged = loss
+                    return poisoned(i)
                 self.loss_sum += loss * sizes[i]
                 self.correct += correct
                 self.seen += sizes[i]
             else:
                 dy = dy_or_y
+                if self.diverged is None and not np.isfinite(dy.flat[0]):
+                    self.diverged = float(dy.flat[0])
+                if self.diverged is not None:
+                    return poisoned(i)
             s_b = g + v0 - self.version
             if self.predict == "spectrain" and c.weights is not None:
                 c.weights[...] = st.params
@@ -353,7 +380,14 @@ class StageExecutor:
     def _update(self, u, rec, epoch_at, on_update, group_of):
         t0 = _now()
         if self.replicas is not None:
+            if self.diverged is not None:
+                self.acc[...] = self.diverged      # the stage's replicas learn it in the allreduce
             self.replicas.allreduce_(self.acc)
+            first = float(self.acc[0])
+            if self.diverged is None and not np.isfinite(first):
+                self.diverged = first
+        if self.diverged is not None:
+            raise StageDiverged(self.diverged, u)
         if self.keep_grads:
             self.grad_log.append(_host(self.acc).copy())
         W = self.opt.params
@@ -363,9 +397,10 @@ class StageExecutor:
             r["v_upd"] = self.version - self._v0
             if "stale" in r:
                 stale, hat = r.pop("stale"), r.pop("hat")
-                r["err_stale"] = float(np.linalg.norm(_host(stale - W)))
-                if hat is not None:
-                    r["err_hat"] = float(np.linalg.norm(_host(hat - W)))
+                with np.errstate(over="ignore", invalid="ignore"):    # a diverging run's: reported by the loss
+                    r["err_stale"] = float(np.linalg.norm(_host(stale - W)))
+                    if hat is not None:
+                        r["err_hat"] = float(np.linalg.norm(_host(hat - W)))
             if self.trace_on:
                 self.trace.append(r)
                 if len(self.trace) > 2 * TRACE_KEEP:

@@ -27,7 +27,7 @@ import numpy as np
 from . import comm as _comm
 from .abort import run_guarded
 from . import pipeline_ckpt as _ck
-from .pipeline import TRACE_KEEP, StageExecutor, micro_sizes, split_micro, _host
+from .pipeline import TRACE_KEEP, StageDiverged, StageExecutor, micro_sizes, split_micro, _host
 from .stage import Stage, even_partition, format_partition, parse_partition
 
 STATS = "pipeline_stats.json"
@@ -199,7 +199,13 @@ def _train(s, cfg, comm):
             micro = _micro_stream(loader, M, n_stream)
         ex.reset_window()
         t_ep = time.perf_counter()
-        ex.run_stream(sizes, minis, micro, epoch_at=lambda u, e=epoch: e + u / n_upd)
+        try:
+            # overflow on the way to a NaN loss is reported once, as divergence
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                ex.run_stream(sizes, minis, micro, epoch_at=lambda u, e=epoch: e + u / n_upd)
+        except StageDiverged as e:
+            # every stage raises it at the same update with the same loss: one line for the job
+            raise s.diverged(e.loss, epoch + 1, e.u + 1, opt.lr_at(epoch + e.u / n_upd)) from None
         wall = time.perf_counter() - t_ep
         full_w = _gather(comm, K, stage)
         eval_net.set_flat(full_w)
