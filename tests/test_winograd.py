@@ -205,6 +205,21 @@ def test_layers_it_does_not_serve_run_on_implicit(monkeypatch):
         assert calls == served, ws
 
 
+def test_a_served_pass_asks_its_workspace_size_once(monkeypatch):
+    """serves computes the size to decide and hands it on: one call per
+    pass (forward; dX), none for the dW-only backward, which Winograd does
+    not compute."""
+    ext = backend.get_backend().ext
+    real, dx_flags = ext.conv2d_winograd_workspace, []
+    monkeypatch.setattr(ext, "conv2d_winograd_workspace", lambda *a: (dx_flags.append(a[-1]), real(*a))[1])
+    x, w, b = _data((2, 4, 9, 8), (5, 4, 3, 3), True, 5)
+    with winograd(4):
+        y = ops.conv2d_forward(x, w, b, pad=1)
+        ops.conv2d_backward(x, w, np.ones_like(y), pad=1)
+        ops.conv2d_backward(x, w, np.ones_like(y), pad=1, need_dx=False)
+    assert dx_flags == [False, True]
+
+
 def test_winograd_workspace_stops_growing_with_the_batch():
     """U plus one tile block per thread: past a few blocks per thread, the
     same for batch 256 and 4096, and a small part of the workspace limit."""

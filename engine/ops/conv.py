@@ -62,17 +62,19 @@ def conv_algo() -> str:
     return env
 
 
-def _algo_for(be, g: "Geom", M: int, ws: int, need_dx: bool = False) -> tuple[str, int]:
-    """(the algorithm that runs layer g, the floats of workspace it asked
-    for): im2col off the C++ kernels (the GPU: cuBLAS), conv_algo() where
-    it serves g, else implicit. Only Winograd asks ahead (0 for the others):
-    its size, computed to decide, is handed on rather than asked again."""
+def _algo_for(be, g: "Geom", M: int, ws: int, dx: bool | None = False) -> tuple[str, int]:
+    """(the algorithm that runs layer g's forward (dx False), its backward
+    with dX (True) or without (None), the floats of workspace it asked for):
+    im2col off the C++ kernels (the GPU: cuBLAS), conv_algo() where it
+    serves g, else implicit. Only Winograd asks ahead (0 for the others):
+    its size, computed to decide, is handed on rather than asked again; a
+    backward without dX is dW and db alone, implicit's under Winograd too."""
     if be.kernels != "cpp":
         return "im2col", 0
     algo = conv_algo()
     if algo != "winograd":
         return algo, 0
-    floats = conv_winograd.serves(be, g, M, ws, need_dx)
+    floats = 0 if dx is None else conv_winograd.serves(be, g, M, ws, dx)
     return ("winograd", floats) if floats else ("implicit", 0)
 
 
@@ -331,7 +333,7 @@ def conv2d_backward(x, w, dy, stride=1, pad=0, dw_out=None, db_out=None, need_dx
     check_no_alias("dw_out", dw, "db_out", db)
     check_no_alias("dx_out", dx, "dw_out", dw)
     check_no_alias("dx_out", dx, "db_out", db)
-    algo, floats = _algo_for(be, g, M, ws, need_dx)
+    algo, floats = _algo_for(be, g, M, ws, True if need_dx else None)
     _ALGOS[algo][1](be, x, w, dy, dw, db, dx, g, ws, accumulate, floats)
     return dx, dw, db
 
