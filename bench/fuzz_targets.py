@@ -367,11 +367,13 @@ def cpu_binding_valid(name, rng, A):
         out = kw.get("out")
         out = A.new(args[0].shape) if out is None else out
         return args + [out] + ([kw["relu"]] if name == "bias_act" else [])
-    if name in ("conv2d_implicit_forward", "conv2d_implicit_backward"):
+    if name in ("conv2d_implicit_forward", "conv2d_implicit_backward", "conv2d_implicit_dw_kernel"):
         N, C, H, W, kh, kw, sh, sw, ph, pw = _conv_case(rng, A)
         M = int(rng.integers(1, 5))
         ys = (N, M, _out(H, kh, sh, ph), _out(W, kw, sw, pw))
         x, w = _f(A, N, C, H, W), _f(A, M, C, kh, kw)
+        if name == "conv2d_implicit_dw_kernel":
+            return [x, w, sh, sw, ph, pw, ""]
         if name == "conv2d_implicit_forward":
             return [x, w, _f(A, M) if rng.random() < 0.5 else None, _f(A, *ys), sh, sw, ph, pw,
                     bool(rng.random() < 0.5), ""]

@@ -108,6 +108,12 @@ void conv_backward(py::handle x_, py::handle w_, py::handle dy_, py::handle dw_,
     });
 }
 
+// The kernel the implicit dW runs for this geometry (gemm_conv.cpp's table).
+std::string conv_dw_kernel(py::handle x_, py::handle w_, i64 sh, i64 sw, i64 ph, i64 pw, const std::string& isa) {
+    auto [x, w, g] = conv_args(x_, w_, sh, sw, ph, pw);
+    return G::conv_backward_w_kernel(pick_isa(isa), g);
+}
+
 py::dict gemm_info(const std::string& isa) {
     const G::Isa i = pick_isa(isa);
     const G::Blocking b = G::blocking(i);
@@ -142,6 +148,10 @@ void bind_gemm(py::module_& m) {
           py::arg("db") = py::none(),
           "dw (and dx if given, stride 1; db, dy's channel sums, if given) of conv(x, w): implicit GEMMs, no column "
           "matrix; accumulate adds to dw and db.");
+    m.def("conv2d_implicit_dw_kernel", &conv_dw_kernel, py::arg("x"), py::arg("w"), py::arg("sh"), py::arg("sw"),
+          py::arg("ph"), py::arg("pw"), py::arg("isa") = "",
+          "'lanes' (small K: dW in vector lanes) or 'taps' (the tap kernel): the kernel the implicit dW runs for x "
+          "and w.");
     m.def("fma_peak", [](i64 iters, int threads, const std::string& isa) {
         check_int(iters, "iters", 1, i64(1) << 24);  // a benchmark, not a way to hang the process
         check_int(threads, "threads", 1, 4096);

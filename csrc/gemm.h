@@ -27,8 +27,9 @@
 // batch's bit for bit (a ReLU flipped by a rounding difference would
 // otherwise make pipelined and single-process training drift apart).
 //
-// ISA: micro-kernels for AVX-512 (8 x 48; dW's tap kernel 6 x 64), AVX2+FMA
-// (4 x 24; 6 x 16) and portable C++ (4 x 16; 4 x 16), one template (gemm_simd.h) instantiated in a translation unit per
+// ISA: micro-kernels for AVX-512 (8 x 48; dW's tap kernel 6 x 64, its small-K
+// lane kernel 3 channels x 9 taps), AVX2+FMA (4 x 24; 6 x 16; 2 x 6) and
+// portable C++ (4 x 16; 4 x 16; 2 x 4), one template (gemm_simd.h) instantiated in a translation unit per
 // ISA compiled with its own -m flags; the running CPU's features pick one,
 // SPRINT_CPU_ISA=avx512|avx2|generic forces one (an ISA the CPU lacks is an
 // error, never a crash).
@@ -87,6 +88,10 @@ struct Conv {
     i64 P() const { return OH * OW; }
 };
 
+// The kernel conv_backward_w runs for g (gemm_conv.cpp's table): "lanes"
+// (small K: gemm_conv_small.h) or "taps" (gemm_dw.h).
+const char* conv_backward_w_kernel(Isa isa, const Conv& g);
+
 // y (B, M, OH, OW) = W (M, C*kh*kw) @ im2col(x) [+ bias[m]] [ReLU], the
 // column matrix formed only inside the B-panel packing. bias may be null.
 const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w, const float* bias,
@@ -94,7 +99,9 @@ const char* conv_forward(Isa isa, const Conv& g, const float* x, const float* w,
 
 // dw (M, K) = dy (B, M, P) @ im2col(x)^T, overwritten or (accumulate) added
 // by continuing dw's chains, k = (image, pixel) in order: calls on
-// consecutive micro-batches give the whole batch's dw bit for bit. Computed
+// consecutive micro-batches give the whole batch's dw bit for bit. For small
+// K (unit stride along the rows) the chain runs over the images, each adding
+// its own sum taken in vector lanes (gemm_conv_small.h); otherwise computed
 // as dW^T = im2col(x) @ dy^T on a tap kernel that reads the taps from x
 // (zero-padded into scratch when the layer pads: B*C*(H+2ph)*(W+2pw) floats
 // kept per calling thread, like the packing buffers) -- gemm_dw.h.

@@ -19,6 +19,8 @@ struct V256 {
     static reg bcast(const float* p) { return _mm256_broadcast_ss(p); }
     static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
     static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+    static reg relu(reg a) { return _mm256_max_ps(a, _mm256_setzero_ps()); }  // NaN: the second operand, 0
+    static void pin(reg& a) { asm("" : "+x"(a)); }
     static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
     static reg load_mask(reg acc, const float* x, std::int64_t off, std::uint32_t mask) {
         const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
@@ -34,6 +36,7 @@ struct V256 {
                           std::int64_t ld) {
         transpose_scalar<L>(x, off, q, mask, d, ld);
     }
+    static void sum_lanes(const reg* v, int n, float* out) { sum_lanes_scalar<V256>(v, n, out); }
     // 4 rows x 8 k: pairs interleaved, 4-row groups per 128-bit lane, then
     // the lanes of two elements joined (12 shuffles for 32 floats).
     template <int MR>
@@ -58,6 +61,7 @@ struct V256 {
 
 using UK = MicroKernel<V256, 4, 3>;
 using DK = TapKernel<V256, 6, 2>;  // dW: 12 accumulators + 2 B + 1 broadcast of 16 ymm
+using SK = LaneKernel<V256, 2, 6>;  // small-K dW: 12 accumulators + 2 dy + 1 tap row
 
 }  // namespace
 

@@ -19,8 +19,9 @@
 #endif
 
 // GCC 12 reports its own _mm512_undefined_ps inside the unpack/shuffle
-// intrinsics as "may be used uninitialized" (a false positive).
+// intrinsics as "(may be) used uninitialized" (a false positive).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace {
 
@@ -32,6 +33,8 @@ struct V512 {
     static reg bcast(const float* p) { return _mm512_set1_ps(*p); }
     static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
     static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+    static reg relu(reg a) { return _mm512_max_ps(a, _mm512_setzero_ps()); }  // NaN: the second operand, 0
+    static void pin(reg& a) { asm("" : "+v"(a)); }
     static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
     static reg load_mask(reg acc, const float* x, std::int64_t off, std::uint32_t mask) {
         return _mm512_mask_loadu_ps(acc, __mmask16(mask), x + off);  // masked lanes never touch memory
@@ -69,6 +72,36 @@ struct V512 {
             _mm512_storeu_ps(d + (4 + e) * ld, _mm512_shuffle_f32x4(u0, u2, 0xDD));
             _mm512_storeu_ps(d + (8 + e) * ld, _mm512_shuffle_f32x4(u1, u3, 0x88));
             _mm512_storeu_ps(d + (12 + e) * ld, _mm512_shuffle_f32x4(u1, u3, 0xDD));
+        }
+    }
+    // out[i] = the lanes of v[i] summed (i < n), 16 registers at a time by a
+    // tree of 30 shuffles and 15 adds (the small-K dW sums 27 registers per
+    // image and channel block; one reduce per register cost a third of it):
+    // halves of pairs, then 128-bit lanes of pairs of those, then elements
+    // within the lanes, leaving register 4e + k's sum in lane 4k + e.
+    static void sum_lanes(const reg* v, int n, float* out) {
+        for (int i0 = 0; i0 < n; i0 += 16) {
+            const int m = n - i0 < 16 ? n - i0 : 16;
+            if (m <= 2) {
+                for (int i = 0; i < m; ++i) out[i0 + i] = _mm512_reduce_add_ps(v[i0 + i]);
+                continue;
+            }
+            __m512 a[16], b[8], c[4], d[2];
+            for (int i = 0; i < 16; ++i) a[i] = i < m ? v[i0 + i] : _mm512_setzero_ps();
+            for (int i = 0; i < 8; ++i)
+                b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                                     _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+            for (int i = 0; i < 4; ++i)
+                c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                                     _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+            for (int i = 0; i < 2; ++i)
+                d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
+                                     _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
+            const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+            const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+            alignas(64) float r[16];
+            _mm512_store_ps(r, _mm512_permutexvar_ps(idx, e));
+            for (int i = 0; i < m; ++i) out[i0 + i] = r[i];
         }
     }
     // 8 rows x 16 k (an A panel's MR = 8): pairs interleaved, 4-row groups
@@ -117,6 +150,9 @@ using UK = MicroKernel<V512, SPRINT_AVX512_MR, SPRINT_AVX512_NV>;
 // UK; 64 columns divide the conv nets' channel counts (48 would leave 64
 // ragged), and 6 tap offsets stay in registers.
 using DK = TapKernel<V512, 6, 4>;
+// The small-K dW (gemm_conv_small.h): 3 channels x 9 taps, 27 accumulators +
+// 3 dy rows + 1 tap row of 32 zmm; 12 loads per 27 FMAs.
+using SK = LaneKernel<V512, 3, 9>;
 
 }  // namespace
 

@@ -7,6 +7,29 @@
 
 namespace {
 
+// x (B*C planes of H x W) zero-padded by (ph, pw) into xp (planes of Hp x Wp):
+// the dW kernels and the small-K forward read taps at fixed offsets from it.
+// Each thread of the kernel's parallel region pads its share of the planes,
+// then all wait (every thread reads the whole image): a parallel region of its
+// own cost a fork and join, 10-40 us here, a few % of cifar conv1's passes.
+inline void pad_shared(const Conv& g, const float* x, float* xp, i64 Hp, i64 Wp) {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const i64 planes = g.B * g.C;
+    for (i64 pl = planes * t / nt; pl < planes * (t + 1) / nt; ++pl) {
+        const float* s = x + pl * g.H * g.W;
+        float* d = xp + pl * Hp * Wp;
+        std::memset(d, 0, sizeof(float) * size_t(g.ph * Wp));
+        for (i64 h = 0; h < g.H; ++h) {
+            float* row = d + (g.ph + h) * Wp;
+            for (i64 q = 0; q < g.pw; ++q) row[q] = 0.f;
+            std::memcpy(row + g.pw, s + h * g.W, sizeof(float) * size_t(g.W));
+            for (i64 q = g.pw + g.W; q < Wp; ++q) row[q] = 0.f;
+        }
+        std::memset(d + (g.ph + g.H) * Wp, 0, sizeof(float) * size_t((Hp - g.ph - g.H) * Wp));
+    }
+#pragma omp barrier
+}
+
 // ---- implicit-GEMM convolution -------------------------------------------------
 // A run: columns of one B panel that share (image, output row), i.e. that
 // read one input row per (c, i, j).
@@ -227,6 +250,29 @@ struct PackIm2col {
     }
 };
 
+// One output row segment: c[q] = s[q] (+ bias, ReLU after the last k block),
+// by whole registers and one masked one. TileNCHW and the small-K direct
+// forward (gemm_conv_small.h) share it. The plain loop GCC vectorised
+// itself, with its run-time length, cost about as much as the FMAs of a
+// K = 27 tile (cifar conv1's forward).
+inline void write_out(float* c, const float* s, int len, const float* bias, bool relu, bool last) {
+    if (!last || (!bias && !relu)) return copy_row(c, s, len);
+    using V = typename UK::Vec;
+    constexpr int L = V::L;
+    const float zero = 0.f;
+    const typename V::reg b = V::bcast(bias ? bias : &zero);
+    int q = 0;
+    for (; q + L <= len; q += L) {
+        const typename V::reg v = V::add(V::load(s + q), b);
+        V::store(c + q, relu ? V::relu(v) : v);
+    }
+    if (q < len) {
+        const std::uint32_t m = lane_range(0, len - q);
+        const typename V::reg v = V::add(V::load_mask(V::zero(), s, q, m), b);
+        V::store_mask(c, q, relu ? V::relu(v) : v, m);
+    }
+}
+
 // Tile column n = (img, p) is y[img, m, p]; chains start from zero, and
 // after the last k block the bias is added and ReLU applied.
 struct TileNCHW {
@@ -265,14 +311,7 @@ struct TileNCHW {
                 __builtin_prefetch(c + len - 1, 1, 3);
             });
         runs(i0, j0, mr, nr, [&](float* c, int o, int len, int r) {
-            const float* s = t + o;
-            if (!last || (!bias && !relu)) return copy_row(c, s, len);
-            const float b = bias ? bias[i0 + r] : 0.f;
-            if (relu) {
-                for (int q = 0; q < len; ++q) c[q] = s[q] + b > 0.f ? s[q] + b : 0.f;
-            } else {
-                for (int q = 0; q < len; ++q) c[q] = s[q] + b;
-            }
+            write_out(c, t + o, len, bias ? bias + i0 + r : nullptr, relu, last);
         });
     }
 };
@@ -312,3 +351,4 @@ void conv_dx_isa(const Plan& p, const Conv& t, const float* dy, const float* w, 
 }  // namespace
 
 #include "gemm_dw.h"  // dW as dW^T = im2col(x) @ dy^T
+#include "gemm_conv_small.h"  // small K: the direct forward and dW in vector lanes

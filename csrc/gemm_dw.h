@@ -102,6 +102,7 @@ void conv_dw_isa(const sprint::gemm::detail::DwPlan& p, const Conv& G, const flo
     const i64 plane = p.Hp * p.Wp, img_stride = G.C * plane;
 #pragma omp parallel num_threads(p.nth) if (p.nth > 1)
     {
+        if (p.pad_to) pad_shared(G, p.x, p.pad_to, p.Hp, p.Wp);
         for (int t = omp_get_thread_num(); t < p.nth; t += omp_get_num_threads()) {
             Cell cell;
             if (!grid_cell(t, p.tn, p.mq, p.nq, K, M, cell)) continue;

@@ -25,6 +25,11 @@ struct VPlain {
         for (int i = 0; i < L; ++i) r.v[i] = a.v[i] + b.v[i];
         return r;
     }
+    static void pin(reg&) {}
+    static reg relu(reg a) {
+        for (int i = 0; i < L; ++i) a.v[i] = a.v[i] > 0.f ? a.v[i] : 0.f;
+        return a;
+    }
     static void store(float* p, reg v) {
         for (int i = 0; i < L; ++i) p[i] = v.v[i];
     }
@@ -44,11 +49,12 @@ struct VPlain {
     template <int MR>
     static void panel(const float* const* s, int n, std::int64_t q, float* d) {
         panel_scalar<L, MR>(s, n, q, d);
-    }
+    }    static void sum_lanes(const reg* v, int n, float* out) { sum_lanes_scalar<VPlain>(v, n, out); }
 };
 
 using UK = MicroKernel<VPlain, 4, 4>;
 using DK = TapKernel<VPlain, 4, 4>;  // dW (gemm_dw.h)
+using SK = LaneKernel<VPlain, 2, 4>;  // small-K dW (gemm_conv_small.h)
 
 }  // namespace
 

@@ -36,6 +36,19 @@ struct DwPlan {
     float* dwt;           // K x M: dW^T's running sums between k blocks
     const float* xp;      // x zero-padded by (ph, pw) to Hp x Wp (x itself when unpadded)
     i64 Hp, Wp;
+    const float* x;       // when pad_to is not null: padded into it (= xp) by the kernel's threads
+    float* pad_to;
+};
+
+// dW of a small-K convolution (gemm_conv_small.h): x zero-padded by (ph, pw)
+// into Hp x Wp planes (by the kernel's threads, into pad_to), taps at toff.
+struct SmallPlan {
+    int nth;
+    const float* xp;      // the padded image (= pad_to)
+    i64 Hp, Wp;
+    const i64* toff;      // per tap (c, i, j): c*Hp*Wp + i*Wp + j
+    const float* x;
+    float* pad_to;
 };
 
 // Time profile of the GEMMs (off unless set_profiling(true)): seconds per
@@ -64,6 +77,9 @@ struct Kernels {
     // dX as the forward convolution t of dy with w flipped and transposed (w as
     // the layer holds it, read so by the packing)
     void (*conv_dx)(const Plan&, const Conv& t, const float* dy, const float* w, float* dx);
+    // dW of a small K (gemm_conv_small.h); lanes_l: LaneKernel's vector width
+    void (*conv_dw_lanes)(const SmallPlan&, const Conv&, const float* dy, float* dw, bool accumulate, float* db);
+    int lanes_l;
 };
 
 const Kernels& kernels_generic();

@@ -2,7 +2,9 @@
 // vector type, instantiated by each ISA translation unit (gemm_avx512.cpp,
 // gemm_avx2.cpp, gemm_generic.cpp) with its own traits `V`:
 //   V::reg, V::L (floats per register), zero(), load(p), bcast(p),
-//   fma(a, b, c) = a*b + c, add(a, b), store(p, v),
+//   fma(a, b, c) = a*b + c, add(a, b), relu(a) = a > 0 ? a : 0 (NaN: 0), store(p, v),
+//   sum_lanes(v, n, out): out[i] = the sum of v[i]'s lanes (a fixed order),
+//   pin(v): v is opaque to the optimiser from here (kept in a register, not re-read),
 //   load_mask(acc, x, off, mask): acc with the lanes l whose bit is set in
 //     mask replaced by x[off + l] (only those elements are read)
 //   store_mask(x, off, v, mask): x[off + l] = lane l of v for the lanes in
@@ -135,8 +137,83 @@ inline void panel_scalar(const float* const* s, int n, std::int64_t q, float* ds
         for (int r = 0; r < MR; ++r) dst[e * MR + r] = r < n ? s[r][q + e] : 0.f;
 }
 
+// out[i] = the sum of the lanes of v[i] (i < n), by a fixed pairwise tree
+// over the lanes (the traits without a register tree use it).
+template <class V>
+inline void sum_lanes_scalar(const typename V::reg* v, int n, float* out) {
+    alignas(64) float b[V::L];
+    for (int i = 0; i < n; ++i) {
+        V::store(b, v[i]);
+        for (int w = V::L / 2; w >= 1; w /= 2)
+            for (int l = 0; l < w; ++l) b[l] += b[l + w];
+        out[i] = b[0];
+    }
+}
+
 // Lanes lo <= l < hi of a mask.
 inline std::uint32_t lane_range(int lo, int hi) { return lo >= hi ? 0u : ((2u << (hi - 1)) - 1u) & ~((1u << lo) - 1u); }
+
+// The small-K dW's kernel (gemm_conv_small.h): acc[k][t] = sum over one image's output pixels of
+// dy[m0 + k][px] * xp[px + toff[t]], lanes over ow (stride 1 along a row; rows
+// row_step apart in the padded image), rows in order, prefetching pf's rows
+// (when not null), then each summed over its lanes into s[k*TB + t].
+template <class V, int MB, int TB>
+struct LaneKernel {
+    using Vec = V;
+    static constexpr int L = V::L, MB_ = MB, TB_ = TB;
+    static void run(std::int64_t OH, std::int64_t OW, std::int64_t row_step, const float* xi, const std::int64_t* toff,
+                    const float* const* dyr, const float* const* pf, float* s) {
+        using reg = typename V::reg;
+        reg acc[MB][TB];
+#pragma GCC unroll 32
+        for (int k = 0; k < MB; ++k)
+#pragma GCC unroll 32
+            for (int t = 0; t < TB; ++t) acc[k][t] = V::zero();
+        std::int64_t o[TB];
+        for (int t = 0; t < TB; ++t) o[t] = toff[t];
+        const std::int64_t full = OW / L * L;
+        const std::uint32_t tail = lane_range(0, int(OW - full));
+        for (std::int64_t oh = 0; oh < OH; ++oh) {
+            const float* xr = xi + oh * row_step;
+            const std::int64_t dro = oh * OW;
+            // the next block's dy rows, a row of each per output row: each dy row is
+            // its own 4 KiB page on cifar conv1, where the L2 streamer starts over
+            if (pf)
+                for (int k = 0; k < MB; ++k)
+                    for (std::int64_t q = 0; q < OW; q += 16) __builtin_prefetch(pf[k] + dro + q, 0, 3);
+            for (std::int64_t ow = 0; ow < full; ow += L) {
+                reg d[MB];
+#pragma GCC unroll 32
+                for (int k = 0; k < MB; ++k) d[k] = V::load(dyr[k] + dro + ow);
+#pragma GCC unroll 32
+                for (int t = 0; t < TB; ++t) {
+                    // one load per tap row, held in a register for the MB FMAs: GCC
+                    // otherwise folds it into each FMA, MB loads of one often
+                    // line-splitting address (the loop ran at 2/5 of the peak)
+                    reg xv = V::load(xr + ow + o[t]);
+                    V::pin(xv);
+#pragma GCC unroll 32
+                    for (int k = 0; k < MB; ++k) acc[k][t] = V::fma(d[k], xv, acc[k][t]);
+                }
+            }
+            if (tail) {  // masked lanes are zero on both sides and read no memory
+                reg d[MB];
+                for (int k = 0; k < MB; ++k) d[k] = V::load_mask(V::zero(), dyr[k], dro + full, tail);
+                for (int t = 0; t < TB; ++t) {
+                    const reg xv = V::load_mask(V::zero(), xr, full + o[t], tail);
+                    for (int k = 0; k < MB; ++k) acc[k][t] = V::fma(d[k], xv, acc[k][t]);
+                }
+            }
+        }
+        // summed from a copy: acc's own address taken kept it in memory (the loop ran at half speed)
+        reg flat[MB * TB];
+#pragma GCC unroll 32
+        for (int k = 0; k < MB; ++k)
+#pragma GCC unroll 32
+            for (int t = 0; t < TB; ++t) flat[k * TB + t] = acc[k][t];
+        V::sum_lanes(flat, MB * TB, s);
+    }
+};
 
 volatile float g_fma_sink;  // keeps the chains observable
 
@@ -180,7 +257,7 @@ double fma_peak_t(std::int64_t iters, int threads) {
     namespace detail {                                                                                    \
     const Kernels& kernels_##name() {                                                                     \
         static const Kernels k{UK::MR, UK::NR, lanes, fma_peak_t<V>, sgemm_isa, conv_fwd_isa, DK::MR, DK::NR, DK::Vec::L, \
-                                conv_dw_isa, conv_dx_isa};                                        \
+                                conv_dw_isa, conv_dx_isa, conv_dw_lanes_isa, SK::L};                          \
         return k;                                                                                         \
     }                                                                                                     \
     }                                                                                                     \

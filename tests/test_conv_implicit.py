@@ -229,15 +229,71 @@ def test_dw_accumulated_on_threads_equals_the_whole_batch_and_reference(isa, xs,
     M = ws[0]
     dy = np.random.default_rng(13).standard_normal((xs[0], M) + xs[2:]).astype(np.float32)
     with using("implicit", isa):
-        _, dw, _ = ops.conv2d_backward(x, w, dy, pad=1, need_dx=False, dw_out=poison(w.shape))
+        _, dw, db = ops.conv2d_backward(x, w, dy, pad=1, need_dx=False, dw_out=poison(w.shape), db_out=poison(M))
         gw, gb = poison(w.shape), poison(M)
         for i, (lo, hi) in enumerate(((0, 3), (3, 4), (4, xs[0]))):
             ops.conv2d_backward(x[lo:hi], w, dy[lo:hi], pad=1, need_dx=False, dw_out=gw, db_out=gb,
                                 accumulate=i > 0)
-    assert np.array_equal(gw, dw)
+    assert np.array_equal(gw, dw) and np.array_equal(gb, db)
     rdw, rdb = ref_conv_grads(x, w, dy, 1, 1, 1, 1)[1:]
     assert close(dw, rdw, rtol=1e-4), np.abs(dw - rdw).max()
-    # db comes from dW's packed dy^T panels: per channel one float32 chain of
-    # adds over (image, pixel) in order, which a sequential cumsum reproduces
-    seq = np.cumsum(dy.transpose(1, 0, 2, 3).reshape(M, -1), axis=1, dtype=np.float32)[:, -1]
-    assert np.array_equal(gb, seq) and close(gb, rdb, rtol=1e-4)
+    assert close(db, rdb, rtol=1e-4)
+    kernel = backend.get_backend().ext.conv2d_implicit_dw_kernel(x, w, 1, 1, 1, 1, isa)
+    assert kernel == ("lanes" if ws[1] == 3 else "taps")  # K = 27 is small, 216 is not
+    if kernel == "taps":
+        # db comes from dW's packed dy^T panels: per channel one float32 chain of
+        # adds over (image, pixel) in order, which a sequential cumsum reproduces
+        seq = np.cumsum(dy.transpose(1, 0, 2, 3).reshape(M, -1), axis=1, dtype=np.float32)[:, -1]
+        assert np.array_equal(db, seq)
+
+
+# Small K (C*kh*kw <= 64): dW in vector lanes over each output row
+# (csrc/gemm_conv_small.h). Batch 1, odd sizes, rows with a masked tail (OW
+# not a multiple of 16 or 8), row stride 2, no padding, non-square kernels,
+# channels not a multiple of the kernel's 2 or 3 per block, K = 64 at the limit.
+LANES = [((1, 3, 17, 21), (5, 3, 3, 3), (1, 1), (1, 1)),
+         ((3, 2, 19, 33), (13, 2, 5, 5), (1, 1), (2, 2)),
+         ((2, 3, 20, 18), (7, 3, 3, 3), (2, 1), (1, 0)),
+         ((2, 1, 16, 40), (4, 1, 3, 3), (1, 1), (0, 0)),
+         ((2, 4, 9, 24), (10, 4, 4, 4), (1, 1), (1, 2)),
+         ((5, 3, 32, 32), (64, 3, 3, 3), (1, 1), (1, 1))]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("xs,ws,stride,pad", LANES, ids=lambda v: "x".join(map(str, v)))
+def test_small_k_dw_in_lanes_matches_reference_and_micro_batches(isa, xs, ws, stride, pad):
+    """The lanes kernel runs these shapes (and says so); dW and db match
+    float64 into poisoned buffers, and micro-batches with accumulate continue
+    the whole batch's sums bit for bit (one chain of per-image sums)."""
+    x, w, b = _data(xs, ws, True, 21)
+    ext = backend.set_backend("cpu").ext
+    assert ext.conv2d_implicit_dw_kernel(x, w, *stride, *pad, isa) == "lanes"
+    ref = ref_conv(x, w, b, *stride, *pad)
+    dy = np.random.default_rng(22).standard_normal(ref.shape).astype(np.float32)
+    _, rdw, rdb = ref_conv_grads(x, w, dy, *stride, *pad)
+    with using("implicit", isa):
+        _, dw, db = ops.conv2d_backward(x, w, dy, stride=stride, pad=pad, need_dx=False, dw_out=poison(ws),
+                                        db_out=poison(ws[0]))
+        assert not np.isnan(dw).any() and not np.isnan(db).any()
+        assert close(dw, rdw, rtol=1e-4), np.abs(dw - rdw).max()
+        assert close(db, rdb, rtol=1e-4), np.abs(db - rdb).max()
+        gw, gb = poison(ws), poison(ws[0])
+        cuts = sorted({0, xs[0] // 2, xs[0] - 1 if xs[0] > 1 else 0, xs[0]})
+        for i, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+            ops.conv2d_backward(x[lo:hi], w, dy[lo:hi], stride=stride, pad=pad, need_dx=False, dw_out=gw, db_out=gb,
+                                accumulate=i > 0)
+    assert np.array_equal(gw, dw) and np.array_equal(gb, db)
+
+
+def test_small_k_dw_kernel_choice():
+    """Lanes for small K with rows at least a register wide; the tap kernel
+    for K > 64, strided rows or rows narrower than the register."""
+    ext = backend.set_backend("cpu").ext
+    x = np.zeros((1, 3, 8, 40), np.float32)
+    assert ext.conv2d_implicit_dw_kernel(x, np.zeros((4, 3, 3, 3), np.float32), 1, 1, 1, 1) == "lanes"
+    assert ext.conv2d_implicit_dw_kernel(x, np.zeros((4, 3, 3, 3), np.float32), 1, 2, 1, 1) == "taps"
+    assert ext.conv2d_implicit_dw_kernel(np.zeros((1, 8, 8, 40), np.float32), np.zeros((4, 8, 3, 3), np.float32),
+                                         1, 1, 1, 1) == "taps"  # K = 72
+    for isa in ISAS:  # OW = 3: narrower than any ISA's register
+        assert ext.conv2d_implicit_dw_kernel(np.zeros((1, 3, 8, 3), np.float32), np.zeros((4, 3, 3, 3), np.float32),
+                                             1, 1, 1, 1, isa) == "taps"
