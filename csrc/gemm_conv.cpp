@@ -96,7 +96,7 @@ void tap_offsets(const Conv& g, i64 Hp, i64 Wp, i64* toff) {
 // The packed implicit GEMM (gemm_conv_pack.h) for every forward. A direct
 // kernel for small K (the padded image read in place through the
 // micro-kernel's row pointers, no packing) was tried for cifar conv1 and
-// dropped: 0.85x the time on one thread, 1.0-1.1x on two, where the 8 MiB
+// dropped: 0.89x the time on one thread, no gain on two, where the 8 MiB
 // write of y, not the packing, bounds it (bench/RESULTS.md, issue 14).
 
 // dW in vector lanes over the output rows (gemm_conv_small.h) where K is at
