@@ -311,7 +311,13 @@ def cmd_info(args) -> int:
             print(f"  {name:8s} {spec.x0}x{spec.x0}x{spec.m0} input, {spec.n_classes} classes, "
                   f"{convs} conv + {len(spec.fcs)} fc layers, {n_params(spec):,} parameters")
         return 0
-    spec = get_spec(args.model)
+    from .errors import RunError
+    try:
+        spec = get_spec(args.model)
+    except RunError as e:
+        if e.where != "--model":
+            raise
+        raise RunError(e.what, "sprint info MODEL") from None     # a positional here, not --model
     print(summary_table(spec, args.batch))
     print(f"N_Param = {n_params(spec):,} (SPEC formula: {n_params_formula(spec):,})")
     if getattr(args, "stages", None):

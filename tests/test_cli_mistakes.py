@@ -53,6 +53,11 @@ def test_counts_of_zero_or_below_are_refused_naming_the_option(capsys, tmp_path,
     assert not (tmp_path / "run").exists()
 
 
+def test_info_of_an_unknown_model_names_its_positional_not_model_option(capsys):
+    """`sprint info nonet` said '(--model)', an option info does not have."""
+    one_line(capsys, ["info", "nonet"], "model 'nonet' is neither a preset", "(sprint info MODEL)")
+
+
 _PREDICT = ["--model", "tiny", "--nodes", "2", "--workers", "1", "--subbatch", "4", "--no-calibrate"]
 
 
