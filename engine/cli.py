@@ -157,7 +157,25 @@ def _fail(e: BaseException, debug: bool) -> int:
     return code
 
 
+def _interrupted(e: KeyboardInterrupt, debug: bool) -> int:
+    """Ctrl-C: a run says where it stopped and how to resume (Interrupted);
+    before a run began (its modules loading, the command line parsed) there
+    is nothing to say but that. Under mpiexec every rank got it: rank 0
+    alone says it (a run's ranks end in engine.parallel.abort instead)."""
+    from engine.errors import Interrupted, ctrl_c_handled
+    from engine.parallel.launcher import launcher_rank
+    ctrl_c_handled()
+    if debug:
+        import traceback
+        traceback.print_exc()
+    if isinstance(e, Interrupted) or _job_size() <= 1 or launcher_rank() == 0:
+        print(str(e) if isinstance(e, Interrupted) else "interrupted", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
 def main(argv=None) -> int:
+    from engine.errors import raise_if_ctrl_c, watch_ctrl_c
+    watch_ctrl_c()
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     debug = bool(os.environ.get("SPRINT_DEBUG")) or "--debug" in argv
     try:
@@ -167,10 +185,11 @@ def main(argv=None) -> int:
             if not getattr(args, "func", None):
                 parser.print_help()
                 return EXIT_USAGE
+    except KeyboardInterrupt as e:
+        return _interrupted(e, debug)
     except Exception as e:
         return _fail(e, debug)
     from engine import backend
-    from engine.errors import Interrupted
     debug = args.debug
     if debug:  # the ranks' abort path reads it too (engine.parallel.abort.abort_on_error)
         os.environ["SPRINT_DEBUG"] = "1"
@@ -182,13 +201,10 @@ def main(argv=None) -> int:
                            f"({n} ranks were started)")
         if args.device:
             backend.set_backend(args.device)
+        raise_if_ctrl_c()             # one the module imports above dropped
         rc = args.func(args)
     except KeyboardInterrupt as e:
-        if debug:
-            import traceback
-            traceback.print_exc()
-        print(str(e) if isinstance(e, Interrupted) else "interrupted", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        return _interrupted(e, debug)
     except Exception as e:
         return _fail(e, debug)
     return int(rc or 0)

@@ -48,3 +48,49 @@ class Interrupted(KeyboardInterrupt):
 
 class MissingFile(RunError, FileNotFoundError):
     """A file or folder the run needs does not exist."""
+
+
+# ---- Ctrl-C that Python dropped ------------------------------------------------
+# Python raises KeyboardInterrupt wherever the main thread is when SIGINT
+# comes; where that is a callback (an import lock's weakref while modules
+# load, a __del__) it is printed as "Exception ignored" and lost: that rank
+# trained on to the end, or waited for peers that had stopped. The CLI's
+# handler (watch_ctrl_c) also keeps a flag, cleared where a KeyboardInterrupt
+# is caught (ctrl_c_handled); raise_if_ctrl_c, called before a run starts and
+# at each MPI wait of the main thread, raises a dropped one again.
+_ctrl_c = False
+
+
+def watch_ctrl_c() -> None:
+    import signal
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return                      # someone else's handler (an embedding program): theirs
+
+    def on_sigint(signum, frame):
+        global _ctrl_c
+        _ctrl_c = True
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, on_sigint)
+    import sys
+    before = sys.unraisablehook
+
+    def unraisable(u):
+        # the dropped KeyboardInterrupt's "Exception ignored" traceback: it is raised again
+        if not (isinstance(u.exc_value, KeyboardInterrupt) and _ctrl_c):
+            before(u)
+    sys.unraisablehook = unraisable
+
+
+def ctrl_c_handled() -> None:
+    global _ctrl_c
+    _ctrl_c = False
+
+
+def raise_if_ctrl_c() -> None:
+    """Raise the KeyboardInterrupt of a Ctrl-C no handler caught (main thread only:
+    a worker or updater thread leaves it to the main thread)."""
+    if _ctrl_c:
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            ctrl_c_handled()
+            raise KeyboardInterrupt

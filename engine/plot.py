@@ -28,7 +28,9 @@ def plot_run(run_dir, out=None) -> list:
     run_dir = Path(run_dir)
     recs = _metrics.read(run_dir)
     if not recs:
-        raise ValueError(f"{run_dir}: metrics.jsonl holds no epochs yet")
+        from .errors import RunError
+        # the where in parentheses, as every other error of the CLI says it
+        raise RunError("its metrics hold no epochs yet", run_dir)
     if out and Path(out).suffix.lower() in (".png", ".jpg", ".jpeg", ".pdf", ".svg") and not Path(out).is_dir():
         # it would become a folder of that name holding the two PNGs
         from .errors import RunError

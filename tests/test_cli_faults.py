@@ -498,3 +498,31 @@ def test_a_job_killed_from_outside_leaves_no_mpich_segment_in_dev_shm(tmp_path):
     seen = {s for ln in p.stdout.splitlines() if ln.startswith("segments") for s in ln.split()[1:]}
     assert seen, out[-3000:]
     assert not [s for s in seen if os.path.exists(s)], (seen, out[-3000:])
+
+
+_DROP_WHILE_LOADING = """
+import os, signal, sys, time
+import engine.cli as cli
+
+class Dropped:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)          # the handler runs in here: Python drops its KeyboardInterrupt
+
+real = cli.build_parser
+def build_parser():              # a Ctrl-C while the subcommands' modules load
+    Dropped()
+    return real()
+cli.build_parser = build_parser
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_ctrl_c_dropped_while_the_modules_load_still_stops_the_command(tmp_path):
+    """Python drops a KeyboardInterrupt raised in a callback (an import lock's
+    weakref while modules load): `sprint train` then trained to the end, with
+    an 'Exception ignored' traceback on stderr."""
+    p = subprocess.run([sys.executable, "-c", _DROP_WHILE_LOADING, "train", "--epochs", "1", "--no-progress",
+                        "--out", tmp_path / "run"], capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT)
+    assert p.returncode == 130 and p.stderr.splitlines() == ["interrupted"], p.stdout[-2000:] + p.stderr
+    assert "epoch" not in p.stdout and not (tmp_path / "run").exists()

@@ -97,3 +97,53 @@ def test_ctrl_c_under_mpiexec_while_a_peer_waits_in_mpi_says_how_to_resume(tmp_p
                        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr
     assert checkpoint.load(run)["epoch"] == epoch + 1
+
+
+DROPPED = ROOT / "tests" / "mpi" / "ctrlc_dropped.py"
+
+
+@pytest.mark.parametrize("parallel,rank", [("sync", 1), ("sync", 0), ("pipeline", 1)])
+def test_a_ctrl_c_that_python_dropped_on_one_rank_still_ends_the_job_as_one(tmp_path, parallel, rank):
+    """Python drops a KeyboardInterrupt raised in a callback (seen in an
+    import lock's weakref while the modules loaded, 1 of 24 early Ctrl-Cs):
+    that rank trained on, or its peers waited in abort_once for it and the
+    job ended in MPI_Abort. The CLI's handler keeps a flag that the next MPI
+    wait of that rank raises again."""
+    run = tmp_path / "run"
+    p = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "mpi4py", str(DROPPED), str(rank),
+                        "engine.session.session:Session.report", "2", "train", "--parallel", parallel,
+                        "--epochs", "30", "--no-progress", "--out", str(run)],
+                       capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=120)
+    out, err = p.stdout, p.stderr
+    assert "dropped" in out, out[-2000:] + err
+    assert p.returncode == 130, out[-2000:] + err
+    assert "MPI_Abort called" not in err and "Abort(" not in out + err and "Traceback" not in err, out[-2000:] + err
+    lines = [ln for ln in err.splitlines() if not re.match(r"sprint: rank 0 pid", ln)]
+    assert len(lines) == 1 and re.fullmatch(r"interrupted after epoch \d+; resume with: mpiexec -n 2 sprint train "
+                                            rf"--resume {re.escape(str(run))}", lines[0]), err
+    assert checkpoint.load(run)["epoch"] < 30
+
+
+def test_ctrl_c_while_a_peer_waits_for_the_watchdog_to_be_set_up(tmp_path):
+    """Every rank builds its heartbeat communicator and gathers the ranks'
+    hosts and pids at the same point: rank 1 waited in MPI's C Dup and
+    allgather for rank 0 (here stalled in the gethostname between them) and
+    never saw the Ctrl-C; the job ended in MPI_Abort."""
+    p = subprocess.Popen(["mpiexec", "-n", "2", sys.executable, "-m", "mpi4py", str(STALL), "0",
+                          "socket:gethostname", "1", "train", "--parallel", "sync",
+                          "--no-progress", "--out", str(tmp_path / "run")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT,
+                         start_new_session=True)
+    try:
+        while "stalled" not in p.stdout.readline():
+            assert p.poll() is None, p.stderr.read()
+        time.sleep(1.0)                      # rank 1 reaches its wait for rank 0
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert p.returncode == 130, out[-2000:] + err
+    assert "MPI_Abort called" not in err and "Abort(" not in out + err and "Traceback" not in err, out[-2000:] + err
+    assert err.splitlines() == ["interrupted"], err

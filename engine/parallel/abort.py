@@ -76,6 +76,8 @@ def abort_on_error(comm: Comm):
     try:
         yield comm
     except KeyboardInterrupt as e:
+        from engine.errors import ctrl_c_handled
+        ctrl_c_handled()
         if comm.size <= 1:
             raise
         # rank 0 says how to resume; every rank that got the Ctrl-C ends

@@ -14,12 +14,17 @@ import time
 
 import numpy as np
 
+from engine.errors import raise_if_ctrl_c
+
 
 def wait(req, pause: float = 0.0) -> None:
     """Complete ``req``; between tests sleep ``pause`` seconds (0: only
-    yield the core and the interpreter to other threads)."""
+    yield the core and the interpreter to other threads). A Ctrl-C that
+    Python dropped on this rank is raised here (engine.errors.raise_if_ctrl_c):
+    its peers stopped, and this rank would wait for them."""
     if pause > 0:
         while not req.Test():
+            raise_if_ctrl_c()
             time.sleep(pause)
         return
     # os.sched_yield, not time.sleep(0): both release the GIL, but
@@ -28,6 +33,7 @@ def wait(req, pause: float = 0.0) -> None:
     # with it the 2-rank sync step on digits ran 1.55x slower than the C
     # wait it replaced (bench/RESULTS.md section 3)
     while not req.Test():
+        raise_if_ctrl_c()
         os.sched_yield()
 
 

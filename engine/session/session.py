@@ -57,6 +57,9 @@ class Session:
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            from engine.errors import ctrl_c_handled
+            ctrl_c_handled()
         self.close(ok=exc_type is None)
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and not isinstance(exc, Interrupted):
             # every strategy's Ctrl-C says how to resume, not only those that ask for it
@@ -136,6 +139,8 @@ class Session:
     # ---- the run folder --------------------------------------------------------
     def start(self, start_epoch: int = 0):
         """Write config.json and metrics.jsonl (from the checkpoint's history)."""
+        from engine.errors import raise_if_ctrl_c
+        raise_if_ctrl_c()           # one dropped while the run was set up: no epoch begins
         self.history = [r for r in self.history if r.get("epoch", 0) <= start_epoch]
         self.first_new = len(self.history)
         if self.cfg.resume and start_epoch >= self.cfg.epochs:

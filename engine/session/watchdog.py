@@ -42,11 +42,17 @@ class Watchdog:
                   file=sys.stderr, flush=True)
             return
         self.MPI = MPI
-        self.mc = comm.comm.Dup()      # collective: every rank creates its watchdog at the same point
+        from engine.parallel import waits
+        # collective: every rank creates its watchdog at the same point. Waited
+        # for in Python (waits): a Ctrl-C that stopped a peer before it got
+        # here reaches this rank too, which in MPI's C Dup it never saw (the
+        # job then ended in MPI_Abort)
+        self.mc, req = comm.comm.Idup()
+        waits.wait(req, pause=0.001)
         self.rank, self.size = self.mc.Get_rank(), self.mc.Get_size()
         self.peers = [r for r in range(self.size) if r != self.rank]
         import socket
-        self.places = self.mc.allgather((socket.gethostname(), os.getpid()))
+        self.places = waits.allgather_obj(self.mc, (socket.gethostname(), os.getpid()), pause=0.001)
         self.active = True
         self._th = threading.Thread(target=self._loop, name="sprint-watchdog", daemon=True)
         self._th.start()
