@@ -61,17 +61,13 @@ def _layerwise_plan(tmp_path) -> str:
     return str(plan)
 
 
-@pytest.mark.parametrize("strategy", list(CASES))
-def test_ctrl_c_under_mpiexec_while_a_peer_waits_in_mpi_says_how_to_resume(tmp_path, strategy):
-    n, opts, rank, target, k = CASES[strategy]
-    if "{plan}" in opts:
-        opts = [o.replace("{plan}", _layerwise_plan(tmp_path)) for o in opts]
-    run = tmp_path / "run"
-    # a terminal's Ctrl-C reaches every process of the foreground group: mpiexec and the ranks
+def _ctrl_c_while_stalled(n, rank, target, k, argv):
+    """Run ctrlc_stall.py; once its rank stalled and the others reached their
+    wait for it, Ctrl-C as a terminal sends it: to every process of the
+    foreground group, mpiexec and the ranks. (Popen, stdout, stderr)."""
     p = subprocess.Popen(["mpiexec", "-n", str(n), sys.executable, "-m", "mpi4py", str(STALL), str(rank), target,
-                          str(k), "train", *opts, "--epochs", "30", "--no-progress", "--out", str(run)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT,
-                         start_new_session=True)
+                          str(k), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                         cwd=ROOT, start_new_session=True)
     try:
         while "stalled" not in p.stdout.readline():
             assert p.poll() is None, p.stderr.read()
@@ -82,6 +78,17 @@ def test_ctrl_c_under_mpiexec_while_a_peer_waits_in_mpi_says_how_to_resume(tmp_p
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.communicate()
+    return p, out, err
+
+
+@pytest.mark.parametrize("strategy", list(CASES))
+def test_ctrl_c_under_mpiexec_while_a_peer_waits_in_mpi_says_how_to_resume(tmp_path, strategy):
+    n, opts, rank, target, k = CASES[strategy]
+    if "{plan}" in opts:
+        opts = [o.replace("{plan}", _layerwise_plan(tmp_path)) for o in opts]
+    run = tmp_path / "run"
+    p, out, err = _ctrl_c_while_stalled(n, rank, target, k, ["train", *opts, "--epochs", "30", "--no-progress",
+                                                             "--out", str(run)])
     assert p.returncode == 130, out[-2000:] + err
     # ctrlc_stall.py says 'MPI_Abort called' on the rank that calls it, before the launcher can cut any line
     assert "MPI_Abort called" not in err and "Abort(" not in out + err and "Traceback" not in err, out[-2000:] + err
@@ -129,21 +136,8 @@ def test_ctrl_c_while_a_peer_waits_for_the_watchdog_to_be_set_up(tmp_path):
     hosts and pids at the same point: rank 1 waited in MPI's C Dup and
     allgather for rank 0 (here stalled in the gethostname between them) and
     never saw the Ctrl-C; the job ended in MPI_Abort."""
-    p = subprocess.Popen(["mpiexec", "-n", "2", sys.executable, "-m", "mpi4py", str(STALL), "0",
-                          "socket:gethostname", "1", "train", "--parallel", "sync",
-                          "--no-progress", "--out", str(tmp_path / "run")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT,
-                         start_new_session=True)
-    try:
-        while "stalled" not in p.stdout.readline():
-            assert p.poll() is None, p.stderr.read()
-        time.sleep(1.0)                      # rank 1 reaches its wait for rank 0
-        os.killpg(p.pid, signal.SIGINT)
-        out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
+    p, out, err = _ctrl_c_while_stalled(2, 0, "socket:gethostname", 1, ["train", "--parallel", "sync",
+                                                                         "--no-progress", "--out", str(tmp_path / "run")])
     assert p.returncode == 130, out[-2000:] + err
     assert "MPI_Abort called" not in err and "Abort(" not in out + err and "Traceback" not in err, out[-2000:] + err
     assert err.splitlines() == ["interrupted"], err
