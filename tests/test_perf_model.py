@@ -273,6 +273,18 @@ def test_a_net_not_swept_reads_the_excess_apart_for_small_and_large_vectors():
     assert read(0.0025, 50_000) < 0.8 * 1.4
 
 
+def test_one_worker_per_rank_sees_at_least_one_publish_per_gradient():
+    """With N_GPU = 1 a worker reads right after its own deposit, and the
+    cycle that sums it publishes before the next deposit is summed: the
+    random-phase count (below 1 for tiny here) is floored at one publish.
+    Two workers per rank keep the count as it is (another worker's deposit
+    may end a wait)."""
+    for R in (1, 3):            # the count alone gave 0.93 for both
+        assert model.predict("tiny", R, 1, 1, PROF).staleness == pytest.approx(1.0)
+    two = model.predict("tiny", 2, 2, 16, PROF)
+    assert two.staleness > 1.0
+
+
 def test_cold_terms_only_when_a_step_overflows_the_last_level_cache():
     terms = dict(PROF.terms)
     for k in ("copy", "add", "scale", "sub", "fill"):
