@@ -287,14 +287,22 @@ def _priced(model, profile):
 
 
 def test_a_profile_swept_on_implicit_prices_winograd_by_its_nearest_fits_and_says_so(monkeypatch, capsys):
-    """The shipped profile's conv fits were swept on implicit/engine. Under
-    the default Winograd they still price the convolutions (not the im2col
-    kernels), and `sprint predict` says once that they misprice a net with a
-    layer Winograd runs, and nothing for a net without one; with another
-    GEMM the conv fits do not hold at all and the warning says what prices
-    them instead."""
+    """A profile whose conv fits were swept on implicit/engine (cpu_test9,
+    shipped until cpu_test10 was swept on Winograd), in the shipped one's
+    place. Under the default Winograd they still price the convolutions
+    (not the im2col kernels), and `sprint predict` says once that they
+    misprice a net with a layer Winograd runs, and nothing for a net without
+    one; with another GEMM the conv fits do not hold at all and the warning
+    says what prices them instead."""
+    import json
+    from pathlib import Path
     from engine import cli
     from engine.perf.profile import Profile
+    implicit = Path(__file__).resolve().parents[1] / "bench" / "profiles" / "cpu_test9.json"
+    load = Profile.load.__func__
+    monkeypatch.setattr(Profile, "load", classmethod(
+        lambda cls, path=None: load(cls, path) if path is not None
+        else cls(json.loads(implicit.read_text()), source="default_profile.json")))
     for var in ("SPRINT_GEMM", "SPRINT_WINOGRAD_TILE", "SPRINT_CONV_ALGO"):
         monkeypatch.delenv(var, raising=False)
     assert Profile.load().data["ops"]["conv_fwd"]["path"] == "implicit/engine"
