@@ -256,3 +256,45 @@ def test_profile_refuses_outputs_and_records_before_it_sweeps(tmp_path, capsys, 
         assert cli.main(["profile", "--from-records", str(rec), "--out", str(tmp_path / "p.json")]) == 2
         _one_line(capsys, what, f"({rec})")
     assert not (tmp_path / "p.json").exists()
+
+
+def test_profile_says_a_sweep_that_cannot_run_and_refuses_when_none_of_only_ran(tmp_path, monkeypatch, capsys):
+    # Without mpiexec on PATH the allreduce sweep cannot run: it used to print
+    # "0 points" and write a profile without that section, exit 0.
+    recs = [{"kind": "handover", "x": 1, "t": 1e-6}]
+    src = tmp_path / "old.json"
+    src.write_text(json.dumps({"records": recs, "meta": {"quick": True}}))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    out = tmp_path / "p.json"
+    assert cli.main(["profile", "--from-records", str(src), "--only", "allreduce", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "sweep allreduce: skipped" in err and "mpiexec" in err
+    assert "sprint: error:" in err and "none of the sweeps ran" in err and "--only" in err
+    assert not out.exists()
+    # One of two failing is a warning, and the profile is written.
+    assert cli.main(["profile", "--from-records", str(src), "--only", "allreduce,handover", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "sprint profile: warning: sweep allreduce:" in err and out.exists()
+
+
+def test_the_sweeps_mpiexec_jobs_set_hwloc_xmlfile(monkeypatch):
+    # hydra's proxy leaves /tmp/hydra_hwloc_xmlfile_* behind every aborted job
+    # unless HWLOC_XMLFILE is set; a user's own value is kept.
+    from engine.perf import pipeline_probe, sweep_runner
+    monkeypatch.delenv("HWLOC_XMLFILE", raising=False)
+    env = sweep_runner.mpiexec_env(7, FOO="1")
+    assert env["HWLOC_XMLFILE"] == "" and env["MPIEXEC_TIMEOUT"] == "7" and env["FOO"] == "1"
+    assert env["OMP_NUM_THREADS"] == "1" and pipeline_probe.child_env()["HWLOC_XMLFILE"] == ""
+    monkeypatch.setenv("HWLOC_XMLFILE", "/some/topo.xml")
+    assert sweep_runner.mpiexec_env(7)["HWLOC_XMLFILE"] == "/some/topo.xml"
+
+
+@pytest.mark.parametrize("argv", [["plan", "--gpus", "4"], ["predict", "--nodes", "2", "--subbatch", "4"],
+                                  ["simulate", "--nodes", "2", "--subbatch", "4"]])
+def test_a_bad_model_is_refused_before_the_calibration(argv, monkeypatch, capsys):
+    from engine.perf import calibrate
+    ran = []
+    monkeypatch.setattr(calibrate, "check", lambda *a, **k: ran.append(1))
+    assert cli.main(argv + ["--model", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "sprint: error: model 'nosuch'" in err and ran == []

@@ -13,7 +13,9 @@ from engine.errors import RunError
 def _profile(args):
     """The profile the command uses, checked against this machine first
     (``--no-calibrate`` skips the few-second calibration)."""
+    from engine import spec as spec_mod
     from .profile import Profile
+    spec_mod.get_spec(args.model)      # a bad --model is refused before the calibration's seconds
     prof = Profile.load(getattr(args, "profile", None))
     if getattr(args, "host_load", None) is not None:
         prof.host_factor = {"*": float(args.host_load)}
@@ -151,6 +153,17 @@ def _fit_pipeline(prof, records):
         prof["pipeline"] = fit_section(Profile(prof), records)
 
 
+def _check_skipped(data, only, old):
+    """Say each sweep that did not run; when none of the ``--only`` sweeps
+    ran, the profile would be the old one or empty: an error, not a file."""
+    before = len(old.get("skipped", [])) if old else 0
+    new = data.get("skipped", [])[before:]
+    for msg in new:
+        print(f"sprint profile: warning: sweep {msg}; the profile has no fits from it", file=sys.stderr)
+    if only and {m.split(":", 1)[0] for m in new} >= set(only):
+        raise RunError("none of the sweeps ran (" + "; ".join(new) + ")", "--only")
+
+
 def cmd_profile(args) -> int:
     from . import fit, sweep
     from .profile import Profile
@@ -167,6 +180,7 @@ def cmd_profile(args) -> int:
                              contention=not args.no_contention, log=log, only=only, merge=old)
         if args.records:
             _write_json(args.records, data)
+        _check_skipped(data, only, old)
     from engine import backend
     prof = fit.fit_profile(data["records"], machine=args.machine, backend=backend.get_backend().name)
     prof["sweep"] = {k: v for k, v in data.get("meta", {}).items() if k != "fingerprint"}

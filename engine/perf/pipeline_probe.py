@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .sweep_runner import mpiexec_env
+
 # (net, K, schedule), one epoch of the embedded digits, batch 32, M = 4
 FIT_CONFIGS = (("digits", 2, "gpipe"), ("digits", 2, "1f1b"))
 SHARED_CONFIGS = (("digits", 4, "gpipe"),)
@@ -45,8 +47,7 @@ PING_FLOATS = (64, 256, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 8192, 16384, 3
 def child_env() -> dict:
     root = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH")
-    return dict(os.environ, PYTHONPATH=root + (os.pathsep + path if path else ""), OMP_NUM_THREADS="1",
-                OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT="600")
+    return mpiexec_env(600, PYTHONPATH=root + (os.pathsep + path if path else ""))
 
 
 _PING = r"""

@@ -246,6 +246,7 @@ def format_plan(plan, ev, base, ranked, prof) -> str:
 
 
 def cmd_plan(args) -> int:
+    spec_mod.get_spec(args.model)      # a bad --model is refused before the calibration's seconds
     prof = load_profile(args.profile)
     # A measured profile is checked against this machine first, as predict,
     # tune and simulate do; a datasheet describes another machine by design.

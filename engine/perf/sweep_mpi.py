@@ -16,7 +16,7 @@ import numpy as np
 from engine import spec as spec_mod
 
 from .timing import _rand, _xp, set_threads
-from .sweep_runner import CONTENTION_WORKLOADS
+from .sweep_runner import CONTENTION_WORKLOADS, mpiexec_env
 
 # -- allreduce under mpiexec ---------------------------------------------------
 
@@ -69,7 +69,7 @@ def sweep_allreduce(cfg, ranks=None, timeout=300):
         cmd = ["mpiexec", "-n", str(r), sys.executable, "-m", "mpi4py", "-m", "engine.perf.sweep",
                "--allreduce-child", json.dumps(sizes), "--repeats", str(cfg["repeats"]),
                "--min-time", str(cfg["min_time"]), "--poll", str(poll)]
-        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
+        env = mpiexec_env(timeout)
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env)
         line = [ln for ln in res.stdout.splitlines() if ln.startswith("SPRINT_SWEEP_JSON ")]
         if res.returncode or not line:
@@ -200,7 +200,7 @@ def sweep_contention(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2),
     runs a bare loss-and-gradient loop, not the runner's).
     """
     seconds = seconds or (3.0 if cfg["repeats"] < 9 else 6.0)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout))
+    env = mpiexec_env(timeout)
 
     def one(model, n, r, w):
         arg = json.dumps({"model": model, "n": n, "workers": w, "seconds": seconds})

@@ -118,13 +118,23 @@ def _runner_child(args):
     run(cfg)
 
 
+def mpiexec_env(timeout, **extra) -> dict:
+    """The environment of an mpiexec job the sweeps start: one BLAS/OpenMP
+    thread a rank, hydra's MPIEXEC_TIMEOUT, and HWLOC_XMLFILE set (empty) so
+    that hydra's proxy writes no /tmp/hydra_hwloc_xmlfile_*, which it leaves
+    behind whenever a job aborts (README, troubleshooting); a user's own
+    HWLOC_XMLFILE is kept."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout), **extra)
+    env.setdefault("HWLOC_XMLFILE", "")
+    return env
+
+
 def runner_job(model, data, n_subbatch, n_node, workers, seconds, out, timeout=300) -> dict:
     """Run SPRINT ASGD on ``n_node`` ranks of this host (mpiexec) for
     ``seconds`` on the npz ``data``; returns its asgd_stats.json."""
     arg = json.dumps({"model": model, "data": str(data), "n": n_subbatch, "workers": workers,
                       "seconds": seconds, "out": str(out)})
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT=str(timeout),
-               PYTHONPATH=_ENGINE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = mpiexec_env(timeout, PYTHONPATH=_ENGINE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     res = subprocess.run(["mpiexec", "-n", str(n_node), sys.executable, "-m", "mpi4py", "-m", "engine.perf.sweep",
                           "--runner-child", arg], capture_output=True, text=True, timeout=timeout + 30, env=env)
     if res.returncode:
