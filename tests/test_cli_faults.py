@@ -522,7 +522,10 @@ def test_a_ctrl_c_dropped_while_the_modules_load_still_stops_the_command(tmp_pat
     """Python drops a KeyboardInterrupt raised in a callback (an import lock's
     weakref while modules load): `sprint train` then trained to the end, with
     an 'Exception ignored' traceback on stderr."""
+    # SIG_DFL in the child: a suite started in the background has SIGINT
+    # ignored, which the CLI rightly keeps (test_ctrl_c_says_how_to_resume...)
     p = subprocess.run([sys.executable, "-c", _DROP_WHILE_LOADING, "train", "--epochs", "1", "--no-progress",
-                        "--out", tmp_path / "run"], capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT)
+                        "--out", tmp_path / "run"], capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert p.returncode == 130 and p.stderr.splitlines() == ["interrupted"], p.stdout[-2000:] + p.stderr
     assert "epoch" not in p.stdout and not (tmp_path / "run").exists()
