@@ -23,8 +23,8 @@ def _profile(args):
         from .calibrate import check
         for msg in check(prof, seconds=args.calibrate_seconds).messages:
             print(f"sprint {args.command}: warning: {msg}", file=sys.stderr)
-    if prof.path_warning(args.model):
-        print(f"sprint {args.command}: warning: {prof.path_warning(args.model)}", file=sys.stderr)
+    if warning := prof.path_warning(args.model):
+        print(f"sprint {args.command}: warning: {warning}", file=sys.stderr)
     if getattr(args, "measure_layers", False):
         from .measure_layers import enable
         enable(prof)

@@ -254,8 +254,8 @@ def cmd_plan(args) -> int:
         from .calibrate import check
         for msg in check(prof, seconds=args.calibrate_seconds).messages:
             print(f"sprint plan: warning: {msg}", file=sys.stderr)
-    if hasattr(prof, "path_warning") and prof.path_warning(args.model):
-        print(f"sprint plan: warning: {prof.path_warning(args.model)}", file=sys.stderr)
+    if hasattr(prof, "path_warning") and (warning := prof.path_warning(args.model)):
+        print(f"sprint plan: warning: {warning}", file=sys.stderr)
     plan, ev, base, ranked, prof = make_plan(args.model, args.gpus, args.batch, prof)
     if args.out and args.write != "optimum":
         named = L.named_plan(args.write, args.model, plan.devices, plan.batch)
