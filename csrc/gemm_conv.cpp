@@ -79,7 +79,11 @@ detail::DwPlan dw_plan(const Kernels& kr, const Blocking& bl, i64 K, i64 M, i64 
         const i64 panels = cdiv(nq, kr.dw_nr);
         const double fma = double(mq) * double(nq + panels * kr.dw_l) * double(BP) / kr.lanes;
         const double cost = fma + double(BP) * double(nq);
-        if (cost < best_cost) best_cost = cost, best = detail::DwPlan{nth, tm, tn, mq, nq, kc, nullptr, 0, nullptr, nullptr, nullptr, 0, 0, nullptr, nullptr};
+        if (cost < best_cost) {
+            best_cost = cost;
+            best = detail::DwPlan{};  // the buffers and image: set by dw_taps
+            best.nth = nth, best.tm = tm, best.tn = tn, best.mq = mq, best.nq = nq, best.kc = kc;
+        }
     }
     best.buf_floats = cdiv(best.kc * kr.dw_nr + 2 * best.kc, 16) * 16;
     return best;
