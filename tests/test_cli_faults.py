@@ -317,16 +317,62 @@ def test_a_pipeline_divergence_ends_every_stage_with_one_line(tmp_path, n, args)
     assert [ln for ln in p.stderr.splitlines() if not ln.startswith("sprint: rank 0 pid ")] == errors, p.stderr
 
 
+def _one_divergence_line(p, out, fragment=r"the loss became (nan|inf) at epoch 1"):
+    """Every rank stopped alike: one line, exit 1, no MPI_Abort, no traceback."""
+    assert p.returncode == 1 and "Traceback" not in out and "Warning" not in out, out[-3000:]
+    assert "Abort(" not in out and " failed: " not in out, out[-3000:]
+    errors = [ln for ln in out.splitlines() if ln.startswith("sprint: error: ")]
+    assert len(errors) == 1 and re.fullmatch(rf"sprint: error: training diverged: {fragment}; try a lower "
+                                             rf"learning rate \(--lr, now .*\)", errors[0]), out[-3000:]
+    said = [ln for ln in p.stderr.splitlines() if not re.match(r"sprint: (rank 0 pid |downpour roles: )", ln)]
+    assert said == errors, p.stderr
+
+
 @pytest.mark.mpi
 @needs_mpiexec
-@pytest.mark.parametrize("parallel", ["downpour"])
-def test_a_divergence_seen_by_one_rank_is_one_line_naming_it(tmp_path, parallel):
-    """The loss lives on a Downpour replica only: its FloatingPointError was
-    a traceback per rank (and numpy's overflow warnings from the server),
-    not the one line a divergence is."""
-    p, out, errors = _mpiexec([2, *MPI_TRAIN, "--parallel", parallel, "--lr", "1e30", "--out", tmp_path / "run"])
-    assert p.returncode == 1 and "Traceback" not in out and "Warning" not in out, out[-3000:]
-    assert len(errors) == 1 and "loss became nan" in errors[0] and errors[0].endswith("(rank 1 of 2)"), out[-3000:]
+@pytest.mark.parametrize("n,args", [(2, []), (4, ["--servers", "2"])])
+def test_a_downpour_divergence_ends_every_rank_with_one_line(tmp_path, n, args):
+    """The loss lives on a Downpour replica only: it raised there alone and
+    the job ended in MPI_Abort (MPICH's banner under a line naming the rank).
+    Now the replica tells server 0, which stops the run and tells every
+    replica (in its fetch replies) and shard (with its final snapshot
+    request), and every rank raises the same Diverged."""
+    p, out, errors = _mpiexec([n, *MPI_TRAIN, "--parallel", "downpour", *args, "--lr", "1e30",
+                               "--out", tmp_path / "run"])
+    _one_divergence_line(p, out)
+
+
+# a `sprint` whose replica on the last rank gets an Inf loss once epoch 1's checkpoint is written
+LATE_INF = """
+import os, sys
+from engine.net import Net
+real = Net.loss_and_grad
+run = sys.argv[sys.argv.index("--out") + 1]
+def poisoned(self, x, y):
+    loss, correct = real(self, x, y)
+    if os.path.exists(os.path.join(run, "checkpoint.npz")):
+        loss = float("inf")
+    return loss, correct
+if os.environ.get("PMI_RANK") == os.environ.get("SPRINT_TEST_POISONED_RANK"):
+    Net.loss_and_grad = poisoned
+from engine.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+def test_a_downpour_replica_alone_diverging_ends_the_job_keeping_the_last_checkpoint(tmp_path, monkeypatch):
+    """One of three replicas meets an Inf loss in epoch 2: the others
+    (which trained on) and both shards stop with it, on the same line
+    naming the checkpoint that stays."""
+    (tmp_path / "late.py").write_text(LATE_INF)
+    run = tmp_path / "run"
+    monkeypatch.setitem(ENV, "SPRINT_TEST_POISONED_RANK", "4")
+    p, out, errors = _mpiexec([5, "-m", "mpi4py", tmp_path / "late.py", "train", "--no-progress", "--epochs", "3",
+                               "--parallel", "downpour", "--servers", "2", "--out", run])
+    _one_divergence_line(p, out, rf"the loss became inf at epoch 2; the checkpoint of epoch 1 stays in {run}")
+    assert checkpoint.load(run)["epoch"] == 1
 
 
 @pytest.mark.mpi

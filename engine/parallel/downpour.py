@@ -11,7 +11,12 @@ its *staleness*, recorded for every applied push.
 
 Stopping: servers set a stop flag in their fetch replies once the sample
 budget (or time) is spent; a replica that sees it drops what it has not
-pushed yet (counted), says DONE to every shard and leaves. Server 0 owns the
+pushed yet (counted), says DONE to every shard and leaves. A replica whose
+loss becomes NaN or Inf says DIVERGED to server 0 instead of pushing; server
+0 stops applying pushes and answers every fetch with the stop flag, the loss
+and the samples applied when it heard (``diverged``), and hands them to the
+other shards with their final snapshot request: every rank then raises the
+same Diverged, and the job ends with one line instead of MPI_Abort. Server 0 owns the
 epoch boundaries: it asks the other shards for a snapshot (weights and
 optimizer state), evaluates, logs and checkpoints through ``on_epoch``;
 the other shards serve until server 0 sends them the final snapshot request.
@@ -29,10 +34,8 @@ from typing import Callable
 import numpy as np
 
 from . import ps
-from .ps_optim import make_server_opt
 from ._xp import to_host
 from .source import source_step
-from .ps_report import summarize_downpour as summarize_stats
 from .timers import StepTimers, summarize
 
 _now = time.perf_counter
@@ -79,6 +82,7 @@ class DownpourServer:
         self.on_epoch = on_epoch            # server 0: f(server, epoch) -> True to stop
         self.epoch_done = self.samples // cfg.n_file if cfg.n_file else 0
         self.stop = False
+        self.diverged = None                # (loss, samples applied) once a replica's loss was NaN/Inf
         self.staleness, self.queue, self.apply_t = [], [], []
         self.pushes_from = {r: 0 for r in self.replicas}
         self.idle = 0.0
@@ -99,10 +103,14 @@ class DownpourServer:
         h = ps.header(buf)
         h[:] = 0
         h[0], h[1], h[2] = self.version, float(self.stop or self._stop_now()), self.samples
+        if self.diverged is not None:
+            h[3], h[4] = self.diverged
         ps.body(buf)[:] = self.w
         self._out[r] = (buf, self.comm.Isend([buf, self.MPI.FLOAT], dest=r, tag=ps.WEIGHTS))
 
     def _apply(self, r, buf):
+        if self.diverged is not None:
+            return                          # the run is over: no epoch is recorded past it
         h = ps.header(buf)
         fetched, n, k = int(h[0]), int(h[1]), int(h[2])
         t0 = _now()
@@ -132,10 +140,10 @@ class DownpourServer:
 
     def gather(self, final=False):
         """Server 0: every shard's snapshot (the others keep serving; with
-        ``final`` they leave their loop after answering)."""
+        ``final`` they leave their loop after answering, told of a divergence)."""
         snaps = [self.snapshot()]
         for s in range(1, len(self.bounds)):
-            self.comm.send(bool(final), dest=s, tag=ps.SNAP)
+            self.comm.send((self.diverged or True) if final else False, dest=s, tag=ps.SNAP)
             snaps.append(ps.recv_poll(self.comm, s, ps.SNAP_REPLY, self.cfg.poll))
         return snaps
 
@@ -172,7 +180,7 @@ class DownpourServer:
                     msgs.append((tag, src, comm.recv(source=src, tag=tag)))
                 else:
                     comm.Recv([tiny, MPI.FLOAT], source=src, tag=tag)
-                    msgs.append((tag, src, None))
+                    msgs.append((tag, src, float(tiny[0])))
             if not msgs:
                 if not active and self.index == 0:
                     break
@@ -189,10 +197,15 @@ class DownpourServer:
                     self._reply_weights(src)
                 elif tag == ps.DONE:
                     active.discard(src)
+                elif tag == ps.DIVERGED:
+                    if self.diverged is None:   # the first replica's loss is the job's
+                        self.diverged, self.stop = (obj, self.samples), True
                 elif tag == ps.SNAP:
                     comm.send(self.snapshot(), dest=src, tag=ps.SNAP_REPLY)
                     if obj:
                         serving = False
+                        if isinstance(obj, tuple):
+                            self.diverged = obj
         ps.wait_all([req for _, req in self._out.values()], self.cfg.poll)
         self.wall = _now() - self.t0
         return self
@@ -225,6 +238,7 @@ class DownpourReplica:
         self.T = StepTimers()
         self.steps = self.pushes = self.fetches = 0
         self.discarded_grads = 0
+        self.diverged = None                # server 0's (loss, samples) when the run diverged
         self._staging = None if isinstance(src.weights, np.ndarray) else np.zeros(self.n, np.float32)
 
     def fetch(self) -> bool:
@@ -236,6 +250,9 @@ class DownpourReplica:
             h = ps.header(buf)
             self.versions[s] = int(h[0])
             stop = stop or h[1] > 0
+        h = ps.header(self.inbox[0])
+        if not math.isfinite(h[3]):
+            self.diverged = (float(h[3]), int(h[4]))
         ps.assemble_into(self.src.weights, self.bounds, self.inbox, self._staging)
         self.fetches += 1
         self.T.add("Fetch", _now() - t0)
@@ -254,6 +271,13 @@ class DownpourReplica:
         self.T.add("Push", _now() - t1)
         self.T.add("PushTotal", _now() - t0)
 
+    def say_diverged(self, loss):
+        """Tell server 0 instead of pushing the gradient, then fetch: its
+        reply carries the job's verdict (this loss, or an earlier replica's)."""
+        ps.wait_all([self.comm.Isend([np.array([loss], np.float32), self.MPI.FLOAT], dest=0,
+                                     tag=ps.DIVERGED)], self.cfg.poll)
+        self.fetch()
+
     def run(self):
         cfg, src, T = self.cfg, self.src, self.T
         setup = getattr(src, "setup_thread", None)
@@ -265,14 +289,19 @@ class DownpourReplica:
             if self.steps % cfg.fetch_every == 0 and self.fetch():
                 break
             t0 = _now()
-            st = source_step(src, T)
+            try:
+                st = source_step(src, T)
+            except FloatingPointError as e:     # the engine's source: a NaN/Inf loss (runner._NonFinite)
+                self.say_diverged(getattr(e, "loss", math.nan))
+                break
             dt = _now() - t0
             if cfg.slow_factor > 1:
                 time.sleep((cfg.slow_factor - 1) * dt)
                 T.add("Slow", (cfg.slow_factor - 1) * dt)
             T.add("Compute", _now() - t0)
             if not math.isfinite(st.loss):
-                raise FloatingPointError(f"loss became {st.loss} on replica {self.index}: lower --lr")
+                self.say_diverged(st.loss)
+                break
             self.acc += to_host(st.grad)
             self.k += 1
             self.n_acc += int(st.n)
@@ -293,84 +322,3 @@ class DownpourReplica:
         return {"replica": self.index, "steps": self.steps, "pushes": self.pushes, "fetches": self.fetches,
                 "grads_discarded_at_stop": self.discarded_grads, "wall_s": getattr(self, "wall", 0.0),
                 "slow_factor": self.cfg.slow_factor, "timers": self.T.summary()}
-
-
-# ---- the engine's run: TrainConfig -> servers and replicas --------------------
-def slow_factor_of(cfg, rank, servers) -> float:
-    """``--slow-rank R --slow-factor F`` (a benchmarking aid): MPI rank R, a
-    replica, sleeps F-1 times its compute time after every step."""
-    extra = cfg.extra or {}
-    r = extra.get("slow_rank")
-    if r is None:
-        return 1.0
-    if not servers <= int(r):
-        raise ValueError(f"--slow-rank {r} is a server rank; replicas are ranks {servers} and up (--slow-rank)")
-    return float(extra.get("slow_factor", 2.0)) if int(r) == rank else 1.0
-
-
-def add_train_options(parser):
-    ps.add_train_options(parser, "downpour")
-
-
-def extra_from_args(args) -> dict:
-    return ps.extra_from_args(args, "downpour")
-
-
-def run(cfg) -> dict:
-    return ps.launch(cfg, "downpour", _run)
-
-
-def _run(job):
-    from engine.data import Loader
-    from .runner import NetSource
-    cfg, comm = job.cfg, job.comm
-    extra = dict(cfg.extra or {})
-    S, R, rank, mc = job.S, job.R, job.rank, comm.comm
-    kind = extra.get("server_opt", "adagrad")
-    dcfg = DownpourConfig(lr=job.sched, fetch_every=int(extra.get("fetch_every", 1)),
-                          push_every=int(extra.get("push_every", 1)), max_samples=job.max_samples,
-                          max_seconds=extra.get("max_seconds"), n_file=job.n_file,
-                          slow_factor=slow_factor_of(cfg, rank, S))
-    state, w_final = job.state, None
-    if job.is_server:
-        lo, hi = job.bounds[rank]
-        opt = make_server_opt(kind, hi - lo, cfg.momentum, cfg.weight_decay)
-        versions = [0] * S
-        if state is not None:
-            saved = state["opt"]
-            if saved.get("kind") != kind:
-                raise ValueError(f"checkpoint's servers ran {saved.get('kind')!r}, not {kind!r} (--server-opt)")
-            opt.load({k: np.asarray(v)[lo:hi] for k, v in saved.items() if k != "kind"})
-            versions = list(state.get("versions", versions)) + [0] * S
-        srv = DownpourServer(mc, rank, job.bounds, job.w0, opt, range(S, comm.size), dcfg,
-                             start_samples=job.start_samples, start_version=int(versions[rank]))
-        if rank == 0:
-            srv.on_epoch = lambda s, epoch: job.end_epoch(epoch, *_assemble(s.gather(), kind), s.take_window())
-        with job.serving():
-            srv.run()
-            if rank == 0:
-                w_final = _assemble(srv.gather(final=True), kind)[0]
-        mine = srv.stats()
-    else:
-        net = job.net()
-        net.set_flat(job.w0)
-        loader = Loader(job.train_ds, cfg.batch, shuffle=True, seed=cfg.seed, deform=job.deform, prefetch=0,
-                        rank=rank - S, world=R)
-        src = NetSource(net, loader, epoch=job.start_epoch)
-        with job.serving():
-            mine = DownpourReplica(mc, job.bounds, src, dcfg, index=rank - S).run().stats()
-    allst = comm.allgather_obj(mine)
-    stats = summarize_stats(allst[:S], allst[S:], {
-        "model": job.spec.name, "n_param": job.n_param, "n_subbatch": int(cfg.batch), "n_file": job.n_file,
-        "server_opt": kind, "fetch_every": dcfg.fetch_every, "push_every": dcfg.push_every,
-        "backend": getattr(job.be, "name", "cpu")})
-    return job.finish(stats, w_final)
-
-
-def _assemble(snaps, kind):
-    """Full weights, optimizer state and counters from every shard's snapshot."""
-    w = np.concatenate([s["w"] for s in snaps])
-    opt = {"kind": kind, **{k: np.concatenate([s["opt"][k] for s in snaps]) for k in snaps[0]["opt"]}}
-    counters = {"samples": int(snaps[0]["samples"]), "step": int(snaps[0]["version"]),
-                "versions": [int(s["version"]) for s in snaps]}
-    return w, opt, counters

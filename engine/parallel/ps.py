@@ -25,7 +25,7 @@ from engine.argtypes import nonneg_int, positive_int
 from .ps_optim import SERVER_OPTS
 
 # Message tags (one namespace for both strategies).
-FETCH, WEIGHTS, PUSH, DONE, SNAP, SNAP_REPLY = 11, 12, 13, 14, 15, 16
+FETCH, WEIGHTS, PUSH, DONE, SNAP, SNAP_REPLY, DIVERGED = 11, 12, 13, 14, 15, 16, 17
 REQ, TASK, SLICE, CMD, CMD_REPLY = 21, 22, 23, 24, 25     # Sandblaster's coordinator
 HDR = 6            # float64 header slots at the head of every packed vector
 POLL = 2e-4        # seconds between tests of a pending request (CPU runs share cores)
@@ -335,6 +335,14 @@ class PSJob:
         self.s.end_epoch(rec, state, every_rank=False)     # the other ranks serve or train on
         self._t_epoch = time.perf_counter()
         return epoch >= self.last_epoch
+
+    def diverged(self, loss, samples):
+        """The Diverged of a run whose loss became ``loss`` after ``samples``
+        applied samples (server 0's count, which every rank is told): the
+        same line on every rank. Server 0 checkpointed each epoch it crossed."""
+        epoch = samples / self.n_file
+        saved = max(self.s.saved_epoch, int(samples) // self.n_file)
+        return self.s.diverged(loss, int(epoch) + 1, None, float(self.sched(epoch)), saved=saved)
 
     def finish(self, stats: dict, w_final):
         """Every rank: the result dict; rank 0 also writes ``<mode>_stats.json``."""

@@ -115,7 +115,7 @@ def run(cfg) -> dict:
 
 def _run(job):
     from engine.data import Loader
-    from .downpour import slow_factor_of
+    from .downpour_run import slow_factor_of
     from .ps_report import summarize_sandblaster
     cfg, comm = job.cfg, job.comm
     extra = dict(cfg.extra or {})

@@ -87,9 +87,9 @@ def _pipeline_lr_factor(extra) -> float:
 
 register(Strategy("pipeline", "engine.parallel.pipeline_run:run", "K pipeline stages x D replicas over K*D ranks "
                   "(GPipe, 1F1B, DualPipe)", cli="engine.parallel.pipeline_run", lr_factor=_pipeline_lr_factor))
-register(Strategy("downpour", "engine.parallel.downpour:run", "DistBelief Downpour SGD: S parameter-server ranks "
+register(Strategy("downpour", "engine.parallel.downpour_run:run", "DistBelief Downpour SGD: S parameter-server ranks "
                   "(--servers) and model replicas", defaults=dict(lr=0.05, momentum=0.0), extra={"servers": 1},
-                  cli="engine.parallel.downpour"))
+                  cli="engine.parallel.downpour_run"))
 # Sandblaster's --batch is the L-BFGS batch, not a step's. At 32 it is one
 # slice of 32: each evaluation goes to a single replica while the others
 # idle, and the per-batch work (two evaluations, the reductions and commands)

@@ -246,9 +246,11 @@ class Session:
         print(epoch_line(rec, self.cfg.epochs), flush=True)
 
     # ---- endings ---------------------------------------------------------------
-    def diverged(self, loss, epoch, step, lr) -> Diverged:
+    def diverged(self, loss, epoch, step, lr, saved=None) -> Diverged:
+        """``saved``: the last checkpointed epoch, where this rank does not
+        write them (a parameter server's replicas)."""
         return Diverged(loss, epoch, step, lr, run_dir=str(self.run) if self.run else None,
-                        last_epoch=self.saved_epoch)
+                        last_epoch=self.saved_epoch if saved is None else saved)
 
     def interrupted(self) -> Interrupted:
         epoch = self.saved_epoch

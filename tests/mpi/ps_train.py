@@ -44,7 +44,7 @@ if os.environ.get("SPRINT_TEST_FAULT"):
                     fault()
                 return _f(self, *a)
             setattr(cls, name, hooked)
-mod = {"downpour": "downpour", "sandblaster": "sandblaster_replica"}[strategy]
+mod = {"downpour": "downpour_run", "sandblaster": "sandblaster_replica"}[strategy]
 d.setdefault("parallel", strategy)
 res = importlib.import_module(f"engine.parallel.{mod}").run(TrainConfig(**d))
 if res["rank"] == 0:
