@@ -260,6 +260,30 @@ def test_time_slice_wait_grows_with_the_step_beyond_the_cores():
     assert with_beta.n_minibatch_avg > without.n_minibatch_avg * (1 + 0.5 * beta)
 
 
+def test_time_slice_wait_is_read_apart_for_small_and_large_vectors():
+    """Beyond the cores, nets whose vectors fit the L2 (tiny, mnist) give
+    their own line c + beta T_GPU; one that overflows it (cifar) its own
+    fraction of the step; a net between them reads both in log N_Param."""
+    c, beta, frac = 1e-3, 0.4, 0.1
+    prof = _sliced_profile()
+    prof.data["cache"] = {"l2_bytes": 2 << 20}
+    es = prof.data["contention"]["entries"]
+    es += [dict(e, model="mnist", n_param=206_922) for e in es if e["model"] == "tiny"]
+    t = {"tiny": 1.0e-3, "mnist": 4.0e-3, "cifar": 0.09}
+    for e in es:
+        e["cycle"] = {"T_GPU": t[e["model"]]}
+        if e["ranks"] == 3:
+            e["slice_wait"] = frac * t["cifar"] if e["model"] == "cifar" else c + beta * t[e["model"]]
+    assert prof.slice_terms(3, 1, "heldout", 100_000) == pytest.approx((c, beta), rel=1e-6)
+    assert prof.slice_terms(3, 1, "heldout", 5_000_000) == pytest.approx((0.0, frac), abs=1e-9)
+    mid = int(round((206_922 * 3_237_834) ** 0.5))              # halfway in log N_Param
+    assert prof.slice_terms(3, 1, "heldout", mid) == pytest.approx(((c + 0) / 2, (beta + frac) / 2), rel=1e-4)
+    # Without the cache size (an older profile): one line through every net.
+    del prof.data["cache"]
+    got_c, got_beta = prof.slice_terms(3, 1, "heldout", 100_000)
+    assert got_beta < beta
+
+
 def test_cli_refuses_and_tune_skips_unmeasured_sharing(tmp_path, capsys):
     path = tmp_path / "p.json"
     _cpu_profile([(1, 1), (1, 2), (2, 1)]).save(path)

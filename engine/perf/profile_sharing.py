@@ -46,10 +46,9 @@ class HostSharing:
         parameters, phi 0.001-0.006) were priced x1.3-1.4 beyond their core
         share at 2 x 2, 3 x 1 and 3 x 2 and ran x0.96-1.10 (test sets 7-8,
         bench/RESULTS.md section 4)."""
-        l2 = float((self.data.get("cache") or {}).get("l2_bytes") or 0)
         pts = [(math.sqrt(e["phi"]), float(e.get("n_param") or 0), ratio(e)) for e in same
                if e.get("phi") is not None]
-        big = [p for p in pts if l2 and 4 * p[1] > l2]
+        big = [p for p in pts if self._overflows_l2(p[1])]
         small = [p for p in pts if p not in big]
         x = math.sqrt(max(phi, 0.0))
 
@@ -61,10 +60,22 @@ class HostSharing:
             return float(np.interp(x, xs, ys))            # clamped to the read range
         if not big or not small:
             return read(pts, anchored=not big) if pts else float(np.mean([ratio(e) for e in same]))
-        lo, hi = max(p[1] for p in small), min(p[1] for p in big)
-        n = float(n_param or 0)
-        w = 0.0 if n <= lo else 1.0 if n >= hi else math.log(n / lo) / math.log(hi / lo)
+        w = self._big_weight(n_param, [p[1] for p in small], [p[1] for p in big])
         return (1.0 - w) * read(small, anchored=True) + w * read(big, anchored=False)
+
+    def _overflows_l2(self, n_param) -> bool:
+        """Whether a net's flat vectors (4 bytes a parameter) overflow the L2:
+        updaters streaming them evict the workers' data."""
+        l2 = float((self.data.get("cache") or {}).get("l2_bytes") or 0)
+        return bool(l2) and 4 * float(n_param or 0) > l2
+
+    @staticmethod
+    def _big_weight(n_param, small, big) -> float:
+        """Weight of the large-vector nets' reading for a net of ``n_param``
+        parameters: 0 up to the largest small-vector swept net, 1 from the
+        smallest large-vector one, in log N_Param between."""
+        lo, hi, n = max(small), min(big), float(n_param or 0)
+        return 0.0 if n <= lo else 1.0 if n >= hi else math.log(n / lo) / math.log(hi / lo)
 
     def sharing_excess(self, key, ranks_per_host: int, n_gpu: int, model: str = "", n_param: int = 0) -> float:
         """Seconds per cycle of a runner contention entry's ``key`` (e.g.
@@ -105,13 +116,37 @@ class HostSharing:
               and e.get("slice_wait") is not None and (e.get("cycle") or {}).get("T_GPU")]
         if ranks_per_host <= self.cores or len({e.get("model") for e in es}) < 2:
             return self.sharing_excess("slice_wait", ranks_per_host, n_gpu, model, n_param), 0.0
+        # Read apart for nets whose vectors fit the L2 and those that overflow
+        # it, as the slowdown's excess (``_excess``): through all four swept
+        # nets the line was cifar's (9.96 ms at T_GPU 93 ms, beta 0.09 at
+        # 3 x 1) and priced the held-out nets' wait at a third of what they
+        # waited (0.45 T_GPU at 3 x 1, 0.6 at 3 x 2; sets 2-9, all seen);
+        # tiny, mnist and digits alone give 0.3 and 0.6.
+        big = [e for e in es if self._overflows_l2(e.get("n_param"))]
+        small = [e for e in es if not self._overflows_l2(e.get("n_param"))]
+        if not big or not small:
+            c, beta = self._slice_line(es)
+        else:
+            w = self._big_weight(n_param, [float(e.get("n_param") or 0) for e in small],
+                                 [float(e.get("n_param") or 0) for e in big])
+            (cs, bs), (cb, bb) = self._slice_line(small), self._slice_line(big)
+            c, beta = (1.0 - w) * cs + w * cb, (1.0 - w) * bs + w * bb
+        return self.time_scale * c, beta
+
+    @staticmethod
+    def _slice_line(es) -> tuple:
+        """``(c, beta)`` of ``slice_wait = c + beta T_GPU`` through entries
+        (NNLS); one net, or T_GPUs less than 2x apart: the median wait when
+        the steps agree, the median fraction of the step when one net."""
         t = np.array([e["cycle"]["T_GPU"] for e in es], float)
         w = np.array([e["slice_wait"] for e in es], float)
+        if len({e.get("model") for e in es}) < 2:
+            return 0.0, max(float(np.median(w / t)), 0.0)
         if t.max() < 2 * t.min():
-            return self.time_scale * max(float(np.median(w)), 0.0), 0.0
+            return max(float(np.median(w)), 0.0), 0.0
         from scipy.optimize import nnls
         c, beta = nnls(np.column_stack([np.ones_like(t), t]), w)[0]
-        return self.time_scale * float(c), float(beta)
+        return float(c), float(beta)
 
     def cycle_gap(self, ranks_per_host: int, n_gpu: int, model: str = "") -> tuple:
         """``(c, beta)``: a worker's whole cycle beyond its timed steps,
