@@ -362,15 +362,21 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.mark.mpi
 @needs_mpiexec
-def test_a_downpour_replica_alone_diverging_ends_the_job_keeping_the_last_checkpoint(tmp_path, monkeypatch):
-    """One of three replicas meets an Inf loss in epoch 2: the others
-    (which trained on) and both shards stop with it, on the same line
-    naming the checkpoint that stays."""
+@pytest.mark.parametrize("n,poisoned,args", [(5, 4, ["--parallel", "downpour", "--servers", "2"]),
+                                             (3, 1, ["--parallel", "sync"]),
+                                             (3, 1, ["--parallel", "asgd", "--workers", "2"])])
+def test_a_rank_alone_diverging_ends_the_job_keeping_the_last_checkpoint(tmp_path, monkeypatch, n, poisoned, args):
+    """One rank's loss becomes Inf in epoch 2, the others' does not: it raised
+    there alone, and the job ended in MPI_Abort (its banner under a line
+    naming that rank). Downpour: the replica tells server 0, which tells the
+    other replicas and shards; ASGD and sync: the rank puts the Inf into the
+    update's allreduce, which every rank then raises at. Every rank ends on
+    the same line naming the checkpoint that stays."""
     (tmp_path / "late.py").write_text(LATE_INF)
     run = tmp_path / "run"
-    monkeypatch.setitem(ENV, "SPRINT_TEST_POISONED_RANK", "4")
-    p, out, errors = _mpiexec([5, "-m", "mpi4py", tmp_path / "late.py", "train", "--no-progress", "--epochs", "3",
-                               "--parallel", "downpour", "--servers", "2", "--out", run])
+    monkeypatch.setitem(ENV, "SPRINT_TEST_POISONED_RANK", str(poisoned))
+    p, out, errors = _mpiexec([n, "-m", "mpi4py", tmp_path / "late.py", "train", "--no-progress", "--epochs", "3",
+                               *args, "--out", run])
     _one_divergence_line(p, out, rf"the loss became inf at epoch 2; the checkpoint of epoch 1 stays in {run}")
     assert checkpoint.load(run)["epoch"] == 1
 

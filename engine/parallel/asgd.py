@@ -34,7 +34,7 @@ import numpy as np
 from ._xp import array_module, device_sync, to_host
 from .asgd_buffers import N_EXTRA, X_CORRECT, X_GRADS, X_LOSS, X_SAMPLES, X_STOP, GradBuf
 from .comm import Comm, LocalComm
-from .source import Step, source_step  # noqa: F401  (engine.perf and bench import them from here)
+from .source import NonFiniteLoss, Step, nonfinite_mark, source_step  # noqa: F401  (engine.perf, bench: Step)
 from .timers import StepTimers
 
 _now = time.perf_counter
@@ -209,8 +209,13 @@ class ASGD:
             self._has_grad.set()
 
     # ------------------------------------------------------------------ updater
+    def _diverged(self):
+        """The NaN/Inf loss a worker of this rank met (NonFiniteLoss), or None."""
+        bad = [e for _, e in self._errors if isinstance(e, NonFiniteLoss)]
+        return bad[0].loss if bad else None
+
     def _check_workers(self):
-        if self._errors:
+        if self._errors and self._diverged() is None:   # a divergence is the allreduce's to say
             t, e = self._errors[0]
             raise WorkerFailed(f"worker {t} on rank {self.comm.rank} failed: "
                                f"{type(e).__name__}: {e}") from e
@@ -220,7 +225,7 @@ class ASGD:
         while True:
             self._has_grad.clear()
             self._check_workers()
-            if sum(not b.empty for b in self.bufs) >= need or self._stop_requested():
+            if sum(not b.empty for b in self.bufs) >= need or self._stop_requested() or self._errors:
                 return
             self._has_grad.wait(self.cfg.wait_timeout)
 
@@ -271,7 +276,9 @@ class ASGD:
                 xp.multiply(self.delta, cfg.momentum, out=self._tmp)
                 mine += self._tmp
             send[n + X_SAMPLES] = meta[0]
-            send[n + X_LOSS] = meta[1]
+            # a worker's NaN/Inf loss: every rank's sum becomes non-finite, and each raises at this update
+            bad = self._diverged()
+            send[n + X_LOSS] = meta[1] if bad is None else nonfinite_mark(bad)
             send[n + X_CORRECT] = meta[2]
             send[n + X_GRADS] = meta[3]
             send[n + X_STOP] = 1.0 if self._stop_requested() else 0.0
@@ -281,6 +288,8 @@ class ASGD:
         with T("UpdateMomentum"):
             xp.subtract(send[lo:hi], old, out=self.delta)   # DeltaWeights_n = RecvBuf_n - OldWeights_n
         extras = [float(v) for v in to_host(send[n:])]
+        if not math.isfinite(extras[X_LOSS]):
+            raise NonFiniteLoss(extras[X_LOSS], int(self.epoch) + 1)
         with T("UpdateWeights"):
             with self.latest_lock:
                 self._a, self._b = self._b, self._a

@@ -35,7 +35,7 @@ import numpy as np
 
 from . import ps
 from ._xp import to_host
-from .source import source_step
+from .source import NonFiniteLoss, source_step
 from .timers import StepTimers, summarize
 
 _now = time.perf_counter
@@ -291,8 +291,8 @@ class DownpourReplica:
             t0 = _now()
             try:
                 st = source_step(src, T)
-            except FloatingPointError as e:     # the engine's source: a NaN/Inf loss (runner._NonFinite)
-                self.say_diverged(getattr(e, "loss", math.nan))
+            except NonFiniteLoss as e:          # the engine's source: a NaN/Inf loss
+                self.say_diverged(e.loss)
                 break
             dt = _now() - t0
             if cfg.slow_factor > 1:

@@ -28,7 +28,7 @@ import numpy as np
 from . import comm as _comm
 from .abort import run_guarded
 from .asgd import ASGD, ASGDConfig
-from .source import Step
+from .source import NonFiniteLoss, Step
 from .sync import SyncConfig, SyncSGD
 from .threads import limit_this_thread, threads_per_worker
 
@@ -104,22 +104,8 @@ class NetSource:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # reported as divergence
             loss, correct = self.net.loss_and_grad(x, y)
         if not math.isfinite(loss):
-            raise _NonFinite(loss, self.epoch + 1)
+            raise NonFiniteLoss(loss, self.epoch + 1)
         return Step(grad=self.net.grads, n=int(len(y)), loss=loss, correct=int(correct))
-
-
-class _NonFinite(FloatingPointError):
-    def __init__(self, loss, epoch):
-        self.loss, self.epoch = loss, epoch
-        super().__init__(f"loss became {loss} in epoch {epoch}")
-
-
-def _nonfinite_cause(e):
-    while e is not None:
-        if isinstance(e, _NonFinite):
-            return e
-        e = e.__cause__
-    return None
 
 
 def _data_fingerprint(ds) -> str:
@@ -319,11 +305,8 @@ def _train(s, cfg, comm):
         trainer.run()
     except KeyboardInterrupt:
         raise s.interrupted() from None
-    except Exception as e:
-        bad = _nonfinite_cause(e)
-        if bad is None:
-            raise
-        raise s.diverged(bad.loss, bad.epoch, None, float(sched(trainer.samples_total / n_file))) from None
+    except NonFiniteLoss as e:      # raised by every rank at the same update (asgd, sync)
+        raise s.diverged(e.loss, e.epoch, None, float(sched(trainer.samples_total / n_file))) from None
     finally:
         if bar is not None:
             bar.close()

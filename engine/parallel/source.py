@@ -13,6 +13,7 @@ Worker source protocol (one object per worker)::
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,24 @@ class Step:
     loss: float = 0.0   # mean loss over the sub-batch
     correct: int = 0
     tag: Any = None     # opaque id, kept in traces (tests)
+
+
+class NonFiniteLoss(FloatingPointError):
+    """A sub-batch's loss became ``loss`` (NaN or Inf) in ``epoch`` (from 1).
+    ASGD and sync raise it on every rank at the same update: the rank that
+    met it puts the loss into that update's allreduce, where it makes a
+    count non-finite for every rank."""
+
+    def __init__(self, loss, epoch):
+        self.loss, self.epoch = float(loss), int(epoch)
+        super().__init__(f"loss became {self.loss} in epoch {self.epoch}")
+
+
+def nonfinite_mark(loss: float) -> float:
+    """What a rank whose loss was ``loss`` (NaN or Inf) puts in an allreduced
+    slot instead of its count: the sum is then NaN or Inf on every rank (the
+    other ranks' values are finite)."""
+    return loss if not math.isfinite(loss) else math.nan
 
 
 def source_step(src, T: StepTimers, xp=None):

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 from ._xp import array_module, device_sync, to_host
 from .comm import Comm, LocalComm
-from .source import source_step
+from .source import NonFiniteLoss, nonfinite_mark, source_step
 from .timers import StepTimers, summarize
 
 _now = time.perf_counter
@@ -115,24 +115,31 @@ class SyncSGD:
     def step(self):
         T, xp, cfg, n = self.timers, self.xp, self.cfg, self.n_param
         it0 = _now()
+        bad = None
         with T("WaitWorkers"):
-            if self._pool is None:
-                steps = [self._work(0)]
-            else:
-                steps = list(self._pool.map(self._work, range(len(self.sources))))
+            try:
+                if self._pool is None:
+                    steps = [self._work(0)]
+                else:
+                    steps = list(self._pool.map(self._work, range(len(self.sources))))
+            except NonFiniteLoss as e:
+                # said in the sample count of this step's allreduce: every rank raises below
+                bad, steps = e.loss, []
         t_sum = t_comm = 0.0
         pending = []
         for lo, hi in self.buckets:
             t0 = _now()
             seg = self.g[lo:hi]
             hi_p = min(hi, n)
-            if lo < hi_p:
+            if bad is not None:
+                seg[...] = 0
+            elif lo < hi_p:
                 # Sum of n_i * g_i: exact global mean even for ragged sub-batches.
                 xp.multiply(steps[0].grad[lo:hi_p], float(steps[0].n), out=seg[:hi_p - lo])
                 for s in steps[1:]:
                     seg[:hi_p - lo] += float(s.n) * s.grad[lo:hi_p]
             if hi > n:
-                seg[-1] = float(sum(s.n for s in steps))
+                seg[-1] = float(sum(s.n for s in steps)) if bad is None else nonfinite_mark(bad)
             device_sync(xp)
             t1 = _now()
             pending.append(self.comm.iallreduce_(seg))
@@ -146,6 +153,8 @@ class SyncSGD:
         T.add("Allreduce", t_comm)
         with T("UpdateWeights"):
             total = float(to_host(self.g[n:])[0])
+            if not math.isfinite(total):
+                raise NonFiniteLoss(total, int(self.epoch) + 1)
             grad = self.g[:n]
             grad *= 1.0 / total
             lr = cfg.lr_at(self.epoch)
