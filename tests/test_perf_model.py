@@ -81,7 +81,8 @@ def test_kernel_list_by_hand_for_a_small_net():
     assert ("fwd", "sgemm_nn", (2, cols, K)) in conv
     assert ("bwd", "sgemm_nt", (2, K, cols)) in conv
     assert not any(k == "col2im" for _, k, _ in conv)          # first layer: no dX
-    assert ("fwd", "pool_fwd", (2 * 16 * n, 2 * 4 * n)) in conv   # (elements, input rows)
+    # (elements, input rows, planes, side, pool)
+    assert ("fwd", "pool_fwd", (2 * 16 * n, 2 * 4 * n, 2 * n, 4, 2)) in conv
     assert ("fwd", "relu_fwd", 2 * 4 * n) in conv              # ReLU runs on the pooled map
     assert ("fwd", "sgemm_nt", (n, 5, 2 * 2 * 2)) in fc
     assert ("bwd", "sgemm_nn", (n, 8, 5)) in fc                # dX of the FC layer
@@ -94,8 +95,9 @@ def test_kernel_list_by_hand_for_a_small_net():
     ops = {"conv_fwd", "conv_bwd_dw", "conv_bwd", "fc_fwd", "fc_bwd_dw", "fc_bwd"}
     conv = model.layer_kernels(geoms[0], n, True, False, ops)
     fc = model.layer_kernels(geoms[1], n, False, True, ops)
-    assert conv == [("fwd", "conv_fwd", (2, cols, K, 3)), ("fwd", "pool_fwd", (2 * 16 * n, 2 * 4 * n)),
-                    ("bwd", "relu_bwd", 2 * 4 * n), ("bwd", "pool_bwd", (2 * 16 * n, 2 * 4 * n)),
+    pool = (2 * 16 * n, 2 * 4 * n, 2 * n, 4, 2)
+    assert conv == [("fwd", "conv_fwd", (2, cols, K, 3)), ("fwd", "pool_fwd", pool),
+                    ("bwd", "relu_bwd", 2 * 4 * n), ("bwd", "pool_bwd", pool),
                     ("bwd", "conv_bwd_dw", (2, cols, K, 3))]       # ReLU fused, db inside, no dX
     assert fc == [("fwd", "fc_fwd", (n, 5, 8)), ("loss", "softmax", 5 * n), ("bwd", "fc_bwd", (n, 5, 8))]
     # Only some ops fitted: the layer keeps its kernels.

@@ -177,14 +177,18 @@ def _assert_in_no_sweep(files):
     swept = {spec_mod.get_spec(n).name for n in LAYER_PASS_NETS + LAYER_NETS + SWEPT_NETS}
     swept |= {spec_mod.get_spec(n).name for n, _ in CONTENTION_WORKLOADS + MID_WORKLOADS}
     assert not {sp.name for sp in held} & swept
+    from engine.perf.pool_cost import pool_shapes
     for quick in (True, False):
         cfg = mode_config(quick)
         convs, fcs = set(conv_op_shapes(cfg)), set(fc_op_shapes(cfg))
+        pools = {(n * m, side, p) for n, m, side, p in pool_shapes(cfg)}
         for sp in held:
             for g in spec_mod.layers(sp, 1):
                 for b in set(cfg["batches"]) | set(cfg["net_batches"]):
                     if g.kind == "conv":
                         assert (b, g.in_shape[0], g.in_shape[1], sp.c, g.w_shape[0]) not in convs
+                        m, side, _ = g.extra["conv_out"]
+                        assert g.pool == 1 or (b * m, side, g.pool) not in pools
                     else:
                         assert (b, g.w_shape[1], g.w_shape[0]) not in fcs
 

@@ -23,6 +23,7 @@ import time
 import numpy as np
 from scipy.optimize import nnls
 
+from .pool_cost import POOL_KINDS, fit_pool
 from .profile import SGEMM_FEATURES, Profile, regime_feature, rule_matches, sgemm_features
 
 SPLIT_FEATURES = ("m", "n", "k", "mn", "mk", "nk", "mnk", "min")
@@ -299,6 +300,9 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
         if len(fit_r) < 2:
             continue
         xs, ts = [r["x"] for r in fit_r], [r["t"] for r in fit_r]
+        if name in POOL_KINDS and all("p" in r for r in fit_r + hold):
+            prof["terms"][name] = fit_pool(name, fit_r, hold)
+            continue
         if all("x2" in r for r in fit_r + hold):
             prof["terms"][name] = _fit_two_feature(name, fit_r, hold)
             continue

@@ -36,7 +36,7 @@ def _kernel_sums(p, model, n):
 # (bench/RESULTS.md section 4: digits, bench/specs/mnist_heldout.json) are
 # held out of every sweep and scored by bench/validate_model.py.
 HOLDOUT = {"sgemm": "non-power-of-2 shapes and the swept nets' own shapes",
-           "im2col..relu": "every 4th conv layer shape", "bias/softmax": "every 4th (batch, width)",
+           "im2col..relu": "every 4th conv layer shape", "pooling": "every 4th shape", "bias/softmax": "every 4th (batch, width)",
            "vectors": "every 4th size", "load/deform": "every 4th batch", "allreduce": "every 4th (size, ranks)",
            "layer passes": "the middle batch size of each net and the whole net heldout-b",
            "net step": "every 3rd batch size"}

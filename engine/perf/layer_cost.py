@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from engine import spec as spec_mod
 
+from .pool_cost import pool_size
 from .sweep_ops import OP_KINDS
 
 
@@ -89,10 +90,10 @@ def layer_kernels(g, n: int, first: bool, last: bool, ops=frozenset()):
         lay = (conv_out, n * g.w_shape[0])
         ks += [("fwd", "im2col", cols), ("fwd", "sgemm_nn", g.gemm_fwd), ("fwd", "to_nchw", lay)]
         if g.pool > 1:
-            ks.append(("fwd", "pool_fwd", _pool_size(g, n)))
+            ks.append(("fwd", "pool_fwd", pool_size(g, n)))
         ks += [("fwd", "relu_fwd", pooled), ("bwd", "relu_bwd", pooled)]
         if g.pool > 1:
-            ks.append(("bwd", "pool_bwd", _pool_size(g, n)))
+            ks.append(("bwd", "pool_bwd", pool_size(g, n)))
         ks += [("bwd", "im2col", cols), ("bwd", "to_cnhw", lay), ("bwd", "sgemm_nt", g.gemm_dw)]
         if not first:
             ks += [("bwd", "sgemm_tn", g.gemm_dx), ("bwd", "col2im", cols)]
@@ -110,19 +111,13 @@ def layer_kernels(g, n: int, first: bool, last: bool, ops=frozenset()):
     return ks
 
 
-def _pool_size(g, n):
-    """(elements, input rows) of a max-pool over the conv output (sweep_layers)."""
-    m, side, _ = g.extra["conv_out"]
-    return (m * side * side * n, m * side * n)
-
-
 def _op_kernels(g, n, last, kind_ops):
     fwd, bwd = kind_ops
     if g.kind == "conv":
         size = tuple(g.gemm_fwd) + (g.w_shape[2],)
-        ks = [("fwd", fwd, size)] + ([("fwd", "pool_fwd", _pool_size(g, n))] if g.pool > 1 else [])
+        ks = [("fwd", fwd, size)] + ([("fwd", "pool_fwd", pool_size(g, n))] if g.pool > 1 else [])
         ks.append(("bwd", "relu_bwd", spec_mod._prod(g.out_shape) * n))
-        return ks + ([("bwd", "pool_bwd", _pool_size(g, n))] if g.pool > 1 else []) + [("bwd", bwd, size)]
+        return ks + ([("bwd", "pool_bwd", pool_size(g, n))] if g.pool > 1 else []) + [("bwd", bwd, size)]
     out = g.out_shape[0] * n
     ks = [("fwd", fwd, tuple(g.gemm_fwd))]
     if g.relu:

@@ -67,7 +67,10 @@ def plot_fits(records, prof: dict, out_dir) -> list:
             xs = np.geomspace(max(x.min(), 1), x.max(), 50)
             from .profile import Profile
             pr = Profile(prof)
-            ax.loglog(xs, [pr.term(name, v) for v in xs], "k-", lw=0.8)
+            if "coef" in terms[name]:    # pooling: priced on its whole shape (pool_cost), not one size
+                ax.loglog(x, [pr.term(name, (r["x"], 0, r["planes"], r["h"], r["p"])) for r in rs], "k+", ms=3)
+            else:
+                ax.loglog(xs, [pr.term(name, v) for v in xs], "k-", lw=0.8)
             e = terms[name]["error"]["holdout"]
             ax.set_title(f"{name}" + (f" (held-out med {100 * e['median']:.1f} %)" if e.get("n") else ""),
                          fontsize=8)

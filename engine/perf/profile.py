@@ -127,14 +127,20 @@ class Profile(HostSharing):
 
     def term(self, name, x) -> float:
         """a * x + b of a linear term; zero work costs nothing. ``x`` may be
-        (elements, segments) for the terms fitted with a per-segment cost."""
-        x2 = 0.0
+        (elements, segments) for the terms fitted with a per-segment cost,
+        and for pooling (elements, input rows, planes, side, pool)
+        (``pool_cost.pool_size``): its kernels' own features where the
+        profile's fit has them (``pool_cost.fit_pool``)."""
+        size, x2 = x, 0.0
         if isinstance(x, tuple):
-            x, x2 = x
+            x, x2 = x[:2]
         if x <= 0:
             return 0.0
         t = self._term(name)
         k, kc = self.time_scale, self.call_scale
+        if "coef" in t:
+            from .pool_cost import pool_time
+            return pool_time(t, name, size, k, kc)
         if "c" in t:
             return k * (t["a"] * x + t["c"] * x2) + kc * t["b"]
         for piece in t.get("pieces", ()):

@@ -27,6 +27,7 @@ from .sweep_kernels import (LAYER_NETS, SWEPT_NETS, TRANS, conv_shapes,  # noqa:
                             sweep_layers, sweep_net_steps,
                             sweep_sgemm, sweep_vectors, sweep_vectors_cold)
 from .sweep_layer_passes import LAYER_PASS_NETS, layer_pass_times, sweep_layer_passes  # noqa: F401
+from .pool_cost import sweep_pooling  # noqa: E402
 from .sweep_ops import sweep_conv_ops, sweep_fc_ops  # noqa: F401
 from .sweep_mpi import (_allreduce_after_last, _allreduce_child, _contention_child, sweep_allreduce,  # noqa: F401
                         sweep_contention)
@@ -58,7 +59,8 @@ def mode_config(quick: bool) -> dict:
 def _steps(cfg, skipped, be):
     """name -> sweep of every step ``run_all`` knows, in running order."""
     steps = {"sgemm": lambda: sweep_sgemm(cfg, extra_shapes=net_gemm_shapes(cfg["nets"], cfg["net_batches"])),
-             "layers": lambda: sweep_layers(cfg, skipped), "fc+softmax": lambda: sweep_fc_softmax(cfg, skipped),
+             "layers": lambda: sweep_layers(cfg, skipped), "pooling": lambda: sweep_pooling(cfg, skipped),
+             "fc+softmax": lambda: sweep_fc_softmax(cfg, skipped),
              "conv ops": lambda: sweep_conv_ops(cfg, skipped), "fc ops": lambda: sweep_fc_ops(cfg, skipped),
              "vectors": lambda: sweep_vectors(cfg, skipped), "cold vectors": lambda: sweep_vectors_cold(cfg, skipped),
              "handover": lambda: sweep_handover(cfg), "data": lambda: sweep_data(cfg, skipped),
@@ -73,7 +75,7 @@ def _steps(cfg, skipped, be):
     return steps
 
 
-SWEEPS = ("sgemm", "layers", "fc+softmax", "conv ops", "fc ops", "vectors", "cold vectors", "handover", "data", "net steps", "layer passes",
+SWEEPS = ("sgemm", "layers", "pooling", "fc+softmax", "conv ops", "fc ops", "vectors", "cold vectors", "handover", "data", "net steps", "layer passes",
           "allreduce", "loop overhead", "contention", "runner contention", "runner contention mid", "pipeline")
 
 

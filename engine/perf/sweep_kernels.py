@@ -113,7 +113,7 @@ def _private_conv_kernels():
 
 
 def sweep_layers(cfg, skipped=None):
-    """im2col, col2im, layout/bias, pooling, ReLU over the presets' conv shapes."""
+    """im2col, col2im, layout/bias and ReLU over the presets' conv shapes."""
     from engine import ops
     skipped = skipped if skipped is not None else []
     be, conv_mod = _private_conv_kernels()
@@ -145,22 +145,14 @@ def sweep_layers(cfg, skipped=None):
                              x=elems, x2=n * M, holdout=hold))
             del g
         for name, fn in _elementwise_fns(ops, y, p, skipped):
-            # Pooling loops over output rows with a fixed cost each: the same
-            # element count takes 2-4x longer on many small maps (x2: input rows).
-            rows = {"x2": n * M * H} if name.startswith("pool") else {}
-            recs.append(_rec(name, fn, cfg, x=elems, holdout=hold, **rows))
+            recs.append(_rec(name, fn, cfg, x=elems, holdout=hold))
     return recs
 
 
 def _elementwise_fns(ops, y, p, skipped):
-    """(kind, callable) of pooling and ReLU on a conv output, where the ops exist."""
+    """(kind, callable) of ReLU on a conv output, where the op exists
+    (pooling has its own sweep: pool_cost.sweep_pooling)."""
     fns = []
-    if hasattr(ops, "maxpool_forward") and p > 1:
-        yp, am = ops.maxpool_forward(y, p)
-        fns.append(("pool_fwd", lambda: ops.maxpool_forward(y, p)))
-        fns.append(("pool_bwd", lambda: ops.maxpool_backward(yp, am, y.shape, p)))
-    elif p > 1:
-        skipped.append("maxpool")
     if hasattr(ops, "relu_forward"):
         r = ops.relu_forward(y)
         out = _xp().empty_like(y)
