@@ -404,3 +404,41 @@ def test_cycle_gap_rates_the_workers_by_their_whole_cycle():
     gpu = Profile(dict(gap.data, backend="gpu"))
     g = model.predict("tiny", 3, 2, 8, gpu, ranks_per_host=3)
     assert g.extra["cycle"] == pytest.approx(g.t_gpu)
+
+
+def test_a_deposit_that_wakes_the_updater_costs_the_worker_the_measured_wait():
+    """Runner entries at 2 x 2 whose FetchWeights ran W per waking deposit
+    beyond the model's price: ``wake_wait`` gives a swept net its own W and
+    another net the median over the small-vector nets; the prediction's
+    FetchWeights grows by W times its share of deposits that wake the updater."""
+    from engine.perf.wake_wait import swept_wake_waits, wake_wait
+    W = {"tiny": 2e-3, "digits": 3e-3, "mnist": 5e-3}
+    impl = model.RUNNER_SWEEP_IMPL
+    es = [{"model": m, "n_subbatch": n, "ranks": 2, "workers": 2, "rel": 2.0, "host": 1.0, "source": "runner",
+           "solo_wall": 1e-3, "n_param": spec_mod.n_params(spec_mod.get_spec(m))}
+          for m, n in (("tiny", 8), ("digits", 16), ("mnist", 4))]
+    prof = Profile(dict(PROF.data, backend="cpu", cores=2, cache={"l2_bytes": 2 << 20},
+                        contention={"entries": es}))
+    shares = {}
+    for e in es:
+        ref = model._predict(e["model"], 2, 2, e["n_subbatch"], prof, slowdown=prof.slowdown(2, 2, e["model"]),
+                             wake=0.0, ranks_per_host=2, impl=impl)
+        shares[e["model"]] = ref.extra["wake_share"]
+        e["worker"] = {"FetchWeights": ref.worker["FetchWeights"] + W[e["model"]] * ref.extra["wake_share"],
+                       "LoadImage": ref.worker["LoadImage"]}
+    used = {m for m, s in shares.items() if s >= 0.1}
+    assert len(used) >= 2, shares
+    got = swept_wake_waits(prof, 2, 2, {"impl": impl})
+    assert set(got) == used
+    for m, (w, big) in got.items():
+        assert w == pytest.approx(W[m], rel=1e-6) and not big
+    med = float(np.median([W[m] for m in used]))
+    assert wake_wait(prof, 2, 2, "cifar", {"impl": impl}) == pytest.approx(med, rel=1e-6)
+    p = model._predict("cifar", 2, 2, 4, prof, slowdown=2.0, ranks_per_host=2, impl=impl)
+    c = model.step_costs("cifar", 2, 2, 4, prof, 2, impl, 2.0)
+    assert p.extra["wake_share"] > 0.1
+    assert p.worker["FetchWeights"] - p.p_fetch * c["fetch"][0] == pytest.approx(med * p.extra["wake_share"],
+                                                                                 rel=1e-3)
+    # One worker on one rank, or a GPU profile: nothing to wake on a shared core.
+    assert wake_wait(prof, 1, 1, "cifar", {"impl": impl}) == 0.0
+    assert wake_wait(Profile(dict(prof.data, backend="gpu")), 2, 2, "cifar", {"impl": impl}) == 0.0

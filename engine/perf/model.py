@@ -35,6 +35,7 @@ from .layer_cost import (compute_gradient_terms, kernel_time, layer_kernels,  # 
 from .queueing import (_first_deposit_wait, barrier_factor, barrier_wait, binom_cdf,  # noqa: F401
                        expected_staleness, lock_wait, t_barrier)
 from .step_times import _idle_at_deposit, _means, _updater_steps, _worker_steps  # noqa: F401
+from .wake_wait import wake_wait
 
 # Training-set sizes used for T_Epoch when the caller does not give N_File.
 N_FILE = {"cnn-a": 1281167, "cnn-b": 1281167, "cnn-c": 1281167, "cifar": 50000,
@@ -113,12 +114,14 @@ RUNNER_SWEEP_IMPL = Impl(weight_decay=True)
 
 
 def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl: Impl = ENGINE_IMPL,
-               slowdown=None):
+               slowdown=None, wake=None):
     """Mean and spread of every indivisible step, lock waits and barrier excluded.
 
     The closed form and the simulator both start from these numbers.
     Returns {step: (seconds, cv)} plus ``_``-prefixed entries (layer rows,
-    slowdown, N_Param, N_File, the updater's spread).
+    slowdown, N_Param, N_File, the updater's spread). ``wake``: seconds a
+    worker waits per deposit that wakes its updater (None: the profile's,
+    ``wake_wait``).
     """
     for name, v in (("n_node", n_node), ("n_gpu", n_gpu), ("n_subbatch", n_subbatch),
                     ("ranks_per_host", ranks_per_host)):
@@ -221,6 +224,8 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     # A worker's cycle beyond its timed steps, (c, beta) of c + beta T_GPU:
     # deposits, and so the workers' rate, follow the cycle, not T_GPU alone.
     c["_cycle_gap"] = (cycle_gap(pr, cpu, ranks_per_host, n_gpu, sp.name), 0.0)
+    c["_wake_wait"] = (wake_wait(pr, ranks_per_host, n_gpu, sp.name, {"impl": impl}) if wake is None
+                       else float(wake), 0.0)
     return c
 
 
@@ -313,8 +318,8 @@ def swept_shares(profile, R, n_gpu, kw) -> dict:
 
 def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None,
              ranks_per_host: int = 1, impl: Impl = ENGINE_IMPL, staleness_offset: float = 1.0,
-             tol: float = 1e-7, max_iter: int = 400, slowdown=None) -> Prediction:
-    c = step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host, impl, slowdown)
+             tol: float = 1e-7, max_iter: int = 400, slowdown=None, wake=None) -> Prediction:
+    c = step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host, impl, slowdown, wake)
     sp = spec_mod.get_spec(spec)
     n_param = c["_n_param"][0]
     if n_file is None:
@@ -345,8 +350,8 @@ def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=Non
     nmb = workers * n_subbatch * t_update / cyc
     # Staleness spans a worker's read of the weights to its deposit: its
     # timed steps, not the gap after them; deposits come once per cycle.
-    stal = expected_staleness(w, u, n_gpu, t_gpu, t_update, staleness_offset,
-                              idle=_idle_at_deposit(c, n_gpu, cyc, t_update))
+    idle = _idle_at_deposit(c, n_gpu, cyc, t_update)
+    stal = expected_staleness(w, u, n_gpu, t_gpu, t_update, staleness_offset, idle=idle)
     if n_gpu == 1 and impl.min_grads:
         # One worker per rank reads right after its own deposit, and the
         # cycle that sums that deposit (it waits for one) publishes after
@@ -363,7 +368,7 @@ def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=Non
                       t_epoch=t_epoch, iterations=it, converged=converged, slowdown=c["_slowdown"][0],
                       extra={"impl": impl.__dict__ if hasattr(impl, "__dict__") else str(impl),
                              "updater_slowdown": c["_updater_slowdown"][0], "ranks_per_host": ranks_per_host,
-                             "cores": profile.cores, "cycle": cyc})
+                             "cores": profile.cores, "cycle": cyc, "wake_share": idle or 0.0})
 
 
 from .report import format_prediction  # noqa: E402,F401  (the formatter lives with its glossary)

@@ -27,7 +27,10 @@ def _worker_steps(c, n_gpu, t_gpu, t_update):
     # each other worker for its copy when it fetches.
     s["LockWeights"] = lock_wait(m["update_weights"], t_update) + \
         (n_gpu - 1) * p_fetch * lock_wait(m["fetch"], t_gpu)
-    s["FetchWeights"] = p_fetch * m["fetch"]
+    # A deposit that wakes the updater on a shared host costs the worker its
+    # core for a while (wake_wait): it lands on the steps after the deposit.
+    s["FetchWeights"] = p_fetch * m["fetch"] + c["_wake_wait"][0] * (_idle_at_deposit(c, n_gpu, t_gpu, t_update)
+                                                                      or 0.0)
     s["LoadImage"] = m["load"]
     s["DeformImage"] = m["deform"]
     s["ComputeGradient"] = m["compute_gradient"]
