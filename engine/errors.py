@@ -14,7 +14,8 @@ class RunError(ValueError):
 
 
 class Diverged(FloatingPointError):
-    """The training loss became NaN or Inf."""
+    """The training loss became NaN or Inf. ``lr`` None: the strategy
+    chooses its own steps (no --lr to lower)."""
 
     def __init__(self, loss, epoch, step, lr, run_dir=None, last_epoch=None):
         self.loss, self.epoch, self.step, self.lr = loss, epoch, step, lr
@@ -22,8 +23,30 @@ class Diverged(FloatingPointError):
         kept = (f"; the checkpoint of epoch {last_epoch} stays in {run_dir}"
                 if run_dir and last_epoch else "")
         at = f"epoch {epoch}, step {step}" if step is not None else f"epoch {epoch}"
-        super().__init__(f"training diverged: the loss became {loss} at {at}{kept}; "
-                         f"try a lower learning rate (--lr, now {lr:g})")
+        super().__init__(f"training diverged: the loss became {loss} at {at}{kept}{lower_lr(lr)}")
+
+
+def lower_lr(lr) -> str:
+    return f"; try a lower learning rate (--lr, now {lr:g})" if lr is not None else ""
+
+
+class NotRecovered(Diverged):
+    """The training loss went over ``limit`` (a multiple of a blind guess's,
+    ``guess``) and the run ended no better than a blind guess: it diverged
+    without a NaN. Said when the run ends, so a run that comes back is not
+    stopped."""
+
+    def __init__(self, peak, peak_epoch, last, last_epoch, guess, limit, lr, run_dir=None):
+        self.loss, self.epoch, self.step, self.lr = last, last_epoch, None, lr
+        self.run_dir, self.last_epoch = run_dir, last_epoch
+        over = f"over {limit:g} times a blind guess's {guess:.2f}"
+        if not last <= limit * guess:        # NaN too
+            what = f"the training loss was {last:.3g} in the last epoch ({last_epoch}), {over}"
+        else:
+            what = (f"the training loss reached {peak:.3g} in epoch {peak_epoch} ({over}) and ended at "
+                    f"{last:.3g} in epoch {last_epoch}, no better than a blind guess")
+        where = f" (its epochs: {run_dir}/metrics.jsonl)" if run_dir else ""
+        FloatingPointError.__init__(self, f"training diverged: {what}{where}{lower_lr(lr)}")
 
 
 class Interrupted(KeyboardInterrupt):

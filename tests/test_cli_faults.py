@@ -128,6 +128,50 @@ def test_a_loss_that_explodes_without_becoming_inf_is_said(capsys):
     assert "a lower --lr (now 0.05)" in err[0]
 
 
+@pytest.mark.parametrize("losses,said", [
+    ([30.0, 0.5], None),                                   # it came back: left alone
+    ([2.98, 2.42, 2.34], None),                            # at chance, but never diverging
+    ([243.0, 9.6, 2.8, 2.32], "the training loss reached 243 in epoch 1 (over 10 times a blind guess's 2.30) "
+                              "and ended at 2.32 in epoch 4, no better than a blind guess"),
+    ([14.5, 3.54e15], "the training loss was 3.54e+15 in the last epoch (2), over 10 times a blind guess's 2.30"),
+    ([1.2, 0.3, 0.2, 45.0, 2.2], None),                    # a late spike it came back from
+])
+def test_a_run_that_diverged_without_a_nan_ends_in_an_error_unless_it_came_back(tmp_path, losses, said):
+    """ASGD and Downpour at --lr 50 ran to their end with the loss far above
+    a blind guess's (or back at it, the net dead) and exited 0, a warning per
+    epoch the only sign. The run's end now judges it: a loss that went over
+    10 x ln C and did not come back under ln C is a divergence."""
+    from engine.errors import NotRecovered
+    from engine.session import Session
+    from engine.train import TrainConfig
+    run = tmp_path / "run"
+    with Session(TrainConfig(epochs=len(losses), lr=0.05, progress=False, verbose=False, out=str(run))) as s:
+        s.start(0)
+        for i, loss in enumerate(losses):
+            s.end_epoch({"epoch": i + 1, "train_loss": loss, "test_acc": 0.1}, None)
+        if said is None:
+            assert s.result(type("N", (), {"n_params": 1})(), len(losses))["train_loss"] == losses[-1]
+            return
+        with pytest.raises(NotRecovered) as e:
+            s.result(None, len(losses))
+    assert str(e.value) == (f"training diverged: {said} (its epochs: {run}/metrics.jsonl); try a lower learning "
+                            f"rate (--lr, now 0.05)")
+
+
+def test_sandblasters_nan_training_loss_is_a_divergence_without_an_lr_to_lower(capsys):
+    """Sandblaster's line search steps around a NaN/Inf point, so its run
+    went on reporting a train_loss of inf and exited 0; it sets no --lr."""
+    from engine.errors import NotRecovered
+    from engine.session import Session
+    from engine.train import TrainConfig
+    with Session(TrainConfig(parallel="sandblaster", epochs=2, progress=False, verbose=False)) as s:
+        for i, loss in enumerate([0.9, float("inf")]):
+            s.end_epoch({"epoch": i + 1, "train_loss": loss, "test_acc": 0.6}, None)
+        with pytest.raises(NotRecovered, match=r"^training diverged: the training loss was inf in the last epoch "
+                                               r"\(2\), over 10 times a blind guess's 2.30$"):
+            s.result(None, 2)
+
+
 def test_bad_options_and_files_are_one_line_each(tmp_path):
     one_error_line(sprint("train", "--lr", "inf"), "lr must be finite and > 0, got inf (--lr)")
     one_error_line(sprint("train", "--lr", "nan"), "got nan (--lr)")
@@ -379,6 +423,59 @@ def test_a_rank_alone_diverging_ends_the_job_keeping_the_last_checkpoint(tmp_pat
                                *args, "--out", run])
     _one_divergence_line(p, out, rf"the loss became inf at epoch 2; the checkpoint of epoch 1 stays in {run}")
     assert checkpoint.load(run)["epoch"] == 1
+
+
+# a `sprint` whose training loss is a million times the real one (the gradients are
+# the real ones), in every epoch, or (SPRINT_TEST_INFLATE=first) until epoch 1's checkpoint
+INFLATED = """
+import os, sys
+from engine.net import Net
+real = Net.loss_and_grad
+run = sys.argv[sys.argv.index("--out") + 1]
+def inflated(self, x, y):
+    loss, correct = real(self, x, y)
+    if os.environ["SPRINT_TEST_INFLATE"] == "always" or not os.path.exists(os.path.join(run, "checkpoint.npz")):
+        loss *= 1e6
+    return loss, correct
+Net.loss_and_grad = inflated
+from engine.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.parametrize("n,args", [(2, ["--parallel", "sync"]), (3, ["--parallel", "downpour"]),
+                                    (3, ["--parallel", "sandblaster"])])
+def test_under_mpiexec_a_run_that_ends_diverged_without_a_nan_says_so_last_and_exits_1(tmp_path, monkeypatch,
+                                                                                       n, args):
+    """Its last line was 'done:' and its exit 0 (a warning per epoch the only
+    sign). A parameter server's epochs are on rank 0 alone: it judges, and
+    every rank ends on its line."""
+    (tmp_path / "inflated.py").write_text(INFLATED)
+    monkeypatch.setitem(ENV, "SPRINT_TEST_INFLATE", "always")
+    run = tmp_path / "run"
+    p, out, errors = _mpiexec([n, "-m", "mpi4py", tmp_path / "inflated.py", "train", "--no-progress", "--epochs", "1",
+                               *args, "--out", run])
+    assert p.returncode == 1 and "Traceback" not in out and "Abort(" not in out and "done:" not in out, out[-3000:]
+    lr = "" if "sandblaster" in args else r"; try a lower learning rate \(--lr, now .*\)"
+    assert len(errors) == 1 and re.fullmatch(rf"sprint: error: training diverged: the training loss was \S+ in the "
+                                             rf"last epoch \(1\), over 10 times a blind guess's 2.30 \(its epochs: "
+                                             rf"{run}/metrics.jsonl\){lr}", errors[0]), out[-3000:]
+    assert p.stderr.splitlines()[-1] == errors[0], p.stderr
+    assert checkpoint.load(run)["epoch"] == 1         # kept: the user may look at it
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+def test_under_mpiexec_a_run_that_came_back_is_not_stopped(tmp_path, monkeypatch):
+    (tmp_path / "inflated.py").write_text(INFLATED)
+    monkeypatch.setitem(ENV, "SPRINT_TEST_INFLATE", "first")
+    run = tmp_path / "run"
+    p, out, errors = _mpiexec([2, "-m", "mpi4py", tmp_path / "inflated.py", "train", "--no-progress", "--epochs", "2",
+                               "--parallel", "sync", "--out", run])
+    assert p.returncode == 0 and not errors and "done: 2 epochs" in p.stdout, out[-3000:]
+    assert "epoch 1: the training loss" in p.stderr, p.stderr      # said when it happened
 
 
 @pytest.mark.mpi

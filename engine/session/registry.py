@@ -31,6 +31,7 @@ class Strategy:
     cli: str | None = None
     # the default lr's factor given cfg.extra (a strategy whose steps see fewer samples than --batch)
     lr_factor: object = None
+    lr: bool = True                # --lr sets its step (False: a line search chooses it)
 
     def field_default(self, name):
         return self.defaults.get(name, BASE_DEFAULTS.get(name))
@@ -99,7 +100,7 @@ register(Strategy("downpour", "engine.parallel.downpour_run:run", "DistBelief Do
 _SANDBLASTER = dict(batch=256)
 register(Strategy("sandblaster", "engine.parallel.sandblaster_replica:run", "DistBelief Sandblaster L-BFGS: S "
                   "parameter-server ranks, server 0 coordinating slices of --batch", defaults=_SANDBLASTER,
-                  whole_set_batch=True, extra={"servers": 1}, cli="engine.parallel.sandblaster_replica"))
+                  whole_set_batch=True, extra={"servers": 1}, cli="engine.parallel.sandblaster_replica", lr=False))
 register(Strategy("layerwise", "engine.parallel.layerwise_run:run", "a layer-wise plan (sprint plan --out): "
                   "each layer split its own way over the ranks", cli="engine.parallel.layerwise_run"))
 

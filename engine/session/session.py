@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
-from engine.errors import Diverged, Interrupted, RunError
+from engine.errors import Diverged, Interrupted, NotRecovered, RunError
 
 from .rundir import CHECKPOINT, RunDir, new_run_id
 from .setup import batch_note, check_memory, evaluate_sharded, prepare_data, setup_device
@@ -193,19 +193,59 @@ class Session:
     # a training loss this many times a blind guess's (ln C) is a run that diverges
     DIVERGING = 10.0
 
+    def _guess(self) -> float:
+        """The training loss of a blind guess: ln C for C classes."""
+        import math
+        return math.log(max(2, self.spec.fcs[-1]))
+
+    def _over(self, loss) -> bool:
+        import math
+        return loss is not None and not loss <= self.DIVERGING * self._guess()     # NaN too
+
+    def _lr(self):
+        """The lr a divergence names; None where --lr sets no step (Sandblaster's line search)."""
+        from .registry import get_strategy
+        return self.cfg.lr if get_strategy(self.cfg.parallel).lr else None
+
     def _warn_if_diverging(self, rec: dict):
         """A loss that grows without becoming Inf or NaN is not stopped (the
         run may come back), but it is said: the accuracy at chance that comes
-        with it is otherwise left to be noticed."""
+        with it is otherwise left to be noticed. The run's end judges it
+        (not_recovered)."""
         import math
         loss = rec.get("train_loss")
-        guess = math.log(max(2, self.spec.fcs[-1]))
-        if not self.root or loss is None or not math.isfinite(loss) or loss <= self.DIVERGING * guess:
+        if not self.root or loss is None or not math.isfinite(loss) or not self._over(loss):
             return
         from engine.data.dataset import warn
+        lr = self._lr()
         warn(f"epoch {rec.get('epoch')}: the training loss {loss:.3g} is over {self.DIVERGING:g} times a blind "
-             f"guess's ({guess:.2f} for {self.spec.fcs[-1]} classes): the run is diverging; a lower --lr "
-             f"(now {self.cfg.lr:g}) may help")
+             f"guess's ({self._guess():.2f} for {self.spec.fcs[-1]} classes): the run is diverging"
+             + (f"; a lower --lr (now {lr:g}) may help" if lr is not None else ""))
+
+    def not_recovered(self) -> NotRecovered | None:
+        """A run whose training loss went over DIVERGING times a blind
+        guess's (or became NaN/Inf without stopping it: Sandblaster's line
+        search steps around such points) and whose last epoch is still no
+        better than a blind guess diverged, although no NaN stopped it: the
+        run's end says so (its last line, exit 1), on every rank alike. A
+        run that came back under a guess's loss is left alone (Lightning's
+        EarlyStopping and Keras' TerminateOnNaN do not stop on a large loss
+        by default either; this stops nothing, it judges the end)."""
+        verdict = None
+        if self.root:
+            losses = [(r.get("train_loss"), r.get("epoch")) for r in self.history
+                      if r.get("train_loss") is not None]
+            over = [(loss, epoch) for loss, epoch in losses if self._over(loss)]
+            if over and not losses[-1][0] < self._guess():
+                peak = max(over, key=lambda le: le[0] if le[0] == le[0] else float("inf"))
+                verdict = (peak, losses[-1])
+        if self.comm.size > 1:
+            verdict = self.comm.bcast_obj(verdict)
+        if verdict is None:
+            return None
+        (peak, peak_epoch), (last, last_epoch) = verdict
+        return NotRecovered(peak, peak_epoch, last, last_epoch, self._guess(), self.DIVERGING, self._lr(),
+                            str(self.run) if self.run else None)
 
     def write_stats(self, name, stats: dict):
         if self.run is not None:
@@ -264,6 +304,11 @@ class Session:
         return Interrupted(epoch, str(self.run) if self.run else None, ranks=self.comm.size)
 
     def result(self, net, epochs: int, **more) -> dict:
+        """What the run returns (every rank calls it); a run that diverged
+        without a NaN raises NotRecovered instead."""
+        bad = self.not_recovered()
+        if bad is not None:
+            raise bad
         new = self.history[self.first_new:]
         # nothing new (a resume of a finished run): the run's own last epoch
         final = (new or self.history or [{}])[-1]
