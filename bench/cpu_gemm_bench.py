@@ -4,7 +4,8 @@
           thread), on all threads and on one
   gemm    SGEMM GFLOP/s on the conv GEMM shapes of `cifar` (batch 32) and
           `cnn-a` (batch 1), on all threads and on one, and the implicit
-          convolution's three passes on cifar, as a share of the measured peak
+          convolution's three passes on the same layers, as a share of the
+          measured peak
   layers  each cifar conv layer forward + backward: the engine's algorithms
           of --algos (default: `default`, what runs with no --conv-algo and no
           $SPRINT_CONV_ALGO, and implicit; also winograd, and im2col: explicit
@@ -119,20 +120,34 @@ def gemm_rates(reps=5):
                                           reps)["gflops_best"]
         ext.set_num_threads(THREADS)
         recs.append(rec)
-    # the implicit convolution's own passes on cifar (no column matrix)
-    for name, C, M, S in CIFAR_LAYERS:
-        x = rng.standard_normal((32, C, S, S), dtype=np.float32)
+    # the implicit convolution's own passes (no column matrix) on the conv layers
+    # of cifar (batch 32) and cnn-a (batch 1; all 3 x 3, stride 1, same padding)
+    for net, n, name, C, M, S in _conv_layers():
+        x = rng.standard_normal((n, C, S, S), dtype=np.float32)
         w = rng.standard_normal((M, C, 3, 3), dtype=np.float32)
-        dy = rng.standard_normal((32, M, S, S), dtype=np.float32)
+        dy = rng.standard_normal((n, M, S, S), dtype=np.float32)
         y, dw, dx = np.empty_like(dy), np.empty_like(w), np.empty_like(x)
-        fl = 2 * M * C * 9 * 32 * S * S
+        fl = 2 * M * C * 9 * n * S * S
         for p, fn in (("implicit fwd", lambda: ext.conv2d_implicit_forward(x, w, None, y, 1, 1, 1, 1, True)),
                       ("implicit dw", lambda: ext.conv2d_implicit_backward(x, w, dy, dw, None, 1, 1, 1, 1)),
                       ("implicit dw+dx", lambda: ext.conv2d_implicit_backward(x, w, dy, dw, dx, 1, 1, 1, 1))):
             f = fl * (2 if p.endswith("dx") else 1)
-            recs.append({"net": "cifar", "layer": name, "pass": p, "m": M, "n": 32 * S * S, "k": C * 9,
+            recs.append({"net": net, "layer": name, "pass": p, "m": M, "n": n * S * S, "k": C * 9,
                          **_cpu_rate(fn, f, reps)})
     return recs
+
+
+def _conv_layers():
+    """(net, batch, layer, C, M, S) of the 3 x 3 same-padded convolutions the implicit passes are timed on."""
+    from engine.spec import get_spec, layers
+    out = []
+    for net, n in (("cifar", 32), ("cnn-a", 1)):
+        for g in layers(get_spec(net), n):
+            if g.kind == "conv":
+                (C, S, _), M = g.in_shape, g.w_shape[0]
+                assert g.w_shape[2:] == (3, 3) and g.extra["conv_out"][1:] == (S, S), g
+                out.append((net, n, g.name, C, M, S))
+    return out
 
 
 # ---- conv layers ------------------------------------------------------------------

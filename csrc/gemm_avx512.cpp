@@ -148,8 +148,14 @@ struct V512 {
 using UK = MicroKernel<V512, SPRINT_AVX512_MR, SPRINT_AVX512_NV>;
 // dW's tap kernel (gemm_dw.h): 6 taps x 64 channels, 24 accumulators like
 // UK; 64 columns divide the conv nets' channel counts (48 would leave 64
-// ragged), and 6 tap offsets stay in registers.
-using DK = TapKernel<V512, 6, 4>;
+// ragged), and 6 tap offsets stay in registers. 8 x 48 (192 bytes of panel
+// per 24 FMAs, as UK) measured within 1-3 points of it both ways and 4 worse
+// on cifar conv2 (64 channels: 48 + 16), so 6 x 64 stays.
+#ifndef SPRINT_AVX512_DW_MR  // overridable at build time, for measuring other tiles
+#define SPRINT_AVX512_DW_MR 6
+#define SPRINT_AVX512_DW_NV 4
+#endif
+using DK = TapKernel<V512, SPRINT_AVX512_DW_MR, SPRINT_AVX512_DW_NV>;
 // The small-K dW (gemm_conv_small.h): 3 channels x 9 taps, 27 accumulators +
 // 3 dy rows + 1 tap row of 32 zmm; 12 loads per 27 FMAs.
 using SK = LaneKernel<V512, 3, 9>;

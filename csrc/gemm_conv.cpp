@@ -61,8 +61,22 @@ detail::DwPlan dw_plan(const Kernels& kr, const Blocking& bl, i64 K, i64 M, i64 
     // than L1 that cost more than it saved (cifar conv3-conv6 dW 1.12-1.18x
     // slower at 128), where it fits (conv1: 27 x 64) the panel in 2/3 of L1
     // won (0.80x).
+    // Where dW^T outgrows an eighth of L2 the panel takes a third of L2 (2728
+    // pixels here) instead of the GEMM's KC (768): fewer k blocks, so fewer
+    // passes of dW^T's tiles through the registers (each a tile load and
+    // store at a stride of M floats, from L3 once dW^T outgrows L2: cifar
+    // conv6's is 2.4 MB), while the panel streams from L2 as before. cifar
+    // conv3-conv6 and cnn-a's conv2-conv6 dW: 2-5 points of the FMA peak
+    // higher; cifar conv2 (dW^T 147 KB) gained nothing, and keeps its smaller
+    // panel (its padded x sizes the dW scratch of the cifar step).
+#ifndef SPRINT_DW_KC_L2_DIV  // overridable at build time, for measuring other panels
+#define SPRINT_DW_KC_L2_DIV 3
+#endif
     const bool small = K * M * 4 <= bl.l1d;
-    const i64 kc = small ? clamp(bl.l1d * 2 / 3 / (i64(kr.dw_nr) * 4) / 8 * 8, 32, bl.kc) : bl.kc;
+    const i64 big = clamp(bl.l2 / SPRINT_DW_KC_L2_DIV / (i64(kr.dw_nr) * 4) / 8 * 8, bl.kc, 4096);
+    const i64 kc = small ? clamp(bl.l1d * 2 / 3 / (i64(kr.dw_nr) * 4) / 8 * 8, 32, bl.kc)
+                   : K * M * 4 > bl.l2 / 8 ? clamp(cdiv(BP, 8) * 8, bl.kc, big)  // no larger than the pixels need
+                                           : bl.kc;
     const double work = double(K) * double(M) * double(BP) / kr.lanes;
     const int nth = work < 1.0e5 ? 1 : omp_get_max_threads();
     double best_cost = std::numeric_limits<double>::infinity();

@@ -219,12 +219,16 @@ def test_gradients_accumulated_over_micro_batches_equal_the_whole_batch(algo, is
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("xs,ws", [((10, 24, 12, 12), (40, 24, 3, 3)), ((9, 3, 32, 32), (64, 3, 3, 3))])
+@pytest.mark.parametrize("xs,ws", [((10, 24, 12, 12), (40, 24, 3, 3)), ((9, 3, 32, 32), (64, 3, 3, 3)),
+                                    ((12, 64, 16, 16), (128, 64, 3, 3))])
 def test_dw_accumulated_on_threads_equals_the_whole_batch_and_reference(isa, xs, ws):
     """dW^T's running sums (transposed out of dw when accumulating, into it at
     the end, each thread its own cell) on a shape split over the threads, with
     whole register transposes and edges: micro-batches continue the whole
-    batch's chains bit for bit, and both match float64; so does db."""
+    batch's chains bit for bit, and both match float64; so does db. The third
+    shape's dW^T (576 x 128) takes the L2-sized pixel blocks (2728 pixels
+    with a 2 MiB L2): its 3072 pixels end a block inside the last
+    micro-batch, its micro-batches (768, 256, 2048 pixels) each a block."""
     x, w, b = _data(xs, ws, True, 12)
     M = ws[0]
     dy = np.random.default_rng(13).standard_normal((xs[0], M) + xs[2:]).astype(np.float32)
