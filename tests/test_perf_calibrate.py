@@ -278,6 +278,11 @@ def test_time_slice_wait_is_read_apart_for_small_and_large_vectors():
     assert prof.slice_terms(3, 1, "heldout", 5_000_000) == pytest.approx((0.0, frac), abs=1e-9)
     mid = int(round((206_922 * 3_237_834) ** 0.5))              # halfway in log N_Param
     assert prof.slice_terms(3, 1, "heldout", mid) == pytest.approx(((c + 0) / 2, (beta + frac) / 2), rel=1e-4)
+    # One small-vector net (tiny alone): its 1 ms step gives no line; one through every net.
+    one = Profile(copy.deepcopy(prof.data))
+    one.data["contention"]["entries"] = [e for e in es if e["model"] != "mnist"]
+    assert one.slice_terms(3, 1, "heldout", 100_000) == pytest.approx(
+        one._slice_line([e for e in one.data["contention"]["entries"] if e["ranks"] == 3]), rel=1e-9)
     # Without the cache size (an older profile): one line through every net.
     del prof.data["cache"]
     got_c, got_beta = prof.slice_terms(3, 1, "heldout", 100_000)

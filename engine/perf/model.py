@@ -353,13 +353,17 @@ def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=Non
     idle = _idle_at_deposit(c, n_gpu, cyc, t_update)
     stal = expected_staleness(w, u, n_gpu, t_gpu, t_update, staleness_offset, idle=idle)
     if n_gpu == 1 and impl.min_grads:
-        # One worker per rank reads right after its own deposit, and the
-        # cycle that sums that deposit (it waits for one) publishes after
-        # the read and before the next deposit is summed: at least one
-        # publish per gradient. The random-phase count gave 0.86-0.91 at
-        # 3 x 1, where every run of sets 7-8 and the fitted grid measured
-        # 1.08-1.19, and 0.98 at 1 x 1 (measured 1.00).
-        stal = max(stal, staleness_offset)
+        # One worker per rank reads right after its own deposit. The deposit
+        # a cycle starts with (the updater waits for one) sees one publish,
+        # the previous cycle's; a deposit made while the updater is busy
+        # waits through one more. One of the cycle's T_Update / cycle
+        # deposits starts it: 2 - cycle / T_Update. The random-phase count
+        # gave 0.86-0.91 at 3 x 1 (floored at 1 until session 12) and up
+        # to 1.54 where T_Update is twice T_GPU; the runs of sets 2-9 and
+        # the fitted grid measured 1.08-1.25 at 3 x 1 whatever T_Update:
+        # mean |error| 16.8 -> 6.7 % at 3 x 1, 5.9 -> 6.8 % at 2 x 1
+        # (measured layer passes, 42 configurations each).
+        stal = staleness_offset + max(0.0, 1.0 - cyc / t_update)
     t_epoch = n_file * cyc / (workers * n_subbatch)
     return Prediction(model=sp.name, n_node=n_node, n_gpu=n_gpu, n_subbatch=n_subbatch,
                       n_param=n_param, n_file=n_file, worker=w, updater=u, layers=c["_layers"][0],

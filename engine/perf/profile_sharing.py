@@ -124,7 +124,9 @@ class HostSharing:
         # tiny, mnist and digits alone give 0.3 and 0.6.
         big = [e for e in es if self._overflows_l2(e.get("n_param"))]
         small = [e for e in es if not self._overflows_l2(e.get("n_param"))]
-        if not big or not small:
+        if not big or len({e.get("model") for e in small}) < 2:
+            # A line needs two small-vector nets (4 ranks: tiny alone, whose
+            # 1 ms step says nothing of the part that grows with the step).
             c, beta = self._slice_line(es)
         else:
             w = self._big_weight(n_param, [float(e.get("n_param") or 0) for e in small],
