@@ -273,6 +273,10 @@ def test_a_net_not_swept_reads_the_excess_apart_for_small_and_large_vectors():
     assert read(0.0025, 800_000) == pytest.approx(0.5 * 1.05 + 0.5 * 1.4)
     # phi alone (the reading before) put cifar's x1.4 on the compute-bound net
     assert read(0.0025, 50_000) < 0.8 * 1.4
+    # Within the cores (1 x 2): read in phi, a quarter of the way to mnist's 0.01.
+    within = Profile(dict(base.data, contention={"entries": [dict(e, ranks=1, workers=2) for e in entries]}))
+    assert within.slowdown(1, 2, "other", 0.0025, shares=shares, n_param=50_000) == pytest.approx(1.025)
+    assert within.slowdown(1, 2, "other", 0.04, shares=shares, n_param=580) == pytest.approx(1.2)
 
 
 def test_one_worker_per_rank_sees_one_publish_and_one_more_unless_its_deposit_starts_the_cycle():

@@ -32,7 +32,8 @@ class HostSharing:
 
     def _excess(self, same, ratio, phi, n_param=None) -> float:
         """A net's slowdown beyond its core share, read from the swept nets'
-        (``ratio``: theirs over their own core shares) in sqrt(phi), apart
+        (``ratio``: theirs over their own core shares) in sqrt(phi) (in phi
+        within the cores), apart
         for the nets whose flat vectors fit the L2 and those that overflow
         it, and between the two groups in log N_Param.
 
@@ -46,11 +47,21 @@ class HostSharing:
         parameters, phi 0.001-0.006) were priced x1.3-1.4 beyond their core
         share at 2 x 2, 3 x 1 and 3 x 2 and ran x0.96-1.10 (test sets 7-8,
         bench/RESULTS.md section 4)."""
-        pts = [(math.sqrt(e["phi"]), float(e.get("n_param") or 0), ratio(e)) for e in same
+        # Within the cores (no time slicing) two workers' per-call Python
+        # collide on the GIL about as often as phi: read in phi. Beyond
+        # them a collision can cost a descheduled holder's time slice, and
+        # the excess climbs faster at small phi: read in sqrt(phi). In
+        # sqrt(phi) at 1 x 2 the compute-bound nets of sets 2-9 were priced
+        # x1.21-1.30 and ran x1.03-1.15: ComputeGradient slowdown mean
+        # |error| 12.0 -> 9.2 % at 1 x 2, 7.0 -> 5.8 % at 2 x 1; 7.6 -> 7.7 %
+        # and 6.3 -> 7.6 % read so at 2 x 2 and 3 x 1 (measured layers).
+        within = all(e["ranks"] * e["workers"] <= self.cores for e in same)
+        f = (lambda v: v) if within else math.sqrt
+        pts = [(f(e["phi"]), float(e.get("n_param") or 0), ratio(e)) for e in same
                if e.get("phi") is not None]
         big = [p for p in pts if self._overflows_l2(p[1])]
         small = [p for p in pts if p not in big]
-        x = math.sqrt(max(phi, 0.0))
+        x = f(max(phi, 0.0))
 
         def read(group, anchored):
             group = sorted(group)
