@@ -5,7 +5,7 @@ import pytest
 
 from engine import spec as spec_mod
 from engine.perf import fit, model
-from engine.perf.layer_cost import layer_term_keys
+from engine.perf.layer_cost import in_step_factor, layer_term_keys, streams_in_sweep
 from engine.perf.profile import Profile
 
 # Each kind and pass, and a net's first convolution and output layer apart.
@@ -17,15 +17,19 @@ B = {"conv_fwd": 20e-6, "conv_bwd": 35e-6, "fc_fwd": 8e-6, "fc_bwd": 12e-6,
 
 def _truth(prof, net, n, terms=None):
     """{(layer, pass): seconds} of the generating model (``terms``: the keys
-    it knows, the most specific of a layer's ``layer_term_keys`` used)."""
+    it knows, the most specific of a layer's ``layer_term_keys`` used); an
+    FC pass whose op sweep overflowed the profile's L2 at its swept price
+    (``streams_in_sweep``)."""
     terms = terms or F
     sums = fit._kernel_sums(Profile(prof), net, n)
     geoms = spec_mod.layers(spec_mod.get_spec(net))
     at = {g.name: i for i, g in enumerate(geoms)}
+    l2 = (prof.get("cache") or {}).get("l2_bytes")
     out = {}
     for k, (ks, kind) in sums.items():
         key = next(c for c in layer_term_keys(kind, at[k[0]], len(geoms), k[1]) if c in terms)
-        out[k] = F[key] * ks + B[key]
+        streams = streams_in_sweep(geoms[at[k[0]]], n, k[1], l2)
+        out[k] = (1.0 if streams else F[key]) * ks + B[key]
     return out
 
 
@@ -251,3 +255,45 @@ def test_runner_excess_is_paired_with_the_step_timed_beside_it():
     prof["contention"] = {"entries": [e for e in old if e.get("ranks")]}
     anchor_contention(prof)
     assert "excess_solo" not in prof["contention"]["entries"][0]
+
+
+def test_fc_passes_whose_sweep_streamed_are_not_scaled_by_f():
+    """An FC pass whose op sweep already read its operands from beyond the
+    L2 (weights, input and output; dW and dX besides backward) is priced at
+    its swept kernels plus b and the cold-weight term: f, fitted on passes
+    whose sweeps ran from the L2, does not scale it. Profiles fitted before
+    (no ``l2_only``) scale every pass."""
+    l2 = 1 << 20
+    big = spec_mod.layers(spec_mod.NetSpec("big", 16, 3, 3, ((64, 2), (128, 2)), (1024, 10)), 8)
+    fc1, conv2 = big[2], big[1]          # fc1: 8192 x 1024, 32 MiB of weights
+    assert streams_in_sweep(fc1, 8, "fwd", l2) and streams_in_sweep(fc1, 8, "bwd", l2)
+    assert not streams_in_sweep(conv2, 8, "fwd", l2)            # convolutions keep f
+    assert not streams_in_sweep(fc1, 8, "fwd", None)            # no L2 size: as before
+    small = spec_mod.layers(spec_mod.get_spec("digits"), 8)[2]  # 1024 x 128: 512 KiB
+    assert not streams_in_sweep(small, 8, "fwd", l2)
+    # by hand: 4 x (w + x + y) forward, 4 x (2 (w + x) + y) backward against the L2
+    w, x, y = 1024 * 128, 8 * 1024, 8 * 128
+    assert streams_in_sweep(small, 8, "bwd", 4 * (2 * (w + x) + y) - 1)
+    assert not streams_in_sweep(small, 8, "bwd", 4 * (2 * (w + x) + y))
+    term = {"f": 1.7, "b": 0.0, "l2_only": True}
+    assert in_step_factor(term, fc1, 8, "fwd", l2) == 1.0
+    assert in_step_factor(term, small, 8, "fwd", l2) == 1.7
+    assert in_step_factor({"f": 1.7, "b": 0.0}, fc1, 8, "fwd", l2) == 1.7
+    assert in_step_factor(None, fc1, 8, "fwd", l2, default=1.2) == 1.2
+    # fitted: f comes back from the passes that fit, and a streaming pass is
+    # priced unscaled (cifar's fc1, 8 MiB, streams; tiny's and mnist's do not)
+    prof = Profile.synthetic(backend="cpu").data
+    prof["cache"] = {"l2_bytes": l2}
+    recs = []
+    for net in ("tiny", "cifar", "mnist"):
+        for n in (1, 4, 16):
+            for (layer, pas), t in _truth(prof, net, n).items():
+                recs.append({"kind": "layer_pass", "model": net, "n_subbatch": n, "layer": layer, "pass": pas,
+                             "t": t, "holdout": n == 4})
+    lt = fit.fit_layer_terms(prof, recs)
+    assert lt["fc_fwd"]["l2_only"] and lt["fc_fwd"]["f"] == pytest.approx(F["fc_fwd"], rel=1e-5)
+    priced = Profile(dict(prof, layer_terms=lt))
+    ks = fit._kernel_sums(Profile(prof), "cifar", 8)[("fc1", "bwd")][0]
+    got = sum(r[4] for r in model.compute_gradient_terms(spec_mod.get_spec("cifar"), 8, priced)
+              if r[:2] == ("fc1", "bwd"))
+    assert got == pytest.approx(ks + B["fc_bwd"], rel=1e-5)

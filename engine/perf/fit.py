@@ -33,8 +33,9 @@ LINEAR_TERMS = ("im2col", "col2im", "to_nchw", "to_cnhw", "bias", "bias_grad", "
                 "handover", "load", "deform", "copy_cold", "add_cold", "sub_cold", "scale_cold", "fill_cold")
 
 
-def nnls_relative(X, t):
-    """argmin_{c >= 0} sum((X c - t)/t)^2, with column scaling for conditioning."""
+def nnls_relative(X, t, offset=None):
+    """argmin_{c >= 0} sum((X c + offset - t)/t)^2 (``offset``: a known part
+    of each time, default 0), with column scaling for conditioning."""
     X = np.asarray(X, float)
     t = np.asarray(t, float)
     if X.ndim != 2 or len(X) != len(t):
@@ -44,7 +45,8 @@ def nnls_relative(X, t):
     A = X / t[:, None]
     scale = np.linalg.norm(A, axis=0)
     scale[scale == 0] = 1.0
-    c, _ = nnls(A / scale, np.ones(len(t)), maxiter=50 * X.shape[1])
+    rhs = np.ones(len(t)) if offset is None else 1.0 - np.asarray(offset, float) / t
+    c, _ = nnls(A / scale, rhs, maxiter=50 * X.shape[1])
     return c / scale
 
 
