@@ -17,7 +17,8 @@ GLOSSARY = {
     "share": "the step's part of T_GPU (worker) or T_Update (updater)",
     "LockWeights": "waiting for the LatestWeights lock (held by the updater's publish or another "
                    "worker's fetch)",
-    "FetchWeights": "copying the latest weights, done only when they changed: P(fetch) x one copy",
+    "FetchWeights": "copying the latest weights, done only when they changed: P(fetch) x one copy; on a "
+                    "shared CPU host, plus the wait for the core a deposit's woken updater took",
     "LoadImage": "gathering N_Subbatch samples into the input batch",
     "DeformImage": "crop, flip and normalisation of the batch",
     "ComputeGradient": "forward and backward of the net on the batch (the per-layer table below)",
