@@ -5,7 +5,7 @@ gpipe|1f1b|dualpipe --microbatches M --predict none|stash|spectrain``.
 Rank k holds layers ``[lo_k, hi_k)`` (:mod:`.stage`) and runs the
 instruction list its schedule gives it (:mod:`.pipeline_schedule`) with
 :class:`StageExecutor`: activations travel forward and gradients backward by
-non-blocking MPI point-to-point messages, the receives of the next few
+non-blocking MPI point-to-point messages (:mod:`.pipeline_p2p`), the receives of the next few
 instructions posted ahead so that they arrive while the stage computes.
 
 Weights a pass uses (``--predict``):
@@ -29,14 +29,13 @@ import time
 import numpy as np
 
 from . import pipeline_schedule as _sched
+from .pipeline_p2p import _ACT, _GRAD, _LABEL, P2P, _host  # noqa: F401  (P2P: engine.perf.pipeline_probe)
 from .timers import StepTimers
 
 _now = time.perf_counter
 PREDICT = ("none", "stash", "spectrain")
-_ACT, _GRAD, _LABEL = 0, 1, 2
 LOOKAHEAD = 6            # instructions whose receives are posted ahead
 TRACE_KEEP = 4096        # micro-batch records a stage keeps (the latest)
-POLL = 2e-4              # seconds between tests of a pending receive (CPU ranks share cores)
 
 
 def micro_sizes(n_samples: int, batch: int, m: int) -> list:
@@ -64,15 +63,6 @@ def split_micro(x, y, m):
     return out
 
 
-def _host(a):
-    from engine import backend
-    return np.ascontiguousarray(backend.to_host(a))
-
-
-class StageTimeout(RuntimeError):
-    """A neighbouring stage sent nothing for too long (frozen or dead)."""
-
-
 class StageDiverged(FloatingPointError):
     """The loss became ``loss`` (NaN or Inf) before update ``u`` of the
     stream. Only the last stage sees the loss: it sends back a gradient
@@ -84,53 +74,6 @@ class StageDiverged(FloatingPointError):
     def __init__(self, loss, u):
         self.loss, self.u = float(loss), int(u)
         super().__init__(f"loss became {self.loss} before update {self.u + 1} of the stream: lower --lr")
-
-
-class P2P:
-    """Non-blocking sends and receives between neighbouring stages. A wait
-    longer than ``timeout`` seconds raises StageTimeout naming the rank and
-    the message waited for: a frozen stage ends the job instead of hanging it."""
-
-    def __init__(self, mpi_comm, poll=POLL, timeout=300.0):
-        self.c = mpi_comm
-        self.poll = poll
-        self.timeout = float(timeout)
-        self.sends = []
-
-    @staticmethod
-    def tag(kind, mb):
-        return kind + 4 * (mb % 8000)
-
-    def isend(self, arr, dest, kind, mb):
-        buf = _host(arr)
-        self.sends.append((self.c.Isend(buf, dest=dest, tag=self.tag(kind, mb)), buf))
-        if len(self.sends) > 64:
-            self.sends = [(r, b) for r, b in self.sends if not r.Test()]
-
-    def irecv(self, shape, dtype, src, kind, mb):
-        buf = np.empty(shape, dtype)
-        return self.c.Irecv(buf, source=src, tag=self.tag(kind, mb)), buf
-
-    def wait(self, req, what="a message", rank=None):
-        deadline = _now() + self.timeout
-        while not req.Test():
-            if _now() > deadline:
-                raise StageTimeout(f"waited {self.timeout:g} s for {what} from rank {rank}: "
-                                   f"that stage is frozen or dead (--timeout)")
-            if self.poll > 0:
-                time.sleep(self.poll)
-
-    def progress(self):
-        """Let MPI move this rank's pending sends: a message above the eager
-        size leaves only when its sender calls into MPI again, which a stage
-        busy with its next pass would otherwise do only at its next receive."""
-        if self.sends:
-            self.sends = [(r, b) for r, b in self.sends if not r.Test()]
-
-    def flush(self):
-        for r, _ in self.sends:
-            self.wait(r, "a send to complete", "a neighbour")
-        self.sends = []
 
 
 class StageExecutor:
