@@ -90,3 +90,19 @@ def test_prediction_and_info_table(capsys):
     assert "partition 0:2,2:5,5:8" in out and "the ideal bubble of GPipe and 1F1B, (K-1)/(M+K-1) = " in out and "activations MB" in out
     assert main(["info", "cifar", "--stages", "3", "--partition", "0:2,2:8"]) != 0
     assert "--partition has 2 stages, --stages says 3" in capsys.readouterr().err
+
+
+def test_info_stages_says_when_the_profile_misprices_the_layers_once(monkeypatch, capsys):
+    """`sprint info MODEL --stages K` priced the stages from conv fits swept
+    on another path without a word (predict/simulate/tune/plan warn)."""
+    from engine.cli import main
+    from engine.perf.profile import Profile
+    monkeypatch.setenv("SPRINT_GEMM", "blas")          # the shipped profile's conv fits were swept on the engine's
+    warning = Profile.load().path_warning("cifar")
+    assert warning
+    assert main(["info", "cifar", "--stages", "2"]) == 0
+    assert capsys.readouterr().err.splitlines() == [f"sprint info: warning: {warning}"]
+    monkeypatch.delenv("SPRINT_GEMM")
+    monkeypatch.delenv("SPRINT_CONV_ALGO", raising=False)
+    if not Profile.load().path_warning("cifar"):       # the path it was swept on: nothing to say
+        assert main(["info", "cifar", "--stages", "2"]) == 0 and capsys.readouterr().err == ""

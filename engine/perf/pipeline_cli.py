@@ -9,6 +9,7 @@ these names at its end, so either may be imported first.
 from __future__ import annotations
 
 import math
+import sys
 
 from engine.argtypes import nonneg_int, positive_int
 from engine import spec as spec_mod
@@ -114,6 +115,8 @@ def info_table(spec, args) -> str:
     if parts is not None and len(parts) != K:
         raise ValueError(f"--partition has {len(parts)} stages, --stages says {K}")
     prof = Profile.load(args.profile)
+    if warning := prof.path_warning(spec):      # as predict/simulate/tune/plan say it (engine.perf.cli)
+        print(f"sprint info: warning: {warning}", file=sys.stderr)
     p = predict(sp, stages=K, n_subbatch=args.batch, profile=prof, schedule=args.schedule,
                 microbatches=m, partition=parts)
     b = max(1, math.ceil(args.batch / p.microbatches))
