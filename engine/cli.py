@@ -160,22 +160,40 @@ def _fail(e: BaseException, debug: bool) -> int:
 def _interrupted(e: KeyboardInterrupt, debug: bool) -> int:
     """Ctrl-C: a run says where it stopped and how to resume (Interrupted);
     before a run began (its modules loading, the command line parsed) there
-    is nothing to say but that. Under mpiexec every rank got it: rank 0
-    alone says it (a run's ranks end in engine.parallel.abort instead)."""
+    is nothing to say but that. Under mpiexec every rank got it: the ranks
+    end together and rank 0 alone says it (a run's ranks end in
+    engine.parallel.abort instead)."""
     from engine.errors import Interrupted, ctrl_c_handled
-    from engine.parallel.launcher import launcher_rank
     ctrl_c_handled()
     if debug:
         import traceback
         traceback.print_exc()
-    if isinstance(e, Interrupted) or _job_size() <= 1 or launcher_rank() == 0:
-        print(str(e) if isinstance(e, Interrupted) else "interrupted", file=sys.stderr, flush=True)
+    line = str(e) if isinstance(e, Interrupted) else "interrupted"
+    if _job_size() > 1:
+        # The other ranks may sit in MPI_Init, which returns only once every
+        # rank called it: a rank that left before it hung the job for good
+        # (mpiexec waiting on a rank spinning in MPI_Init). Join them, and
+        # leave together (abort_once: rank 0 says the line, exit 130 each).
+        from engine.parallel.abort import abort_once
+        from engine.parallel.comm import get_comm
+        try:
+            comm = get_comm()
+        except Exception:          # no communicator to end the job with
+            comm = None
+        if comm is not None:
+            abort_once(comm, line, EXIT_INTERRUPTED, quiet=comm.rank != 0)
+        from engine.parallel.launcher import launcher_rank
+        if launcher_rank() != 0:
+            return EXIT_INTERRUPTED
+    print(line, file=sys.stderr, flush=True)
     return EXIT_INTERRUPTED
 
 
 def main(argv=None) -> int:
     from engine.errors import raise_if_ctrl_c, watch_ctrl_c
-    watch_ctrl_c()
+    from engine.parallel.launcher import launched_under_mpi, world_size_said
+    # a rank of a job: its Ctrl-C is held until MPI is up (engine.errors)
+    watch_ctrl_c(hold=launched_under_mpi() and (world_size_said() or 1) > 1)
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     debug = bool(os.environ.get("SPRINT_DEBUG")) or "--debug" in argv
     try:

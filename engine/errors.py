@@ -81,18 +81,30 @@ class MissingFile(RunError, FileNotFoundError):
 # handler (watch_ctrl_c) also keeps a flag, cleared where a KeyboardInterrupt
 # is caught (ctrl_c_handled); raise_if_ctrl_c, called before a run starts and
 # at each MPI wait of the main thread, raises a dropped one again.
+#
+# Under mpiexec a rank's Ctrl-C is held (recorded, not raised) from the
+# start until MPI is up on it (release_ctrl_c, before a run): every rank
+# then meets the others in MPI_Init and the job ends as one. A rank that
+# left before MPI_Init (a KeyboardInterrupt while its modules loaded, or
+# one that left numpy half-imported and the exit path failing on it) hung
+# the job for good: its peers spun in MPI_Init waiting for it.
 _ctrl_c = False
+_held = False
 
 
-def watch_ctrl_c() -> None:
+def watch_ctrl_c(hold: bool = False) -> None:
+    """``hold``: hold a Ctrl-C until release_ctrl_c (a rank under mpiexec)."""
     import signal
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return                      # someone else's handler (an embedding program): theirs
+    global _held
+    _held = hold
 
     def on_sigint(signum, frame):
         global _ctrl_c
         _ctrl_c = True
-        raise KeyboardInterrupt
+        if not _held:
+            raise KeyboardInterrupt
     signal.signal(signal.SIGINT, on_sigint)
     import sys
     before = sys.unraisablehook
@@ -107,6 +119,49 @@ def watch_ctrl_c() -> None:
 def ctrl_c_handled() -> None:
     global _ctrl_c
     _ctrl_c = False
+
+
+def deferring_ctrl_c():
+    """A context in which Ctrl-C is recorded, not raised, and raised on
+    leaving it: around MPI_Init. There a SIGINT cut MPICH's system calls
+    (the rank crashed: mpiexec said 'Segmentation fault', exit 11), or its
+    KeyboardInterrupt came out of the import machinery half-way through
+    mpi4py's module. SIGINT is blocked in this thread meanwhile and its
+    Python handler only records it (main thread only; an ignored or default
+    SIGINT is left as it is). Held (watch_ctrl_c), it is raised by
+    release_ctrl_c instead."""
+    import contextlib
+    import signal
+    import threading
+
+    @contextlib.contextmanager
+    def deferred():
+        before = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is not threading.main_thread() or before in (
+                signal.SIG_IGN, signal.SIG_DFL, None):
+            yield
+            return
+        got = []
+        signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)     # a pending SIGINT comes now, recorded
+            signal.signal(signal.SIGINT, before)
+        if got:
+            global _ctrl_c
+            _ctrl_c = True
+            if not _held:           # held: release_ctrl_c raises it
+                raise KeyboardInterrupt
+    return deferred()
+
+
+def release_ctrl_c() -> None:
+    """MPI is up on this rank: raise a held Ctrl-C, and any later one at once."""
+    global _held
+    _held = False
+    raise_if_ctrl_c()
 
 
 def raise_if_ctrl_c() -> None:

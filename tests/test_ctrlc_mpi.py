@@ -141,3 +141,24 @@ def test_ctrl_c_while_a_peer_waits_for_the_watchdog_to_be_set_up(tmp_path):
     assert p.returncode == 130, out[-2000:] + err
     assert "MPI_Abort called" not in err and "Abort(" not in out + err and "Traceback" not in err, out[-2000:] + err
     assert err.splitlines() == ["interrupted"], err
+
+
+INIT = ROOT / "tests" / "mpi" / "ctrlc_init.py"
+
+
+def test_a_ctrl_c_before_mpi_init_on_one_rank_and_inside_it_on_another_ends_the_job_as_one(tmp_path):
+    """Ctrl-C in the first half second of `mpiexec -n N sprint train`: a
+    rank that met it while its modules loaded left at once, before MPI_Init,
+    and its peers spun in MPI_Init for good, waiting for it (mpiexec hung;
+    5 of 24 runs of bench/ctrlc.py --mpiexec 2 --early); and a SIGINT inside
+    MPI_Init could crash the rank there. Now a rank holds its Ctrl-C until
+    MPI is up, MPI_Init is not cut, and the ranks end together."""
+    run = tmp_path / "run"
+    env = dict(_env(), MPIEXEC_TIMEOUT="40")
+    p = subprocess.run(["mpiexec", "-n", "2", sys.executable, str(INIT), str(tmp_path), "train", "--parallel", "sync",
+                        "--epochs", "2", "--no-progress", "--out", str(run)],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    out, err = p.stdout, p.stderr
+    assert p.returncode == 130, out[-2000:] + err
+    assert "Abort(" not in out + err and "Traceback" not in err and "BAD TERMINATION" not in out, out[-2000:] + err
+    assert err.splitlines() == ["interrupted"] and "epoch" not in out, out[-2000:] + err

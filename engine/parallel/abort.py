@@ -62,7 +62,9 @@ def run_guarded(body, cfg):
     """``body(cfg, comm)`` on this rank under the abort rules every MPI
     strategy shares: the job's communicator, the abort hooks, and an
     exception turned into a job-wide abort that names the rank."""
+    from engine.errors import release_ctrl_c
     comm = get_comm()
+    release_ctrl_c()         # one held until every rank's MPI was up: the job ends as one
     install_abort_hooks(comm)
     with abort_on_error(comm):
         return body(cfg, comm)
@@ -119,6 +121,13 @@ def abort_once(comm: Comm, line: str, code: int, quiet: bool = False):
     (a rank that did not fail, or died, or froze) the job is aborted; a
     rank other than 0 then says its line naming its rank (a file only this
     rank cannot read). ``quiet``: rank 0 already said this rank's error."""
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        # the job is ending: a Ctrl-C now (mpiexec's forward of one already
+        # met, a second press) must not cut the ranks' agreed exit short;
+        # mpiexec itself ends the job at a second Ctrl-C
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if comm.rank == 0 and not quiet:
         say_before_abort(line + "\n")
     agreed = end_job(comm, "" if quiet else line, code)

@@ -382,10 +382,12 @@ def get_comm() -> Comm:
     if _COMM is None:
         if launched_under_mpi():
             import mpi4py
+            from engine.errors import deferring_ctrl_c
             # Ask for MULTIPLE; the updater alone calls MPI, so less is fine too.
             mpi4py.rc.thread_level = "multiple"
-            _COMM = MPIComm()
-            _COMM.open_failure_channel()
+            with deferring_ctrl_c():      # a Ctrl-C in MPI_Init is raised once the communicator is set
+                _COMM = MPIComm()
+                _COMM.open_failure_channel()
         else:
             _COMM = LocalComm()
     return _COMM

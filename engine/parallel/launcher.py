@@ -26,12 +26,21 @@ def launcher_world_size() -> int:
     """How many ranks the launcher started (1 without one)."""
     if not launched_under_mpi():
         return 1
+    n = world_size_said()
+    if n is not None:
+        return n
+    from .comm import get_comm
+    return get_comm().size
+
+
+def world_size_said() -> int | None:
+    """The job's size as the launcher's environment says it, without
+    initialising MPI; None when it does not say."""
     for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
         v = os.environ.get(var, "")
         if v.isdigit():
             return int(v)
-    from .comm import get_comm
-    return get_comm().size
+    return None
 
 
 def launcher_rank() -> int:
