@@ -88,6 +88,18 @@ def test_mismatched_configs_refused_at_start():
     assert "UNEXPECTED" not in out
 
 
+ABORT_WITH_SEGMENTS = """
+import re
+from engine.parallel.comm import get_comm
+comm = get_comm()
+print("segments", *sorted(set(re.findall(r"/dev/shm/mpich_shm_\\S+", open("/proc/self/maps").read()))), flush=True)
+comm.world.Barrier()
+if comm.rank == 1:
+    comm.abort_world(3)
+comm.world.Barrier()
+"""
+
+
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace not on PATH")
 def test_an_aborted_job_of_the_suite_leaves_no_hwloc_topology_file(tmp_path):
     """Hydra's proxy writes /tmp/hydra_hwloc_xmlfile_* for the ranks and
@@ -95,12 +107,17 @@ def test_an_aborted_job_of_the_suite_leaves_no_hwloc_topology_file(tmp_path):
     With the suite's environment (conftest: HWLOC_XMLFILE set) none is
     written. Traced, not counted in /tmp, where other jobs write theirs."""
     log = tmp_path / "trace"
+    # the engine's MPI_Abort (abort_world), which unlinks MPICH's /dev/shm
+    # segment first: a bare MPI.COMM_WORLD.Abort left one (2 MiB) per suite
     p = subprocess.run(["strace", "-f", "-e", "trace=open,openat,creat", "-o", str(log), "mpiexec", "-n", "2",
-                        sys.executable, "-c", "from mpi4py import MPI; MPI.COMM_WORLD.Abort(3)"],
-                       capture_output=True, text=True, timeout=60, env=dict(os.environ, MPIEXEC_TIMEOUT="30"))
+                        sys.executable, "-c", ABORT_WITH_SEGMENTS],
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, MPIEXEC_TIMEOUT="30", PYTHONPATH=str(ROOT)))
     if not log.exists() or "ptrace" in p.stderr.lower():
         pytest.skip(f"strace cannot trace here: {p.stderr[-300:]}")
     assert p.returncode == 3, p.stdout + p.stderr
+    seen = {s for ln in p.stdout.splitlines() if ln.startswith("segments") for s in ln.split()[1:]}
+    assert seen and not [s for s in seen if os.path.exists(s)], (seen, p.stdout + p.stderr)
     trace = log.read_text()
     assert "mpi4py" in trace and "hydra_hwloc_xmlfile" not in trace, [ln for ln in trace.splitlines()
                                                                        if "hwloc" in ln]
