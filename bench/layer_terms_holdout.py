@@ -1,0 +1,79 @@
+"""Per-layer error of a profile's layer terms with each net held out.
+
+For each net of the profile's ``layer_pass`` records, the per-layer terms
+(``fit_steps.fit_layer_terms``) are refitted without that net's records and
+price its passes; the errors over all nets are reported (median and mean
+|error|, per net and per role). The op fits still contain the net's own
+shapes (the op sweeps time the seen nets' layers): this holds out the
+layer-term fit, not the op sweeps. Times nothing.
+
+    python bench/layer_terms_holdout.py --profile bench/profiles/cpu_test11.json \
+        --records bench/profiles/cpu_test11_records.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def holdout_errors(prof: dict, records) -> list:
+    """[(net, batch, layer, pass, role, relative error)] with each net held out."""
+    from engine import spec as spec_mod
+    from engine.perf import fit  # noqa: F401  (fit and fit_steps import each other)
+    from engine.perf.fit_steps import fit_layer_terms
+    from engine.perf.layer_cost import compute_gradient_terms, layer_term_keys
+    from engine.perf.profile import Profile
+    lp = [r for r in records if r.get("kind") == "layer_pass" and r.get("t", 0) > 0]
+    base = {k: v for k, v in prof.items() if k != "layer_terms"}
+    out = []
+    for net in sorted({r["model"] for r in lp}):
+        mine = [r for r in lp if r["model"] == net]
+        p = Profile(dict(base, layer_terms=fit_layer_terms(base, [r for r in lp if r["model"] != net])))
+        sp = spec_mod.get_spec(mine[0].get("spec") or net)
+        geoms = spec_mod.layers(sp)
+        at = {g.name: (i, g.kind) for i, g in enumerate(geoms)}
+        for n in sorted({r["n_subbatch"] for r in mine}):
+            pred = defaultdict(float)
+            for layer, pas, _, _, t in compute_gradient_terms(sp, n, p):
+                pred[(layer, pas)] += t
+            for r in mine:
+                if r["n_subbatch"] == n:
+                    i, kind = at[r["layer"]]
+                    role = layer_term_keys(kind, i, len(geoms), r["pass"])[0]
+                    out.append((net, n, r["layer"], r["pass"], role,
+                                (pred[(r["layer"], r["pass"])] - r["t"]) / r["t"]))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--records", required=True)
+    a = ap.parse_args(argv)
+    prof = json.loads(Path(a.profile).read_text())
+    errs = holdout_errors(prof, json.loads(Path(a.records).read_text())["records"])
+    if not errs:
+        print("layer_terms_holdout: error: no layer_pass records", file=sys.stderr)
+        return 1
+    e = np.abs([x[-1] for x in errs])
+    print(f"each net held out of the layer-term fit: median |err| {100 * np.median(e):.1f} %, "
+          f"mean {100 * np.mean(e):.1f} % over {len(e)} passes")
+    for col, label in ((0, "net"), (4, "role")):
+        groups = defaultdict(list)
+        for x in errs:
+            groups[x[col]].append(abs(x[-1]))
+        print(f"  by {label}: " + ", ".join(f"{k} {100 * np.median(v):.1f}/{100 * np.mean(v):.1f}"
+                                           for k, v in sorted(groups.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
