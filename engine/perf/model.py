@@ -298,20 +298,33 @@ def swept_shares(profile, R, n_gpu, kw) -> dict:
     slowdown it measured. cifar's 3.2 M-parameter updaters take a large
     share of the 2 cores, so its 2 x 2 slowdown (x2.8) is mostly theirs; a
     net of 0.1 M parameters placed near it by phi was priced x2.75 and ran
-    x1.8 (heldout-k9, 2026-12-01). Kept on the profile per sharing."""
-    cache = profile.__dict__.setdefault("_swept_shares", {})
+    x1.8 (heldout-k9, 2026-12-01)."""
+    return per_swept_run(profile, R, n_gpu, kw, "_swept_shares",
+                         lambda e, ref: core_share(R, n_gpu, profile.cores, updater_duty(ref, profile)))
+
+
+def per_swept_run(profile, R, n_gpu, kw, name, value, accept=None, **predict_kw) -> dict:
+    """{swept net: ``value(entry, prediction)``} over the contention entries
+    of this sharing that ``accept`` takes, each net predicted at its own run
+    with the slowdown it measured (``predict_kw`` passed on); a value of None
+    leaves the net out. Kept on the profile per sharing, under ``name``."""
+    cache = profile.__dict__.setdefault(name, {})
     key = (R, n_gpu, kw.get("impl"), profile.time_scale, profile.call_scale)
     if key not in cache:
         out = {}
         for e in profile._contention():
-            if (e["ranks"], e["workers"]) != (R, n_gpu) or not e.get("n_subbatch") or not e.get("model"):
+            if ((e["ranks"], e["workers"]) != (R, n_gpu) or not e.get("n_subbatch") or not e.get("model")
+                    or (accept is not None and not accept(e))):
                 continue
             try:
                 ref = _predict(e["model"], R, n_gpu, int(e["n_subbatch"]), profile,
-                               slowdown=profile.slowdown(R, n_gpu, e["model"]), **dict(kw, ranks_per_host=R))
+                               slowdown=profile.slowdown(R, n_gpu, e["model"]),
+                               **dict(kw, ranks_per_host=R, **predict_kw))
             except (KeyError, ValueError):       # a swept net this install cannot build
                 continue
-            out[e["model"]] = core_share(R, n_gpu, profile.cores, updater_duty(ref, profile))
+            v = value(e, ref)
+            if v is not None:
+                out[e["model"]] = v
         cache[key] = out
     return cache[key]
 

@@ -39,27 +39,18 @@ def wake_wait(profile, ranks_per_host: int, n_gpu: int, model: str, kw: dict) ->
 def swept_wake_waits(profile, R, n_gpu, kw) -> dict:
     """{swept net: (seconds per waking deposit, whether its vectors overflow
     the L2)} from the runner contention entries of this sharing; kept on the
-    profile per sharing."""
-    from .model import _predict
-    cache = profile.__dict__.setdefault("_wake_waits", {})
-    key = (R, n_gpu, kw.get("impl"), profile.time_scale, profile.call_scale)
-    if key in cache:
-        return cache[key]
-    out = {}
-    for e in profile._contention():
-        if (e.get("source") != "runner" or (e["ranks"], e["workers"]) != (R, n_gpu) or not e.get("n_subbatch")
-                or not e.get("model") or not all(s in (e.get("worker") or {}) for s in WAKE_STEPS)):
-            continue
-        try:
-            ref = _predict(e["model"], R, n_gpu, int(e["n_subbatch"]), profile,
-                           slowdown=profile.slowdown(R, n_gpu, e["model"]), wake=0.0,
-                           **dict(kw, ranks_per_host=R))
-        except (KeyError, ValueError):       # a swept net this install cannot build
-            continue
+    profile per sharing (``model.per_swept_run``)."""
+    from .model import per_swept_run
+
+    def runner_with_steps(e):
+        return e.get("source") == "runner" and all(s in (e.get("worker") or {}) for s in WAKE_STEPS)
+
+    def per_waking_deposit(e, ref):
         share = ref.extra.get("wake_share") or 0.0
         if share < MIN_WAKE_SHARE:
-            continue
+            return None
         excess = sum(e["worker"][s] * profile.time_scale - ref.worker[s] for s in WAKE_STEPS)
-        out[e["model"]] = (max(excess, 0.0) / share, profile._overflows_l2(e.get("n_param")))
-    cache[key] = out
-    return out
+        return max(excess, 0.0) / share, profile._overflows_l2(e.get("n_param"))
+
+    return per_swept_run(profile, R, n_gpu, kw, "_wake_waits", per_waking_deposit,
+                         accept=runner_with_steps, wake=0.0)
