@@ -211,6 +211,12 @@ def test_no_sweep_uses_test_set_10():
     _assert_in_no_sweep(("heldout_d8.json", "heldout_k5w.json"))
 
 
+def test_no_sweep_uses_test_set_11():
+    """Test set 11's nets (bench/specs/heldout_bigfc, heldout_d4; RESULTS
+    section 4, registered 2026-12-01 17:45 UTC) are in no sweep."""
+    _assert_in_no_sweep(("heldout_bigfc.json", "heldout_d4.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
