@@ -2,6 +2,7 @@
 oversubscribed host sharings the model prices or refuses."""
 import copy
 import json
+import math
 
 import pytest
 
@@ -21,10 +22,19 @@ def _now(wall=0.010, cpu=0.009, **fp):
     return here, {"wall_s": wall, "cpu_s": cpu, "u": 0.01, "n": 100}
 
 
-def test_same_machine_within_noise_is_silent():
+def _w(ratio, s2=2 * 0.01 ** 2):
+    """A ratio's weight, d^2 / (d^2 + s^2) with d = log(ratio) (calibrate._weight):
+    by default both calibrations' u = 0.01 and no drift."""
+    d2 = math.log(ratio) ** 2
+    return d2 / (d2 + s2)
+
+
+def test_same_machine_within_noise_is_silent_but_applied_in_part():
     here, cal = _now(wall=0.0104)
     chk = calibrate.compare(FP, here, cal)
-    assert chk.ok and chk.scale == 1.0 and chk.ratio == pytest.approx(1.04)
+    assert chk.ok and chk.ratio == pytest.approx(1.04)
+    # No dead band: the 4 % is applied, shrunk by its weight.
+    assert chk.scale == pytest.approx(1.04 ** _w(1.04)) and 1.03 < chk.scale < 1.04
 
 
 def test_edited_fingerprint_warns_and_names_the_difference():
@@ -38,20 +48,37 @@ def test_edited_fingerprint_warns_and_names_the_difference():
 def test_scaled_calibration_warns_and_rescales():
     here, cal = _now(wall=0.025, cpu=0.0093)
     chk = calibrate.compare(FP, here, cal)
-    assert chk.scale == pytest.approx(2.5)
+    # Far beyond its noise: applied (almost) whole.
+    assert chk.scale == pytest.approx(2.5 ** _w(2.5)) and chk.weights == {"whole": pytest.approx(_w(2.5))}
     assert "2.50x" in chk.messages[0] and "other jobs load the host" in chk.messages[0]
+    assert "rescaled by x2.50" in chk.messages[0]
     here, cal = _now(wall=0.005, cpu=0.0045)
     chk = calibrate.compare(FP, here, cal)
-    assert chk.scale == pytest.approx(0.5) and "cores themselves" in chk.messages[0]
+    assert chk.scale == pytest.approx(0.5 ** _w(0.5)) and "cores themselves" in chk.messages[0]
+
+
+def test_weight_shrinks_an_uncertain_ratio_more():
+    """The same 20 % ratio measured with more spread, or against a profile
+    whose own two calibrations drifted apart, moves the costs less."""
+    here, cal = _now(wall=0.012)
+    sure = calibrate.compare(FP, here, cal).scale
+    cal.update(u=0.05)
+    unsure = calibrate.compare(FP, here, cal).scale
+    drifted = calibrate.compare(dict(FP, calibration=dict(FP["calibration"], drift=0.1)), *_now(wall=0.012)).scale
+    assert 1.0 < unsure < sure < 1.2 and 1.0 < drifted < sure
+    assert unsure == pytest.approx(1.2 ** _w(1.2, 0.01 ** 2 + 0.05 ** 2))
+    assert drifted == pytest.approx(1.2 ** _w(1.2, 2 * 0.01 ** 2 + 0.05 ** 2))
 
 
 def test_noise_band_follows_the_measured_spread():
-    # Blocks that spread widely: a 25 % difference is still noise.
+    # Blocks that spread widely: a 25 % difference is still noise (not said,
+    # and applied only as far as its weight, small here).
     stored = dict(FP, calibration=dict(FP["calibration"], u=0.08))
     here, cal = _now(wall=0.0125)
     cal.update(u=0.08)
     chk = calibrate.compare(stored, here, cal)
-    assert chk.ok and chk.noise > 0.25
+    assert chk.ok and chk.noise > 0.25 and chk.scale == pytest.approx(1.25 ** _w(1.25, 2 * 0.08 ** 2))
+    assert 1.0 < chk.scale < 1.25 ** 0.85
     # The profile's own drift between its two calibrations counts too.
     stored = dict(FP, calibration=dict(FP["calibration"], drift=0.3))
     assert calibrate.compare(stored, *_now(wall=0.0125)).ok
@@ -83,16 +110,18 @@ def test_python_part_drifting_alone_rescales_only_per_call_costs():
     here, cal = _now(wall=0.006 + 0.0026)
     cal.update(_parts(0.006, 0.0026))
     chk = calibrate.compare(stored, here, cal)
-    assert chk.scale == 1.0 and chk.call_scale == pytest.approx(0.65)
+    assert chk.scale == 1.0 and chk.call_scale == pytest.approx(0.65 ** _w(0.65))
     assert chk.parts == pytest.approx({"kernel": 1.0, "python": 0.65})
+    assert chk.weights == pytest.approx({"kernel": 0.0, "python": _w(0.65)})
     assert not chk.ok and "per-call costs by x0.65" in chk.messages[0]
-    # Both parts within their noise: silent, nothing rescaled.
+    # Both parts within their noise: silent, each applied by its weight.
     cal.update(_parts(0.0062, 0.0041))
     chk = calibrate.compare(stored, here, dict(cal, wall_s=0.0103))
-    assert chk.ok and chk.scale == 1.0 and chk.call_scale == 1.0
+    assert chk.ok and chk.scale == pytest.approx((0.0062 / 0.006) ** _w(0.0062 / 0.006)) and chk.scale > 1.02
+    assert chk.call_scale == pytest.approx((0.0041 / 0.004) ** _w(0.0041 / 0.004)) and chk.call_scale > 1.01
     # A profile swept before the parts were timed: one ratio, as before.
     chk = calibrate.compare(FP, here, dict(cal, wall_s=0.02))
-    assert chk.scale == pytest.approx(2.0) and chk.call_scale is None
+    assert chk.scale == pytest.approx(2.0 ** _w(2.0)) and chk.call_scale is None
 
 
 def test_call_scale_multiplies_only_the_fixed_parts():
@@ -322,3 +351,36 @@ def test_blas_fingerprint_does_not_depend_on_what_was_imported():
     assert calibrate.compare(FP, here, cal).ok
     here, cal = _now(blas="mkl 2025.1")
     assert set(calibrate.compare(dict(FP, blas="scipy-openblas 0.3.31"), here, cal).differs) == {"blas"}
+
+
+def test_profile_update_only_calibration_replaces_it_and_keeps_the_rest(tmp_path, capsys):
+    """``sprint profile --update P --only calibration``: this machine's
+    calibration (its parts too) replaces a stale one (here 10x too fast),
+    the old kept as ``replaced``, every fitted section as it was; refused for
+    a profile of another machine and with --from-records."""
+    fp = calibrate.record(seconds=0.2)
+    stale = {k: fp["calibration"][k] / 10 for k in ("wall_s", "cpu_s") + calibrate.PARTS}
+    prof = Profile.synthetic(backend="cpu")
+    prof.data["fingerprint"] = dict(fp, calibration=dict(fp["calibration"], **stale))
+    src, out = tmp_path / "p.json", tmp_path / "q.json"
+    prof.save(src)
+    args = ["profile", "--update", str(src), "--only", "calibration", "--calibrate-seconds", "0.2"]
+    assert cli.main(args + ["--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "calibration: wall" in said and "the one it replaces" in said
+    new, old = json.loads(out.read_text()), json.loads(src.read_text())
+    cal = new["fingerprint"]["calibration"]
+    assert cal["replaced"]["wall_s"] == pytest.approx(stale["wall_s"])
+    assert all(cal[k] > 3 * stale[k] for k in ("wall_s",) + calibrate.PARTS)
+    assert cal["before"] and cal["after"] and "drift" in cal
+    assert {k: v for k, v in new.items() if k != "fingerprint"} == {k: v for k, v in old.items() if k != "fingerprint"}
+    # Now a predict finds the machine as the profile says: nothing to warn about.
+    chk = calibrate.compare(new["fingerprint"], calibrate.fingerprint(), cal["after"])
+    assert not chk.differs and abs(chk.parts["kernel"] - 1) < 0.5
+    other = dict(prof.data, fingerprint=dict(prof.data["fingerprint"], cpu_model="some other CPU"))
+    Profile(other).save(src)
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "some other CPU" in err and err.startswith("sprint: error:") and err.count("\n") == 1
+    assert cli.main(args + ["--from-records", str(out)]) == 2
+    assert "not refitted from records" in capsys.readouterr().err

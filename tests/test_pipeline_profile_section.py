@@ -112,7 +112,7 @@ def test_sprint_profile_update_writes_the_section_from_saved_records(tmp_path, c
     assert d["pipeline"]["executor"]["per_pass"] == pytest.approx(TRUE.per_pass, rel=1e-6)
     assert d["terms"] == json.loads(src.read_text())["terms"] and "pipeline" not in json.loads(src.read_text())
     assert cli.main(["profile", "--update", str(src), "--only", "sgemm"]) == 2
-    assert "only pipeline can be added" in capsys.readouterr().err
+    assert "only pipeline, calibration can be added" in capsys.readouterr().err
     recs.write_text(json.dumps({"records": []}))
     assert cli.main(["profile", "--update", str(src), "--from-records", str(recs)]) == 2
     assert capsys.readouterr().err.strip() == f"sprint: error: no pipeline runs among the records ({recs})"

@@ -105,8 +105,38 @@ def _check_outputs(*paths):
             raise RunError("cannot write into this folder", folder)
 
 
-# Sweeps fitted on top of an existing profile's prices: ``--update`` adds them alone.
-ON_TOP = ("pipeline",)
+# Sections measured on top of an existing profile's prices: ``--update`` adds
+# them alone (the pipeline section without --only).
+ON_TOP = ("pipeline", "calibration")
+
+
+def _update_calibration(args, prof) -> int:
+    """``--update PROFILE --only calibration``: this machine's calibration
+    (every part of ``calibrate.PARTS``) replaces the profile's, the old one
+    kept beside it. Run right after a sweep made in several ``--only``
+    parts, each of which stored only its own calibration, or to add a part
+    a profile was swept without; refused for a profile of another machine."""
+    from .calibrate import FINGERPRINT_KEYS, PARTS, _same, calibration_step, fingerprint, merge_calibrations
+    if args.from_records:
+        raise RunError("the calibration is measured, not refitted from records", "--from-records")
+    old = prof.data.get("fingerprint") or {}
+    here = fingerprint()
+    differs = [k for k in FINGERPRINT_KEYS if k in old and not _same(k, old[k], here[k])]
+    if differs:
+        raise RunError("the profile was measured on another machine or software (" + ", ".join(
+            f"{k} {old[k]!r} there, {here[k]!r} here" for k in differs) + "): its prices do not match "
+            "this machine's calibration; run `sprint profile`", args.update)
+    # Two, as a sweep's before and after: their difference is the noise a later check allows.
+    both = merge_calibrations([calibration_step(args.calibrate_seconds) for _ in range(2)])
+    if old.get("calibration"):
+        both["replaced"] = {k: v for k, v in old["calibration"].items() if k not in ("before", "after", "replaced")}
+    prof.data["fingerprint"] = dict(old or here, calibration=both)
+    out = Path(args.out or args.update)
+    prof.save(out)
+    print("calibration: " + ", ".join(f"{k.split('_')[0]} {1e3 * both[k]:.4f} ms" for k in ("wall_s",) + PARTS if k in both)
+          + (f"; x{both['wall_s'] / both['replaced']['wall_s']:.3f} the one it replaces" if "replaced" in both else ""))
+    print(f"profile written to {out}")
+    return 0
 
 
 def _update_profile(args, only) -> int:
@@ -120,6 +150,10 @@ def _update_profile(args, only) -> int:
                        "--only")
     prof = Profile.load(args.update)
     _check_outputs(args.out or args.update, args.records)
+    if only and "calibration" in only:
+        if len(only) > 1:
+            raise RunError("--only calibration is measured alone", "--only")
+        return _update_calibration(args, prof)
     if args.from_records:
         recs = _read_records(args.from_records)["records"]
     else:
@@ -293,8 +327,11 @@ def register(sub):
     p.add_argument("--plots", default=None, help="directory for PNGs of each fit against its sweep")
     p.add_argument("--update", default=None, metavar="PROFILE",
                    help="measure only the sections fitted on top of an existing profile (" + ", ".join(ON_TOP) +
-                        ": the pipeline executor's costs and message table) and write them into PROFILE "
+                        ": the pipeline executor's costs and message table; with --only calibration: this "
+                        "machine's calibration, measured now) and write them into PROFILE "
                         "(or --out); with --from-records: refit them from saved records")
+    p.add_argument("--calibrate-seconds", type=positive_float, default=2.0,
+                   help="length of each of the two calibrations of --update --only calibration")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("predict", help="predict a parallel strategy's step times and T_Epoch "

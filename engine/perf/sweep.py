@@ -19,8 +19,6 @@ import json
 import sys
 import time
 
-import numpy as np
-
 from .timing import CLOCK, set_threads, time_call, use_clock  # noqa: F401  (public API)
 from .sweep_kernels import (LAYER_NETS, SWEPT_NETS, TRANS, conv_shapes,  # noqa: F401
                             net_gemm_shapes, sgemm_grid, sweep_data, sweep_fc_softmax, sweep_handover,
@@ -111,7 +109,7 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
         if not contention:
             names = [n for n in names if n not in ("loop overhead", "contention", "runner contention",
                                                    "runner contention mid")]
-    from .calibrate import PARTS, calibration_step, record
+    from .calibrate import calibration_step, merge_calibrations, record
     # The machine and its speed, before and after the sweeps: what a later
     # predict checks its own calibration against.
     fp = record()
@@ -131,14 +129,7 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
         recs += got
         if log:
             log(f"sweep {name}: {len(got)} points in {time.perf_counter() - t1:.1f} s")
-    cal = [fp["calibration"], calibration_step()]
-    mean = lambda k: float(np.mean([c[k] for c in cal]))
-    both = dict(cal[1], **{k: mean(k) for k in ("wall_s", "cpu_s") + PARTS if all(k in c for c in cal)})
-    for u in ("u", "u_kernel", "u_python"):
-        if all(u in c for c in cal):
-            both[u] = float(np.hypot(cal[0][u], cal[1][u]) / 2)
-    fp["calibration"] = dict(both, n=sum(c["n"] for c in cal),
-                             drift=float(abs(cal[1]["wall_s"] / cal[0]["wall_s"] - 1)), before=cal[0], after=cal[1])
+    fp["calibration"] = merge_calibrations([fp["calibration"], calibration_step()])
     meta = {"quick": quick, "threads": threads, "threads_applied": applied, "backend": be.name, "fingerprint": fp,
             "nets": list(cfg["nets"]), "layer_nets": list(LAYER_NETS),
             "layer_pass_nets": [n if isinstance(n, str) else n["name"] for n in cfg["layer_pass_nets"]],
