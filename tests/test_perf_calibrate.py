@@ -258,6 +258,44 @@ def test_time_slice_wait_is_read_between_the_swept_nets():
     assert "does not price" in without.extra["oversubscribed"]
 
 
+def _beyond_own_barrier(prof, ranks, workers, barrier=None):
+    """Turn each entry's whole wait for the slowest node beyond the model's
+    other waits into what a sweep records: its excess over the model of that
+    run, which priced the barrier alone (``barrier``: {net: seconds}; None:
+    the model's own barrier of the run, without any slice wait)."""
+    for e in prof.data["contention"]["entries"]:
+        if (e["ranks"], e["workers"]) != (ranks, workers) or e.get("slice_wait") is None:
+            continue
+        b = barrier[e["model"]] if barrier is not None else model._predict(
+            e["model"], ranks, workers, int(e["n_subbatch"]), prof, ranks_per_host=ranks,
+            impl=model.RUNNER_SWEEP_IMPL, slowdown=prof.slowdown(ranks, workers, e["model"]),
+            slice_wait=(0.0, 0.0), wake=0.0).t_barrier
+        e["slice_wait"] = model.with_slice_wait(b, e["slice_wait"]) - b
+
+
+def test_time_slice_wait_is_fitted_through_the_whole_waits_of_the_swept_runs(monkeypatch):
+    """A swept run whose updaters waited for deposits (a barrier the model
+    prices) recorded only the slice wait's excess over that barrier; the
+    line c + beta T_GPU is fitted through the whole waits the composition
+    gives back (queueing.slice_from_excess), not through those excesses."""
+    c, beta = 1.5e-3, 0.3
+    prof = _sliced_profile()
+    t = {"tiny": 1.2e-3, "cifar": 0.11}
+    barrier = {"tiny": 0.2e-3, "cifar": 0.04}           # cifar's updaters wait for deposits
+    for e in prof.data["contention"]["entries"]:
+        e["cycle"] = {"T_GPU": t[e["model"]]}
+        if e["ranks"] == 3:
+            e["slice_wait"] = c + beta * t[e["model"]]
+    _beyond_own_barrier(prof, 3, 1, barrier)
+    real = model.per_swept_run
+    monkeypatch.setattr(model, "per_swept_run", lambda p, R, w, kw, name, value, accept=None, **k:
+                        dict(barrier) if name == "_bare_barriers" else real(p, R, w, kw, name, value, accept, **k))
+    assert prof.slice_terms(3, 1, "mnist", 206_922) == pytest.approx((c, beta), rel=1e-6)
+    # Read as excesses, cifar's 40 ms barrier would have hidden most of its wait.
+    raw = prof._slice_line([e for e in prof.data["contention"]["entries"] if e["ranks"] == 3])
+    assert raw[1] < 0.8 * beta
+
+
 def test_time_slice_wait_grows_with_the_step_beyond_the_cores():
     """Entries that measured their T_GPU: the wait per cycle is fitted as
     c + beta T_GPU across nets (ranks > cores only), and the beta part
@@ -269,6 +307,7 @@ def test_time_slice_wait_grows_with_the_step_beyond_the_cores():
         e["cycle"] = {"T_GPU": t_gpu}
         if e["ranks"] == 3:
             e["slice_wait"] = c + beta * t_gpu
+    _beyond_own_barrier(prof, 3, 1)
     got = prof.slice_terms(3, 1, "mnist", 206_922)
     assert got == pytest.approx((c, beta), rel=1e-6)
     # Within the cores: read by N_Param, as before (no step-proportional part).
@@ -303,6 +342,7 @@ def test_time_slice_wait_is_read_apart_for_small_and_large_vectors():
         e["cycle"] = {"T_GPU": t[e["model"]]}
         if e["ranks"] == 3:
             e["slice_wait"] = frac * t["cifar"] if e["model"] == "cifar" else c + beta * t[e["model"]]
+    _beyond_own_barrier(prof, 3, 1)
     assert prof.slice_terms(3, 1, "heldout", 100_000) == pytest.approx((c, beta), rel=1e-6)
     assert prof.slice_terms(3, 1, "heldout", 5_000_000) == pytest.approx((0.0, frac), abs=1e-9)
     mid = int(round((206_922 * 3_237_834) ** 0.5))              # halfway in log N_Param
@@ -311,7 +351,8 @@ def test_time_slice_wait_is_read_apart_for_small_and_large_vectors():
     one = Profile(copy.deepcopy(prof.data))
     one.data["contention"]["entries"] = [e for e in es if e["model"] != "mnist"]
     assert one.slice_terms(3, 1, "heldout", 100_000) == pytest.approx(
-        one._slice_line([e for e in one.data["contention"]["entries"] if e["ranks"] == 3]), rel=1e-9)
+        one._slice_line(one._whole_slice_waits([e for e in one.data["contention"]["entries"] if e["ranks"] == 3],
+                                               3, 1)), rel=1e-9)
     # Without the cache size (an older profile): one line through every net.
     del prof.data["cache"]
     got_c, got_beta = prof.slice_terms(3, 1, "heldout", 100_000)

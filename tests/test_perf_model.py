@@ -454,3 +454,24 @@ def test_a_deposit_that_wakes_the_updater_costs_the_worker_the_measured_wait():
     # One worker on one rank, or a GPU profile: nothing to wake on a shared core.
     assert wake_wait(prof, 1, 1, "cifar", {"impl": impl}) == 0.0
     assert wake_wait(Profile(dict(prof.data, backend="gpu")), 2, 2, "cifar", {"impl": impl}) == 0.0
+
+
+@pytest.mark.parametrize("sa,sd", [(1.0, 0.0), (0.0, 2.0), (1.0, 1.0), (1.0, 3.0), (2.5, 0.7)])
+def test_two_independent_causes_of_lateness_compose_in_variance(sa, sd):
+    """The wait for the slowest of N nodes, E[max_i X_i] - E[X], when each
+    node is late for two independent reasons (Gaussian spreads sa and sd):
+    the composition of the two waits each alone, not their sum."""
+    rng = np.random.default_rng(3)
+    n_node, draws = 3, 400_000
+    a = rng.normal(0.0, sa, size=(draws, n_node))
+    d = rng.normal(0.0, sd, size=(draws, n_node))
+    wait = lambda x: float((x.max(axis=1) - x[:, 0]).mean())
+    both, alone_a, alone_d = wait(a + d), wait(a), wait(d)
+    assert model.with_slice_wait(alone_a, alone_d) == pytest.approx(both, rel=0.01, abs=0.01)
+    if sa and sd:
+        assert alone_a + alone_d > 1.1 * both          # the sum overprices it
+    # What a sweep measured beyond a model that priced one of them, as the other.
+    excess = both - alone_a
+    assert model.with_slice_wait(alone_a, model.slice_from_excess(alone_a, excess)) == pytest.approx(both, rel=1e-12)
+    assert model.slice_from_excess(0.0, excess) == pytest.approx(excess)
+    assert model.slice_from_excess(alone_a, -alone_a) == 0.0

@@ -33,7 +33,7 @@ from .host import (Oversubscribed, _allreduce_cost, _cold, _updater_excess, core
 from .layer_cost import (compute_gradient_terms, kernel_time, layer_kernels,  # noqa: F401
                          python_share)
 from .queueing import (_first_deposit_wait, barrier_factor, barrier_wait, binom_cdf,  # noqa: F401
-                       expected_staleness, lock_wait, t_barrier)
+                       expected_staleness, lock_wait, slice_from_excess, t_barrier, with_slice_wait)
 from .step_times import _idle_at_deposit, _means, _updater_steps, _worker_steps  # noqa: F401
 from .wake_wait import wake_wait
 
@@ -114,14 +114,15 @@ RUNNER_SWEEP_IMPL = Impl(weight_decay=True)
 
 
 def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl: Impl = ENGINE_IMPL,
-               slowdown=None, wake=None):
+               slowdown=None, wake=None, slice_wait=None):
     """Mean and spread of every indivisible step, lock waits and barrier excluded.
 
     The closed form and the simulator both start from these numbers.
     Returns {step: (seconds, cv)} plus ``_``-prefixed entries (layer rows,
     slowdown, N_Param, N_File, the updater's spread). ``wake``: seconds a
     worker waits per deposit that wakes its updater (None: the profile's,
-    ``wake_wait``).
+    ``wake_wait``); ``slice_wait``: ``(c, beta)`` of the updaters' wait for
+    time slices (None: the profile's, ``slice_terms``).
     """
     for name, v in (("n_node", n_node), ("n_gpu", n_gpu), ("n_subbatch", n_subbatch),
                     ("ranks_per_host", ranks_per_host)):
@@ -145,6 +146,8 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     # The flat vectors are touched once per step, between kernels that
     # stream other data through the caches: priced cold where swept so.
     foot = step_footprint(sp, n_subbatch)
+    if slice_wait is None:
+        slice_wait = slice_terms(pr, cpu, ranks_per_host, n_gpu, sp.name, n_param)
 
     def priced(factor):
         def cost(name, n):
@@ -194,7 +197,7 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
         "sum_zero": vu("fill", n_param),
         "add_momentum": (uslow * (pr.term(add, sl) + ((pr.term(scale, sl) + pr.term(add, sl))
                                                      if impl.momentum else 0.0)), pr.cv(add)),
-        "allreduce_bw": (_allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, sp.name, n_param),
+        "allreduce_bw": (_allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, sp.name, n_param, slice_wait),
                          float(pr.data.get("allreduce", {}).get("cv", 0.0))),
         "update_momentum": (uslow * pr.term(sub, sl), pr.cv(sub)),
         "update_weights": hand if swap else vu("copy", n_param),
@@ -218,8 +221,7 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     c["_n_file"] = (N_FILE.get(sp.name, 50000), 0.0)
     c["_impl"] = (impl, 0.0)
     # The time-slice wait's part that grows with the step: beta * T_GPU per cycle.
-    c["_slice_beta"] = (slice_terms(pr, cpu, ranks_per_host, n_gpu, sp.name, n_param)[1] if n_node > 1 else 0.0,
-                        0.0)
+    c["_slice_beta"] = (slice_wait[1] if n_node > 1 else 0.0, 0.0)
     c["_wait_state"] = ({}, 0.0)
     # A worker's cycle beyond its timed steps, (c, beta) of c + beta T_GPU:
     # deposits, and so the workers' rate, follow the cycle, not T_GPU alone.
@@ -331,8 +333,8 @@ def per_swept_run(profile, R, n_gpu, kw, name, value, accept=None, **predict_kw)
 
 def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None,
              ranks_per_host: int = 1, impl: Impl = ENGINE_IMPL, staleness_offset: float = 1.0,
-             tol: float = 1e-7, max_iter: int = 400, slowdown=None, wake=None) -> Prediction:
-    c = step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host, impl, slowdown, wake)
+             tol: float = 1e-7, max_iter: int = 400, slowdown=None, wake=None, slice_wait=None) -> Prediction:
+    c = step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host, impl, slowdown, wake, slice_wait)
     sp = spec_mod.get_spec(spec)
     n_param = c["_n_param"][0]
     if n_file is None:

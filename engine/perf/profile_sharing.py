@@ -133,6 +133,7 @@ class HostSharing:
         # 3 x 1) and priced the held-out nets' wait at a third of what they
         # waited (0.45 T_GPU at 3 x 1, 0.6 at 3 x 2; sets 2-9, all seen);
         # tiny, mnist and digits alone give 0.3 and 0.6.
+        es = self._whole_slice_waits(es, ranks_per_host, n_gpu)
         big = [e for e in es if self._overflows_l2(e.get("n_param"))]
         small = [e for e in es if not self._overflows_l2(e.get("n_param"))]
         if not big or len({e.get("model") for e in small}) < 2:
@@ -145,6 +146,20 @@ class HostSharing:
             (cs, bs), (cb, bb) = self._slice_line(small), self._slice_line(big)
             c, beta = (1.0 - w) * cs + w * cb, (1.0 - w) * bs + w * bb
         return self.time_scale * c, beta
+
+    def _whole_slice_waits(self, es, ranks_per_host, n_gpu) -> list:
+        """The entries with ``slice_wait`` as the wait ``queueing.with_slice_wait``
+        composes with the model's barrier: the sweep measured it beyond a
+        model that priced the barrier alone (``fit_steps.anchor_contention``),
+        so each swept run's own barrier (the model's, without the slice wait)
+        is put back as the composition says."""
+        from .model import RUNNER_SWEEP_IMPL, per_swept_run
+        from .queueing import slice_from_excess
+        bare = per_swept_run(self, ranks_per_host, n_gpu, {"impl": RUNNER_SWEEP_IMPL}, "_bare_barriers",
+                             lambda e, ref: ref.t_barrier, slice_wait=(0.0, 0.0), wake=0.0)
+        # In the sweep's seconds, as the entries' waits (c is rescaled after the fit).
+        return [dict(e, slice_wait=slice_from_excess(bare.get(e.get("model"), 0.0) / self.time_scale,
+                                                     e["slice_wait"])) for e in es]
 
     @staticmethod
     def _slice_line(es) -> tuple:

@@ -66,6 +66,34 @@ def barrier_wait(cost, n_gpu, n_node, p, sigma=0.0):
     return max(float(emax) - mean, 0.0)
 
 
+def with_slice_wait(barrier, slice_wait):
+    """The updater's wait at the allreduce for the slowest node, from the
+    part the barrier prices (buffer counts and deposit waits: ``barrier``)
+    and the time-slice wait of a shared host (``slice_wait``).
+
+    Both are waits for the last of N nodes to arrive: E[max_i X_i] - E[X]
+    grows with the spread of the arrival times X_i (k_N sigma for Gaussian
+    ones). A node is late for its deposit and, independently, for a core or
+    its GIL, so the two spreads add in variance, and the waits compose as
+    sqrt(barrier**2 + slice_wait**2), not as their sum: the slowest node is
+    seldom the slowest on both counts. Summed, 3 ranks x 2 workers of
+    compute-bound nets (T_Update about T_GPU, every updater waiting for its
+    deposit) were priced 0.96-1.25 T_GPU at the allreduce and took 0.57-0.89
+    (N_Minibatch_avg +20 % mean on sets 1-10); the slice wait was measured
+    on nets whose updaters never wait for a deposit, where both rules agree.
+    """
+    return math.hypot(max(barrier, 0.0), max(slice_wait, 0.0))
+
+
+def slice_from_excess(barrier, excess):
+    """The time-slice wait that ``with_slice_wait`` composes with ``barrier``
+    into ``barrier + excess``: what a sweep measured beyond a model that
+    priced ``barrier`` alone (``fit_steps.anchor_contention``)."""
+    barrier = max(barrier, 0.0)
+    total = max(barrier + excess, 0.0)
+    return math.sqrt(max(total * total - barrier * barrier, 0.0))
+
+
 def _first_deposit_wait(w, t_gpu, n_gpu, n_node, state=None, points=401, tol=1e-8):
     """(own wait, extra barrier) of updaters that wait for one local gradient.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from .queueing import _first_deposit_wait, barrier_wait, lock_wait
+from .queueing import _first_deposit_wait, barrier_wait, lock_wait, with_slice_wait
 
 
 def _means(c):
@@ -77,9 +77,11 @@ def _updater_steps(c, n_gpu, n_node, t_gpu, t_update):
     # wait, not beside it: the updater that got its gradient waits for a
     # core (and its worker's GIL) before it sums, so the cycle outlasts
     # T_GPU by it (3 ranks on 2 cores: T_Update 38 ms at T_GPU 31 ms).
-    # (Fitted against the runner's timed T_GPU, not its whole cycle.)
+    # (Fitted against the runner's timed T_GPU, not its whole cycle.) It and
+    # the barrier are both waits for the slowest node: they compose in
+    # variance (queueing.with_slice_wait), not as a sum.
     gc, gb = c["_cycle_gap"][0]
-    barrier += c["_slice_beta"][0] * max(t_gpu - gc, 0.0) / (1.0 + gb)
+    barrier = with_slice_wait(barrier, c["_slice_beta"][0] * max(t_gpu - gc, 0.0) / (1.0 + gb))
     s["Allreduce"] += barrier
     s = {"WaitGradient": wait, **s}
     return s, barrier, p_ne
