@@ -5,7 +5,7 @@ import pytest
 
 from engine import spec as spec_mod
 from engine.perf import fit, model
-from engine.perf.layer_cost import in_step_factor, layer_term_keys, streams_in_sweep
+from engine.perf.layer_cost import fc_input_floats, in_step_factor, layer_term_keys, streams_in_sweep
 from engine.perf.profile import Profile
 
 # Each kind and pass, and a net's first convolution and output layer apart.
@@ -15,11 +15,12 @@ B = {"conv_fwd": 20e-6, "conv_bwd": 35e-6, "fc_fwd": 8e-6, "fc_bwd": 12e-6,
      "conv1_fwd": 3e-6, "conv1_bwd": 15e-6, "fcout_fwd": 11e-6, "fcout_bwd": 6e-6}
 
 
-def _truth(prof, net, n, terms=None):
+def _truth(prof, net, n, terms=None, x=None):
     """{(layer, pass): seconds} of the generating model (``terms``: the keys
     it knows, the most specific of a layer's ``layer_term_keys`` used); an
     FC pass whose op sweep overflowed the profile's L2 at its swept price
-    (``streams_in_sweep``)."""
+    (``streams_in_sweep``); ``x``: seconds per input float of the keys it
+    names."""
     terms = terms or F
     sums = fit._kernel_sums(Profile(prof), net, n)
     geoms = spec_mod.layers(spec_mod.get_spec(net))
@@ -29,7 +30,8 @@ def _truth(prof, net, n, terms=None):
     for k, (ks, kind) in sums.items():
         key = next(c for c in layer_term_keys(kind, at[k[0]], len(geoms), k[1]) if c in terms)
         streams = streams_in_sweep(geoms[at[k[0]]], n, k[1], l2)
-        out[k] = (1.0 if streams else F[key]) * ks + B[key]
+        out[k] = (1.0 if streams else F[key]) * ks + B[key] \
+            + (x or {}).get(key, 0.0) * fc_input_floats(geoms[at[k[0]]], n)
     return out
 
 
@@ -297,3 +299,39 @@ def test_fc_passes_whose_sweep_streamed_are_not_scaled_by_f():
     got = sum(r[4] for r in model.compute_gradient_terms(spec_mod.get_spec("cifar"), 8, priced)
               if r[:2] == ("fc1", "bwd"))
     assert got == pytest.approx(ks + B["fc_bwd"], rel=1e-5)
+
+
+def test_hidden_fc_passes_pay_per_input_float_and_output_layers_do_not():
+    """A hidden FC pass in a step runs beyond f times its op by an amount
+    that grows with its input (``fc_input_floats``): the fit recovers that
+    ``x`` beside f and b, leaves it 0 for the output layers and the
+    convolutions (whose records carry none here: the fit must not invent
+    one), and prices a net no record came from."""
+    x = {"fc_fwd": 1.5e-9, "fc_bwd": 2.5e-9}
+    prof = Profile.synthetic(backend="cpu").data
+    recs = []
+    for net in ("tiny", "cifar", "mnist", "digits"):
+        for n in (1, 4, 16, 32):
+            for (layer, pas), t in _truth(prof, net, n, x=x).items():
+                recs.append({"kind": "layer_pass", "model": net, "n_subbatch": n, "layer": layer, "pass": pas,
+                             "t": t, "holdout": n == 4})
+    lt = fit.fit_layer_terms(prof, recs)
+    for key in F:
+        assert lt[key]["x"] == pytest.approx(x.get(key, 0.0), rel=1e-5, abs=1e-15), key
+        assert lt[key]["f"] == pytest.approx(F[key], rel=1e-5)
+        assert lt[key]["error"]["holdout"]["max"] < 1e-6
+    net = spec_mod.NetSpec("m", 28, 1, 5, ((16, 2), (32, 2)), (256, 64, 10))
+    priced = Profile(dict(prof, layer_terms=lt))
+    want = _truth(prof, net, 8, x=x)
+    got = {}
+    for layer, pas, _, _, t in model.compute_gradient_terms(net, 8, priced):
+        if pas != "loss":
+            got[(layer, pas)] = got.get((layer, pas), 0.0) + t
+    assert got == pytest.approx(want, rel=1e-6)
+    # by hand: fc1 reads 32 x 7 x 7 floats a sample; a convolution none
+    geoms = spec_mod.layers(net, 8)
+    assert fc_input_floats(geoms[2], 8) == 8 * 32 * 7 * 7 and fc_input_floats(geoms[0], 8) == 0.0
+    # without the term (x 0), fc1's forward is priced short by exactly it
+    no_x = Profile(dict(prof, layer_terms={k: dict(v, x=0.0) for k, v in lt.items()}))
+    short = sum(r[4] for r in model.compute_gradient_terms(net, 8, no_x) if r[:2] == ("fc1", "fwd"))
+    assert want[("fc1", "fwd")] - short == pytest.approx(x["fc_fwd"] * 8 * 32 * 7 * 7, rel=1e-6)

@@ -33,7 +33,8 @@ def format_errors(prof: dict) -> str:
     for key, t in sorted(prof.get("layer_terms", {}).items()):
         lines.append(f"{'layer ' + key.replace('_', ' '):<22}{cell(t['error']['fit'])}  {cell(t['error']['holdout'])}"
                      f"  f {t['f']:.2f}, b {1e6 * t['b']:.1f} us"
-                     + (f", w {1e3 * t['w'] * 2 ** 20:.2f} ms/MiB beyond the L2" if t.get("w") else ""))
+                     + (f", w {1e3 * t['w'] * 2 ** 20:.2f} ms/MiB beyond the L2" if t.get("w") else "")
+                     + (f", x {1e9 * t['x']:.2f} ns per input float" if t.get("x") else ""))
     ov = prof.get("overhead", {})
     if "error" in ov and isinstance(ov["error"], dict):
         e = ov["error"]

@@ -12,7 +12,8 @@ from scipy.optimize import nnls
 from engine import spec as spec_mod
 
 from .fit import error_summary, nnls_relative
-from .layer_cost import bytes_beyond_l2, cold_weight_bytes, layer_term_keys, streams_in_sweep
+from .layer_cost import (INPUT_TERM_KEYS, bytes_beyond_l2, cold_weight_bytes, fc_input_floats, layer_term_keys,
+                         streams_in_sweep)
 from .profile import Profile
 
 
@@ -51,7 +52,9 @@ def fit_layer_terms(prof: dict, records) -> dict:
     layer and its ops, allocation, the per-call cost of each kernel beyond
     its swept one; ``f`` the caches a whole step leaves cold for the next
     kernel; ``w`` seconds per byte of weights beyond the L2
-    (``cold_weight_bytes``; 0 where no fitted layer has such weights).
+    (``cold_weight_bytes``; 0 where no fitted layer has such weights);
+    ``x`` seconds per float of a hidden FC layer's input (``fc_input_floats``,
+    for the keys of ``INPUT_TERM_KEYS``; 0 for the others).
     Without ``w`` cifar's fc layers, 1.5-4x their op sweep in a step, pulled
     ``f`` up and every small FC layer 20-40 % slow. ``f`` scales only the FC
     passes whose op sweep ran from the L2 (``streams_in_sweep``; the others
@@ -69,21 +72,22 @@ def fit_layer_terms(prof: dict, records) -> dict:
                 sp = spec_mod.get_spec(r.get("spec") or r["model"])
                 gs = spec_mod.layers(sp)
                 cold = {g.name: cold_weight_bytes(g, l2) for g in gs}
+                xin = {g.name: fc_input_floats(g, r["n_subbatch"]) for g in gs}
                 keys = {(g.name, pas): layer_term_keys(g.kind, i, len(gs), pas)
                         for i, g in enumerate(gs) for pas in ("fwd", "bwd")}
                 streams = {(g.name, pas): streams_in_sweep(g, r["n_subbatch"], pas, l2)
                            for g in gs for pas in ("fwd", "bwd")}
-                cache[key] = (_kernel_sums(p, sp, r["n_subbatch"]), cold, keys, streams)
+                cache[key] = (_kernel_sums(p, sp, r["n_subbatch"]), cold, keys, streams, xin)
             except ValueError:        # a kernel this net needs was not swept
-                cache[key] = ({}, {}, {}, {})
+                cache[key] = ({}, {}, {}, {}, {})
         got = cache[key][0].get((r["layer"], r["pass"]))
         if got is None:
             continue
-        # (kernels f scales, kernels as swept, cold bytes, time, held out)
+        # (kernels f scales, kernels as swept, cold bytes, input floats, time, held out)
         k = got[0]
         kf, k1 = (0.0, k) if cache[key][3][(r["layer"], r["pass"])] else (k, 0.0)
         rows.setdefault(cache[key][2][(r["layer"], r["pass"])], []).append(
-            (kf, k1, cache[key][1][r["layer"]], r["t"], bool(r.get("holdout"))))
+            (kf, k1, cache[key][1][r["layer"]], cache[key][4][r["layer"]], r["t"], bool(r.get("holdout"))))
     # A role with too few fitted passes is priced by its kind's term.
     for keys in [k for k in rows if len(k) > 1]:
         if sum(not h for *_, h in rows[keys]) < 3:
@@ -91,22 +95,22 @@ def fit_layer_terms(prof: dict, records) -> dict:
     rows = {keys[0]: rs for keys, rs in rows.items()}
     out = {}
     for key, rs in sorted(rows.items()):
-        fit_r = [r[:4] for r in rs if not r[4]]
-        hold = [r[:4] for r in rs if r[4]]
+        fit_r = [r[:5] for r in rs if not r[5]]
+        hold = [r[:5] for r in rs if r[5]]
         if len(fit_r) < 3:
             continue
-        X = lambda rr: np.array([[kf, 1.0, c] for kf, _, c, _ in rr])
+        X = lambda rr: np.array([[kf, 1.0, c, xi] for kf, _, c, xi, _ in rr])
         A = X(fit_r)
-        coef = np.zeros(3)
-        used = [0, 1, 2] if A[:, 2].any() else [0, 1]
-        coef[used] = nnls_relative(A[:, used], [r[3] for r in fit_r], offset=[r[1] for r in fit_r])
-        f, b, w = map(float, coef)
-        ev = lambda rr: error_summary(X(rr) @ coef + np.array([r[1] for r in rr]), [r[3] for r in rr]) \
+        coef = np.zeros(4)
+        used = [0, 1] + [j for j in (2, 3) if A[:, j].any() and (j == 2 or key in INPUT_TERM_KEYS)]
+        coef[used] = nnls_relative(A[:, used], [r[4] for r in fit_r], offset=[r[1] for r in fit_r])
+        f, b, w, xc = map(float, coef)
+        ev = lambda rr: error_summary(X(rr) @ coef + np.array([r[1] for r in rr]), [r[4] for r in rr]) \
             if rr else {"n": 0}
-        out[key] = {"f": f, "b": b, "w": w, "l2_only": True,
+        out[key] = {"f": f, "b": b, "w": w, "x": xc, "l2_only": True,
                     "error": {"fit": ev(fit_r), "holdout": ev(hold),
                               "kernels_only_holdout": error_summary([r[0] + r[1] for r in hold],
-                                                                    [r[3] for r in hold]) if hold else {"n": 0}}}
+                                                                    [r[4] for r in hold]) if hold else {"n": 0}}}
     return out
 
 

