@@ -1,0 +1,267 @@
+"""Does the calibration track the drift the nets feel? (issue 15, profile validity)
+
+    python bench/calibration_drift.py --history     # saved runs only: no timing, ~3 min of predictions
+    /work/coord/cpu-exclusive python bench/calibration_drift.py --live 3 --out F.jsonl   # ~1 min
+
+``--history`` re-predicts every saved validation run whose calibrations
+timed their parts (the fitted grid of sessions 6-12, test sets 6-10) with
+this code and the profile the run was judged against, pass by pass: each
+pass's measured T_GPU against the prediction rescaled by that pass's own
+calibration, by three rules: none, the 10 % band the check used before
+(a part's ratio applied whole beyond max(10 %, 3 sigma, the profile's
+drift), else not at all), and ``calibrate.compare`` as it is now. It also
+fits, per net, the slope of log(measured / predicted) on each part's log
+ratio. T_GPU is linear in the two scales (``time_scale`` k on the per-unit
+costs, ``call_scale`` kc on the per-call ones) to a median 0.05 %, so each
+configuration is predicted twice, at (1, 1) and (1, 2), and every rule is
+k U + kc C.
+
+``--live`` times candidate calibration parts on core 0, core 1, unpinned
+and with the other core running the same part (``pair``), and a 2-thread
+GEMM, beside 2.5 s one-rank runs of tiny (N_Subbatch 8) and cifar (4), one
+JSON line a round.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PROFILES = Path(__file__).resolve().parent / "profiles"
+PART_KEYS = {"kernel": "kernel_s", "python": "python_s"}
+
+
+def _profiles():
+    """{name: (date of its calibration, fingerprint)} of the test profiles that store one."""
+    out = {}
+    for f in sorted(PROFILES.glob("cpu_test*.json")):
+        if f.name.endswith("_records.json"):
+            continue
+        fp = json.loads(f.read_text()).get("fingerprint") or {}
+        if (fp.get("calibration") or {}).get("kernel_s"):
+            out[f.stem] = (fp["calibration"]["date"], fp)
+    return out
+
+
+def _profile_of(d, profs):
+    """The profile a saved run was judged against: the newest one calibrated
+    before it ran (``--profile`` named the shipped file, which changed with
+    each session); where the run kept its calibration, its ratio must give
+    that profile's stored time back."""
+    name = max((n for n, (date, _) in profs.items() if date <= d["date"]), key=lambda n: profs[n][0])
+    then = profs[name][1]["calibration"]
+    for c in d["calibrations"]:
+        if c.get("now") and c.get("ratio"):
+            assert abs(c["now"]["wall_s"] / c["ratio"] / then["wall_s"] - 1) < 1e-6, (d["date"], name)
+    return name
+
+
+def _now(c, then):
+    """A pass's calibration; runs before the measurement was kept (set 7 and
+    earlier) give it back from the ratios, with the median blocks' spread."""
+    if c.get("now"):
+        return c["now"]
+    return {"wall_s": c["ratio"] * then["wall_s"], "u": 0.004, "u_kernel": 0.003, "u_python": 0.009,
+            **{v: c["parts"][k] * then[v] for k, v in PART_KEYS.items()}}
+
+
+def _band(then, now):
+    """(k, kc) of the check before the shrinkage: each part's ratio whole
+    beyond its band, else 1."""
+    out = []
+    for k, v in PART_KEYS.items():
+        r = now[v] / then[v]
+        band = max(0.10, 3 * np.hypot(then.get("u_" + k, 0), now.get("u_" + k, 0)), then.get("drift", 0))
+        out.append(r if abs(r - 1) > band else 1.0)
+    return tuple(out)
+
+
+def history(tags):
+    from engine.perf.calibrate import compare
+    from engine.perf.profile import Profile
+    from validate_runs import predicted, row_n_file
+    profs = _profiles()
+    rows = []
+    for f in sorted(glob.glob(str(RESULTS / "validation_*.json"))):
+        m = re.match(r"validation_((fitted|test)\d+)_", os.path.basename(f))
+        if not m or m.group(1) not in tags:
+            continue
+        d = json.loads(Path(f).read_text())
+        if not d.get("date") or not all(c.get("parts") for c in d.get("calibrations") or [{}]):
+            continue
+        name = _profile_of(d, profs)
+        prof = Profile.load(PROFILES / f"{name}.json")
+        fp = prof.data["fingerprint"]
+        for r in d["rows"]:
+            t = {}
+            for kc in (1.0, 2.0):
+                p = Profile(prof.data, prof.source)
+                p.call_scale = kc
+                t[kc] = predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], p, row_n_file(r),
+                                  sim=False)["T_GPU"]
+            C = t[2.0] - t[1.0]
+            U = t[1.0] - C
+            for i, c in enumerate(d["calibrations"]):
+                if i >= len(r.get("runs", [])):
+                    continue
+                now = _now(c, fp["calibration"])
+                chk = compare(fp, None, now)
+                rules = {"none": (1.0, 1.0), "band 10 %": _band(fp["calibration"], now),
+                         "shrunk (now)": (chk.scale, chk.call_scale)}
+                rows.append({"run": m.group(1), "net": r["model"], "pass": i, "meas": r["runs"][i]["T_GPU"],
+                             "U": U, "C": C, "parts": chk.parts,
+                             "pred": {k: a * U + b * C for k, (a, b) in rules.items()}})
+        print(f"{os.path.basename(f)}: {name}", file=sys.stderr, flush=True)
+    return rows
+
+
+def report(rows):
+    groups = {"fitted grid": lambda x: x["run"].startswith("fitted"),
+              "sets 6-10": lambda x: x["run"].startswith("test"), "all": lambda x: True}
+    for run in sorted({x["run"] for x in rows}, key=lambda s: (s[0], int(re.sub(r"\D", "", s)))):
+        groups[run] = lambda x, run=run: x["run"] == run
+    rules = list(rows[0]["pred"])
+    print("T_GPU, each pass against its own calibration: mean |error| % (median signed)")
+    print(f"{'runs':12s} {'n':>4s} | " + " | ".join(f"{r:>15s}" for r in rules))
+    for g, sel in groups.items():
+        xs = [x for x in rows if sel(x)]
+        cells = []
+        for rule in rules:
+            e = np.array([x["pred"][rule] / x["meas"] - 1 for x in xs])
+            cells.append(f"{100 * np.mean(abs(e)):6.1f} ({100 * np.median(e):+5.1f})")
+        print(f"{g:12s} {len(xs):4d} | " + " | ".join(cells))
+    # Per (run, net, pass): the median over configurations of log(measured /
+    # unscaled prediction) against each part's log ratio, an intercept per net.
+    by = {}
+    for x in rows:
+        by.setdefault((x["run"], x["net"], x["pass"]), []).append(x)
+    pts = [(k[1], np.log(xs[0]["parts"]["kernel"]), np.log(xs[0]["parts"]["python"]),
+            np.median([np.log(x["meas"] / x["pred"]["none"]) for x in xs])) for k, xs in by.items()]
+    # Only nets run in several sessions: within one run the passes' ratios span a few per cent.
+    runs_of = {}
+    for run, net, _ in by:
+        runs_of.setdefault(net, set()).add(run)
+    pts = [p for p in pts if len(runs_of[p[0]]) > 1]
+    print("\nslope of log(measured / predicted T_GPU) on a part's log ratio (median over each run's configurations;"
+          " nets run in several sessions)")
+    for net in sorted({p[0] for p in pts}) + [None]:
+        sel = [p for p in pts if net is None or p[0] == net]
+        y = np.array([p[3] for p in sel])
+        nets = sorted({p[0] for p in sel})
+        base = np.array([[1.0 * (p[0] == n) for n in nets] for p in sel])
+        sd0 = np.std(y - base @ np.linalg.lstsq(base, y, rcond=None)[0])
+        cells = [f"no part: resid sd {100 * sd0:.1f} %"]
+        for j, part in ((1, "kernel"), (2, "python")):
+            a = np.column_stack([base, [p[j] for p in sel]])
+            b = np.linalg.lstsq(a, y, rcond=None)[0]
+            cells.append(f"{part}: slope {b[-1]:.2f}, resid sd {100 * np.std(y - a @ b):.1f} %")
+        print(f"  {net or 'all nets':8s} ({len(sel)} passes): " + "; ".join(cells))
+
+
+def live(rounds, out):
+    import tempfile
+    import multiprocessing as mp
+    from engine import ops
+    from engine.net import Net
+    from engine.perf.sweep_runner import runner_job, runner_step_means, synthetic_npz
+    from engine.perf.timing import set_threads
+    from engine.spec import get_spec
+    set_threads(1)
+    rng = np.random.default_rng(0)
+
+    def gemm(m):
+        a, b, c = (rng.standard_normal((m, m)).astype(np.float32) for _ in range(3))
+        return lambda: ops.gemm(a, b, out=c)
+
+    def copy(mib):
+        s = rng.standard_normal(mib << 18).astype(np.float32)
+        d = np.empty_like(s)
+        return lambda: np.copyto(d, s)
+
+    def step(name, n):
+        sp = get_spec(name)
+        net = Net(sp, seed=0)
+        x = rng.standard_normal((n,) + sp.input_shape).astype(np.float32)
+        y = rng.integers(0, sp.n_classes, n)
+        return lambda: net.loss_and_grad(x, y)
+    g192, c4 = gemm(192), copy(4)
+    parts = {"kernel": lambda: (g192(), c4()), "python": step("tiny", 8), "cifar4": step("cifar", 4),
+             "gemm128": gemm(128), "gemm512": gemm(512), "copy32": copy(32)}
+
+    def timed(fn, sec=0.4):
+        fn()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < sec or n < 3:
+            fn()
+            n += 1
+        return (time.perf_counter() - t0) / n
+
+    def helper(conn):             # core 1: runs a part while the parent times it on core 0
+        os.sched_setaffinity(0, {1})
+        while (msg := conn.recv()) is not None:
+            conn.send(timed(parts[msg[0]], msg[1]))
+    parent, child = mp.get_context("fork").Pipe()
+    proc = mp.get_context("fork").Process(target=helper, args=(child,), daemon=True)
+    proc.start()
+    every = os.sched_getaffinity(0)
+    with tempfile.TemporaryDirectory(prefix="calibration-drift-") as tmp, open(out, "a") as f:
+        data = {}
+        for net, n in (("tiny", 200_000), ("cifar", 20_000)):
+            data[net] = Path(tmp) / f"{net}.npz"
+            synthetic_npz(net, data[net], n)
+        for rnd in range(rounds):
+            rec = {"round": rnd, "utc": time.strftime("%H:%M:%S", time.gmtime()), "load": os.getloadavg()[0]}
+            for core in (0, 1, None):
+                os.sched_setaffinity(0, every if core is None else {core})
+                for name, fn in parts.items():
+                    rec[f"{name}@{'any' if core is None else core}"] = timed(fn)
+            for name in ("kernel", "python", "gemm512", "copy32"):
+                os.sched_setaffinity(0, {0})
+                parent.send((name, 0.7))
+                rec[f"{name}@pair0"] = timed(parts[name])
+                rec[f"{name}@pair1"] = parent.recv()
+            os.sched_setaffinity(0, every)
+            set_threads(2)
+            rec["gemm512x2@any"] = timed(parts["gemm512"])
+            set_threads(1)
+            for net, n in (("tiny", 8), ("cifar", 4)):
+                st = runner_job(net, data[net], n, 1, 1, 2.5, Path(tmp) / f"{net}-{rnd}", 120)
+                rec[f"run_{net}"] = {"T_GPU": st["T_GPU"], "CG": runner_step_means(st["timers"])[0]["ComputeGradient"]}
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            print(json.dumps(rec), flush=True)
+    parent.send(None)
+    proc.join(5)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--history", action="store_true", help="rescore the saved runs (no timing)")
+    ap.add_argument("--runs", default="fitted6,fitted7,fitted8,fitted9,fitted10,fitted12,test6,test7,test8,test9,test10",
+                    help="saved runs of --history (seen sets only)")
+    ap.add_argument("--live", type=int, default=0, metavar="ROUNDS", help="time the parts beside short runs")
+    ap.add_argument("--out", default="calibration_drift.jsonl", help="--live: JSON lines appended here")
+    a = ap.parse_args(argv)
+    if a.history:
+        report(history(set(a.runs.split(","))))
+    if a.live:
+        live(a.live, a.out)
+    if not (a.history or a.live):
+        ap.print_help()
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
