@@ -191,6 +191,12 @@ def _resolve(path) -> Path:
 
 
 def _read(path, arrays: bool):
+    # np.load takes a file that is not a zip for a pickle or a .npy and says
+    # "contains pickled (object) data" of a text file given for a checkpoint
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head and not b"PK\x03\x04".startswith(head):
+        raise CheckpointError("not a sprint checkpoint (not an .npz file)", path)
     try:
         with np.load(path, allow_pickle=False) as z:
             if not hasattr(z, "files") or _META not in z.files:

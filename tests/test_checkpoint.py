@@ -59,6 +59,12 @@ def test_bad_inputs(tmp_path):
         checkpoint.load(tmp_path / "other.npz")
     with pytest.raises(ValueError, match="keys"):
         checkpoint.save(tmp_path / "x.npz", {"a.b": 1})
+    # a text file given for a checkpoint: np.load took it for a pickle and the
+    # error spoke of "pickled (object) data" and allow_pickle
+    (tmp_path / "notes.txt").write_text("garbage\n")
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load(tmp_path / "notes.txt")
+    assert str(e.value) == f"not a sprint checkpoint (not an .npz file) ({tmp_path / 'notes.txt'})"
 
 
 def test_written_files_get_the_permissions_open_would_give(tmp_path):

@@ -100,3 +100,12 @@ def test_plot_out_that_is_a_file_is_one_line_naming_it(tmp_path):
     one_error_line(sprint("plot", run, "--out", tmp_path / "curves.png"), "the folder for loss.png and accuracy.png",
                    f"({tmp_path / 'curves.png'})")
     assert not (tmp_path / "curves.png").exists()
+
+
+def test_a_run_directory_that_cannot_be_made_says_it_is_the_out(tmp_path):
+    """`train --out` under a file (or in /proc) was refused as "no such file
+    or folder" / "not a folder" of the path alone, read as a missing input."""
+    (tmp_path / "afile").write_text("x")
+    run = tmp_path / "afile" / "run"
+    line = one_error_line(sprint("train", "--epochs", "1", "--out", run))
+    assert line == f"sprint: error: cannot create the run directory (--out): not a folder ({run})"

@@ -55,7 +55,12 @@ class RunDir:
         """Create the folder; remove temporaries of writes that a kill cut short."""
         if self.path.exists() and not self.path.is_dir():
             raise RunError("the run directory is a file", self.path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            # said bare, "no such file or folder (/proc/x)" read as if an input were missing
+            from engine.cli import describe
+            raise RunError(f"cannot create the run directory (--out): {describe(e)}", None) from None
         return _ckpt.remove_stale_temps(self.path, WRITTEN)
 
     def refuse_a_run(self) -> None:
