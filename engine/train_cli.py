@@ -60,8 +60,9 @@ def register(sub):
                    help="start a new run from the weights of another run's checkpoint (same network)")
     p.add_argument("--parallel", choices=registry.names(), default=None,
                    help=f"training strategy (default none); {strategies}. Under mpiexec each rank is a node")
+    threaded = " | ".join(s.name for s in registry.STRATEGIES.values() if s.workers)
     p.add_argument("--workers", type=int, default=None,
-                   help="worker threads per process (parallel strategies only; default 1)")
+                   help=f"worker threads per process (--parallel {threaded} only; default 1)")
     p.add_argument("--max-pending", type=nonneg_int, default=None,
                    help="asgd: cap on gradients a worker queues before the updater takes them "
                         f"(0: unbounded, as the seed; default {asgd.extra['max_pending']} guards against a "
@@ -170,6 +171,20 @@ def _same_as_saved(key, value, saved) -> bool:
     return key in saved and saved[key] == value
 
 
+def _changed_flags(keys, given, saved) -> list:
+    """The options behind changed keys: a strategy's own (--stages, --max-pending)
+    sit in "extra", which was named as an option "--extra" that does not exist."""
+    flags = []
+    for k in keys:
+        if k != "extra":
+            flags.append(_flag(k))
+            continue
+        own = saved.get("extra") or {}
+        flags += ["--pipe-schedule" if e == "schedule" else _flag(e)
+                  for e, v in given["extra"].items() if e not in own or own[e] != v]
+    return flags
+
+
 def _new_run_dir(model) -> str:
     """runs/MODEL-TIMESTAMP, claimed by creating it: runs started in the same
     second (a loop of `sprint train &`) get -2, -3, ... instead of writing one
@@ -213,11 +228,12 @@ def cmd_train(args) -> int:
         if "max_pending" not in strat.extra and not args.resume:
             raise RunError("applies to --parallel asgd only", "--max-pending")
         given["extra"] = {**given.get("extra", {}), "max_pending": args.max_pending}
-    if args.workers is not None and not args.resume and not registry.get_strategy(
-            given.get("parallel", "none")).workers:
+    chosen = given.get("parallel", "none")
+    if args.workers is not None and not args.resume and not registry.get_strategy(chosen).workers:
         takes = [s.name for s in registry.STRATEGIES.values() if s.workers]
-        raise RunError(f"worker threads need a parallel strategy: add --parallel {' | '.join(takes)}",
-                       "--workers")
+        # "need a parallel strategy" was said to --parallel pipeline too, which is one
+        raise RunError(f"worker threads need --parallel {' | '.join(takes)}"
+                       + ("" if chosen == "none" else f", not {chosen}"), "--workers")
     common = dict(device=_device(args), progress=args.progress, verbose=not args.quiet)
     if args.resume:
         if args.out and os.path.realpath(args.out) != os.path.realpath(args.resume):
@@ -231,7 +247,7 @@ def cmd_train(args) -> int:
         if extra:
             raise RunError(f"--resume continues with the run's saved options; only "
                            f"{', '.join(_flag(k) for k in RESUME_MAY_CHANGE if hasattr(args, k))} may change",
-                           ", ".join(sorted(_flag(k) for k in extra)))
+                           ", ".join(sorted(_changed_flags(extra, given, saved))))
         cfg = _as_option_error(lambda: resume_config(args.resume, **given, **common))
     else:
         out = args.out or _new_run_dir(given.get("model", TrainConfig.model))
@@ -273,6 +289,12 @@ def cmd_eval(args) -> int:
     net, state = load_checkpoint(args.checkpoint)
     spec = net.spec
     run = _run_config(args.checkpoint) or {}
+    if run and args.data is None:
+        from pathlib import Path
+        from .session.config import refuse_data_not_found_here
+        from .session.rundir import CONFIG
+        folder = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else Path(args.checkpoint).parent
+        refuse_data_not_found_here(run, folder / CONFIG, "give --data, or run from the folder the run was started in")
     data = args.data or run.get("data", "digits")
     fmt = args.fmt or (run.get("fmt") if args.data is None else None)
     if run and args.data is not None and args.data != run.get("data"):

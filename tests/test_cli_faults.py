@@ -236,6 +236,22 @@ def test_every_train_and_eval_option_has_help():
                 assert a.help and a.help.strip(), f"sprint {name} {a.option_strings or a.dest} has no help"
 
 
+def test_the_workers_help_names_the_strategies_that_take_worker_threads():
+    """It said "parallel strategies only"; the pipelines, Downpour, Sandblaster
+    and layer-wise refuse --workers."""
+    import argparse
+    from engine.cli import build_parser
+    from engine.session import registry
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    workers = next(a for a in sub.choices["train"]._actions if "--workers" in a.option_strings)
+    takes = [s.name for s in registry.STRATEGIES.values() if s.workers]
+    assert takes == ["asgd", "sync"] and "(--parallel asgd | sync only; default 1)" in workers.help
+    assert one_error_line(sprint("train", "--parallel", "pipeline", "--workers", "2")) == \
+        "sprint: error: worker threads need --parallel asgd | sync, not pipeline (--workers)"
+    assert one_error_line(sprint("train", "--workers", "2")) == \
+        "sprint: error: worker threads need --parallel asgd | sync (--workers)"
+
+
 def test_resume_accepts_options_repeated_with_the_runs_own_values(tmp_path):
     run = tmp_path / "run"
     assert sprint("train", "--out", run, "--epochs", "1", "--no-progress").returncode == 0
@@ -245,6 +261,8 @@ def test_resume_accepts_options_repeated_with_the_runs_own_values(tmp_path):
     assert [json.loads(l)["epoch"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     one_error_line(sprint("train", "--resume", run, "--epochs", "3", "--lr", "0.1", "--model", "digits"),
                    "may change (--lr)")
+    # a strategy's own option was named "--extra", an option that does not exist
+    assert one_error_line(sprint("train", "--resume", run, "--max-pending", "3")).endswith(" may change (--max-pending)")
 
 
 def _mpiexec(*ranks, timeout=90):

@@ -178,6 +178,48 @@ def test_resume_with_another_out_is_refused_not_ignored(tmp_path, monkeypatch, c
     assert cli.main(["train", "--resume", str(run), "--out", str(run), "--epochs", "2", "--quiet", "--no-progress"]) == 0
 
 
+def test_resume_given_the_checkpoint_file_names_its_run_folder(tmp_path, monkeypatch, capsys):
+    """`sprint eval` takes a checkpoint file or its folder; `train --resume
+    RUN/checkpoint.npz` said "no such run directory" of a file that is there."""
+    from engine.session import TrainConfig
+    from engine.train import train
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    run = tmp_path / "run"
+    train(TrainConfig(epochs=1, out=str(run), progress=False, verbose=False))
+    ck = run / "checkpoint.npz"
+    line = one_line(capsys, ["train", "--resume", ck, "--epochs", "2"])
+    assert line == f"sprint: error: --resume takes a run directory, not a file; resume its run with --resume {run} ({ck})"
+    (tmp_path / "notes.txt").write_text("x")
+    line = one_line(capsys, ["train", "--resume", tmp_path / "notes.txt"])
+    assert line == f"sprint: error: --resume takes a run directory, not a file ({tmp_path / 'notes.txt'})"
+
+
+def test_a_run_on_a_relative_data_path_is_named_as_the_runs_from_another_folder(tmp_path, monkeypatch, capsys):
+    """config.json keeps --data as given: `sprint eval RUN` or `--resume RUN`
+    from another folder said "no such file or folder for --data (d.npz)", an
+    option the user had not given."""
+    rng = np.random.default_rng(0)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    np.savez(a / "d.npz", x=rng.random((40, 8, 8)).astype(np.float32), y=np.arange(40) % 10)
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    monkeypatch.chdir(a)
+    assert cli.main(["train", "--data", "d.npz", "--epochs", "1", "--out", "run", "--quiet", "--no-progress"]) == 0
+    capsys.readouterr()
+    monkeypatch.chdir(b)
+    conf = a / "run" / "config.json"
+    said = f"sprint: error: the run's data d.npz, a relative path in its config.json, is not found from {b}: "
+    assert one_line(capsys, ["eval", a / "run"]) == \
+        said + f"give --data, or run from the folder the run was started in ({conf})"
+    assert one_line(capsys, ["eval", a / "run" / "checkpoint.npz"]) == \
+        said + f"give --data, or run from the folder the run was started in ({conf})"
+    assert one_line(capsys, ["train", "--resume", a / "run", "--epochs", "2"]) == \
+        said + f"resume from the folder the run was started in ({conf})"
+    assert cli.main(["eval", a / "run", "--data", a / "d.npz"]) == 0
+    monkeypatch.chdir(a)
+    assert cli.main(["eval", "run"]) == 0
+
+
 def test_a_bad_mpi_poll_setting_names_the_variable(monkeypatch):
     from engine.errors import RunError
     from engine.parallel.comm import _env_seconds

@@ -8,6 +8,7 @@ and ``engine.parallel.run`` resolve them the same way.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -135,12 +136,28 @@ RESUME_MAY_CHANGE = ("epochs", "threads", "workers", "progress", "verbose", "dev
                      "stop_after", "prefetch", "eval_batch")
 
 
+def refuse_data_not_found_here(train: dict, config_path, fix: str) -> None:
+    """config.json keeps --data as it was given: a relative path read from
+    another folder was refused as "no such file or folder for --data", an
+    option the user of `--resume` or `sprint eval` had not given."""
+    data = train.get("data")
+    if (isinstance(data, str) and data != "digits" and train.get("fmt") != "digits"
+            and not os.path.isabs(data) and not os.path.exists(data)):
+        raise MissingFile(f"the run's data {data}, a relative path in its config.json, is not found from "
+                          f"{os.getcwd()}: {fix}", config_path)
+
+
 def resume_config(run_dir, **overrides) -> TrainConfig:
     """The saved config of ``run_dir`` set to resume there, with ``overrides``
     (e.g. more epochs) applied."""
     from .rundir import CONFIG, read_json
     run_dir = Path(run_dir)
     path = run_dir / CONFIG
+    if run_dir.is_file():
+        # `sprint eval` takes a checkpoint file or its folder; given to --resume, the file
+        # was said to be "no such run directory" though it is there
+        hint = f"; resume its run with --resume {run_dir.parent}" if (run_dir.parent / CONFIG).is_file() else ""
+        raise RunError(f"--resume takes a run directory, not a file{hint}", run_dir)
     if not run_dir.is_dir():
         raise MissingFile("no such run directory", run_dir)
     if not path.exists():
@@ -154,6 +171,7 @@ def resume_config(run_dir, **overrides) -> TrainConfig:
     if not isinstance(d.get("threads"), int) or d["threads"] < 1:
         d["threads"] = None     # runs saved before 0 and negatives were refused ran with auto_threads
     d.update({k: v for k, v in overrides.items() if v is not None})
+    refuse_data_not_found_here(d, path, "resume from the folder the run was started in")
     d["resume"] = str(run_dir)
     d["out"] = str(run_dir)
     d["stop_after"] = overrides.get("stop_after")
