@@ -43,6 +43,20 @@ def test_bad_plans_are_refused_before_anything_runs(tmp_path, capsys, case, msg)
     assert "no-such-data" not in err and not (tmp_path / "run").exists()   # refused before the data
 
 
+def test_a_plan_for_another_batch_says_the_batch_to_give(tmp_path):
+    """`sprint plan --gpus 2` plans 32 per device (64), `sprint train` defaults
+    to --batch 32: the plan was refused without the batch it needs."""
+    from engine.parallel.layerwise_run import load_checked_plan
+    from engine.train import TrainConfig
+    plan = _plan(tmp_path, "data", "digits", 2, 64)
+    cfg = TrainConfig(model="digits", parallel="layerwise", extra={"plan": str(plan)})
+    with pytest.raises(ValueError) as e:
+        load_checked_plan(cfg, 2)
+    assert str(e.value) == f"plan {plan}: the plan was made for batch 64, the run uses --batch 32; give --batch 64"
+    assert load_checked_plan(TrainConfig(model="digits", batch=64, parallel="layerwise",
+                                         extra={"plan": str(plan)}), 2).batch == 64
+
+
 def test_a_plan_for_fewer_devices_than_ranks_is_refused_and_idle_ranks_are_said(tmp_path):
     """`mpiexec -n 3` with a plan for 2 devices trained with rank 2 holding
     nothing, said only as 'plan on 3 rank(s)'."""
