@@ -224,6 +224,20 @@ def test_a_file_that_is_not_a_profile_is_one_line_naming_it(tmp_path, capsys):
             _one_line(capsys, "not a machine profile", f"({f})")
 
 
+def test_a_profile_of_a_newer_format_is_refused_naming_it(prof_file, tmp_path, capsys):
+    data = json.loads(open(prof_file).read())
+    for version in (999, "2", None):
+        f = tmp_path / f"v{version}.json"
+        f.write_text(json.dumps(dict(data, version=version)))
+        assert cli.main(["predict", "--model", "tiny", "--nodes", "1", "--subbatch", "1",
+                         "--profile", str(f), "--no-calibrate"]) == 2
+        _one_line(capsys, "profile format version", f"({f})")
+    f = tmp_path / "v1.json"
+    f.write_text(json.dumps(dict(data, version=1)))
+    assert cli.main(["predict", "--model", "tiny", "--nodes", "1", "--subbatch", "1",
+                     "--profile", str(f), "--no-calibrate"]) == 0
+
+
 def test_simulation_counts_and_spreads_are_checked(prof_file, capsys):
     base = ["--model", "tiny", "--nodes", "2", "--subbatch", "4", "--profile", prof_file, "--no-calibrate"]
     for extra, flag in ((["--updates", "0"], "(--updates)"), (["--cv", "-1"], "(--cv)"), (["--cv", "nan"], "(--cv)"),

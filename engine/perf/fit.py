@@ -24,7 +24,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from .pool_cost import POOL_KINDS, fit_pool
-from .profile import SGEMM_FEATURES, Profile, regime_feature, rule_matches, sgemm_features
+from .profile import FORMAT_VERSION, SGEMM_FEATURES, Profile, regime_feature, rule_matches, sgemm_features
 
 SPLIT_FEATURES = ("m", "n", "k", "mn", "mk", "nk", "mnk", "min")
 # Terms fitted as a * size + b, with the record field holding the size.
@@ -275,7 +275,7 @@ def _cv(rs):
 
 def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) -> dict:
     """Fit every term present in ``records``; returns the profile dict."""
-    prof = {"version": 1, "machine": machine or f"{platform.node()} {platform.processor() or platform.machine()}",
+    prof = {"version": FORMAT_VERSION, "machine": machine or f"{platform.node()} {platform.processor() or platform.machine()}",
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "backend": backend,
             "cores": int(cores or _cores()), "terms": {}, "n_records": len(records)}
     sg = [r for r in records if r.get("kind") == "sgemm"]

@@ -49,6 +49,9 @@ def rule_matches(rule, m, n, k):
     return True
 
 
+# The profile format this code writes (fit.fit_profile) and reads.
+FORMAT_VERSION = 1
+
 class Profile(HostSharing):
     def __init__(self, data: dict, source: str = "<dict>"):
         if not isinstance(data, dict):
@@ -101,6 +104,12 @@ class Profile(HostSharing):
         # fitted term at all and fail far from the cause.
         if not isinstance(data, dict) or not ("terms" in data or "sgemm" in data):
             raise RunError("not a machine profile (no fitted terms; `sprint profile` writes one)", p)
+        # A newer format may give old keys new meanings: priced silently by
+        # this reader it would be wrong without a sign.
+        version = data.get("version", FORMAT_VERSION)
+        if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
+            raise RunError(f"profile format version {version!r} is not one this sprint reads "
+                           f"(up to {FORMAT_VERSION}); make one here with `sprint profile --quick`", p)
         return cls(data, source=str(p))
 
     @classmethod
@@ -250,7 +259,7 @@ class Profile(HostSharing):
         coef = dict.fromkeys(SGEMM_FEATURES, 0.0)
         coef["mnk"] = 2.0 / sgemm_flop_s
         coef["1"] = launch
-        return cls({"version": 1, "machine": "synthetic", "date": "", "backend": backend,
+        return cls({"version": FORMAT_VERSION, "machine": "synthetic", "date": "", "backend": backend,
                     "cores": cores, "terms": terms,
                     "sgemm": {"regimes": [{"rule": [], "coef": coef}]},
                     "allreduce": {"a_log": 4.0 / allreduce_bw, "b": 4.0 / allreduce_bw,
