@@ -6,7 +6,7 @@ from __future__ import annotations
 from engine import spec as spec_mod
 
 
-def _allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, model, n_param, slice_wait=None):
+def _allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, model, n_param, slice_wait):
     """Allreduce of N_Param + a few counters, from the allreduce fit.
 
     Its sweep runs on an otherwise idle host. When the ranks share a CPU
@@ -21,10 +21,9 @@ def _allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, model, n_param, slic
     # collective waits for a time slice (and, more ranks than cores, for a
     # descheduled GIL holder): measured per cycle by the runner contention
     # sweep beyond the model (fit_steps.anchor_contention), >= 0.
-    # Its part that grows with the step (``slice_terms``' beta * T_GPU) is
-    # added where T_GPU is known (model._updater_steps).
-    if slice_wait is None:
-        slice_wait = slice_terms(pr, cpu, ranks_per_host, n_gpu, model, n_param)
+    # ``slice_wait`` is its ``(c, beta)`` (``slice_terms``, or a caller's
+    # own); the part that grows with the step (beta * T_GPU) is added where
+    # T_GPU is known (model._updater_steps).
     wait = max(slice_wait[0], 0.0)
     return load * pr.allreduce_bw(n_node, n_param) + wait
 
