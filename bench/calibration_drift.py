@@ -79,11 +79,11 @@ def _now(c, then):
 def _band(then, now):
     """(k, kc) of the check before the shrinkage: each part's ratio whole
     beyond its band, else 1."""
+    from engine.perf.calibrate import _noise
     out = []
     for k, v in PART_KEYS.items():
         r = now[v] / then[v]
-        band = max(0.10, 3 * np.hypot(then.get("u_" + k, 0), now.get("u_" + k, 0)), then.get("drift", 0))
-        out.append(r if abs(r - 1) > band else 1.0)
+        out.append(r if abs(r - 1) > _noise(then, now, "u_" + k) else 1.0)
     return tuple(out)
 
 

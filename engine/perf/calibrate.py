@@ -75,6 +75,13 @@ def _same(key, a, b) -> bool:
     return a == b
 
 
+def differing(stored: dict, now: dict) -> dict:
+    """The fingerprint keys on which ``stored`` (a profile's) and ``now``
+    differ: key -> (stored value, this machine's)."""
+    return {k: (stored.get(k), now.get(k)) for k in FINGERPRINT_KEYS
+            if k in stored and not _same(k, stored.get(k), now.get(k))}
+
+
 def fingerprint() -> dict:
     """What this machine and its software are, in the fields a profile keeps."""
     from engine import backend
@@ -259,8 +266,7 @@ def compare(stored: dict | None, now: dict | None, calibration: dict | None, sou
                             "`sprint profile --quick` for a profile of this one")
         return chk
     if now:
-        chk.differs = {k: (stored.get(k), now.get(k)) for k in FINGERPRINT_KEYS
-                       if k in stored and not _same(k, stored.get(k), now.get(k))}
+        chk.differs = differing(stored, now)
         if chk.differs:
             what = "; ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in chk.differs.items())
             chk.messages.append(f"{source} was measured on another machine or software ({what}); "

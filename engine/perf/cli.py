@@ -116,15 +116,15 @@ def _update_calibration(args, prof) -> int:
     kept beside it. Run right after a sweep made in several ``--only``
     parts, each of which stored only its own calibration, or to add a part
     a profile was swept without; refused for a profile of another machine."""
-    from .calibrate import FINGERPRINT_KEYS, PARTS, _same, calibration_step, fingerprint, merge_calibrations
+    from .calibrate import PARTS, calibration_step, differing, fingerprint, merge_calibrations
     if args.from_records:
         raise RunError("the calibration is measured, not refitted from records", "--from-records")
     old = prof.data.get("fingerprint") or {}
     here = fingerprint()
-    differs = [k for k in FINGERPRINT_KEYS if k in old and not _same(k, old[k], here[k])]
+    differs = differing(old, here)
     if differs:
         raise RunError("the profile was measured on another machine or software (" + ", ".join(
-            f"{k} {old[k]!r} there, {here[k]!r} here" for k in differs) + "): its prices do not match "
+            f"{k} {a!r} there, {b!r} here" for k, (a, b) in differs.items()) + "): its prices do not match "
             "this machine's calibration; run `sprint profile`", args.update)
     # Two, as a sweep's before and after: their difference is the noise a later check allows.
     both = merge_calibrations([calibration_step(args.calibrate_seconds) for _ in range(2)])
