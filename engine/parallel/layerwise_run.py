@@ -49,10 +49,7 @@ def load_checked_plan(cfg, n_ranks):
     try:
         check_plan(plan, get_spec(cfg.model), ranks=n_ranks, batch=cfg.batch)
     except ValueError as e:
-        # `sprint plan` plans 32 samples per device and --batch defaults to 32 in all:
-        # a plan for 2 devices and the run's own default disagree, say what to give
-        hint = f"; give --batch {plan.batch}" if str(e).startswith("the plan was made for batch") else ""
-        raise ValueError(f"plan {path}: {e}{hint}") from None
+        raise ValueError(f"plan {path}: {e}") from None
     if n_ranks > plan.devices:
         # the executor would give the extra ranks no block of any layer: they
         # would only wait in every exchange, which nobody asks for

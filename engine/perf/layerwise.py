@@ -276,7 +276,10 @@ def check_plan(plan: Plan, spec, ranks: int = None, batch: int = None):
         raise ValueError(f"the plan is for model {plan.model!r} ({plan.spec_hash}), not {sp.name!r} "
                          f"({sp.hash()})")
     if batch is not None and batch != plan.batch:
-        raise ValueError(f"the plan was made for batch {plan.batch}, the run uses --batch {batch}")
+        # `sprint plan` plans 32 samples per device and --batch defaults to 32 in all:
+        # a plan for 2 devices and a run's own default disagree, so say what to give
+        raise ValueError(f"the plan was made for batch {plan.batch}, the run uses --batch {batch}; "
+                         f"give --batch {plan.batch}")
     for v in nodes:
         cfg = plan.layers[v.name]
         d = math.prod(cfg)
