@@ -60,9 +60,8 @@ def register(sub):
                    help="start a new run from the weights of another run's checkpoint (same network)")
     p.add_argument("--parallel", choices=registry.names(), default=None,
                    help=f"training strategy (default none); {strategies}. Under mpiexec each rank is a node")
-    threaded = " | ".join(s.name for s in registry.STRATEGIES.values() if s.workers)
     p.add_argument("--workers", type=int, default=None,
-                   help=f"worker threads per process (--parallel {threaded} only; default 1)")
+                   help=f"worker threads per process (--parallel {' | '.join(registry.threaded())} only; default 1)")
     p.add_argument("--max-pending", type=nonneg_int, default=None,
                    help="asgd: cap on gradients a worker queues before the updater takes them "
                         f"(0: unbounded, as the seed; default {asgd.extra['max_pending']} guards against a "
@@ -230,9 +229,8 @@ def cmd_train(args) -> int:
         given["extra"] = {**given.get("extra", {}), "max_pending": args.max_pending}
     chosen = given.get("parallel", "none")
     if args.workers is not None and not args.resume and not registry.get_strategy(chosen).workers:
-        takes = [s.name for s in registry.STRATEGIES.values() if s.workers]
         # "need a parallel strategy" was said to --parallel pipeline too, which is one
-        raise RunError(f"worker threads need --parallel {' | '.join(takes)}"
+        raise RunError(f"worker threads need --parallel {' | '.join(registry.threaded())}"
                        + ("" if chosen == "none" else f", not {chosen}"), "--workers")
     common = dict(device=_device(args), progress=args.progress, verbose=not args.quiet)
     if args.resume:

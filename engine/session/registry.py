@@ -114,6 +114,11 @@ def names() -> list[str]:
     return list(STRATEGIES)
 
 
+def threaded() -> list[str]:
+    """The strategies that take --workers."""
+    return [s.name for s in STRATEGIES.values() if s.workers]
+
+
 def get_strategy(name) -> Strategy:
     try:
         return STRATEGIES[name]
