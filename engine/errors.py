@@ -26,6 +26,11 @@ class Diverged(FloatingPointError):
         super().__init__(f"training diverged: the loss became {loss} at {at}{kept}{lower_lr(lr)}")
 
 
+def counted(n, noun: str) -> str:
+    """'1 epoch', '2 epochs': a count in a message, its noun agreeing."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def lower_lr(lr) -> str:
     return f"; try a lower learning rate (--lr, now {lr:g})" if lr is not None else ""
 

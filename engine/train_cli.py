@@ -256,8 +256,8 @@ def cmd_train(args) -> int:
     if res.get("rank", 0) != 0:
         return 0
     acc = res.get("test_acc")
-    n = res.get("epochs")
-    print(f"done: {n} epoch{'' if n == 1 else 's'}, test accuracy "
+    from engine.errors import counted
+    print(f"done: {counted(res.get('epochs'), 'epoch')}, test accuracy "
           f"{'n/a' if acc is None else f'{100 * acc:.2f} %'}, {res.get('time_s', 0):.1f} s, "
           f"run directory {res.get('run_dir')}")
     return 0

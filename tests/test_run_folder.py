@@ -207,3 +207,13 @@ def test_resuming_a_finished_run_says_there_is_nothing_to_train(tmp_path, refere
         assert res["epochs"] == 2 and res["history"] == []
         assert res["test_acc"] == first["test_acc"] is not None
         assert (run / "checkpoint.npz").read_bytes() == ckpt
+
+
+def test_a_finished_one_epoch_run_says_one_epoch_not_1_epochs(tmp_path, reference, capsys):
+    data = reference[0]
+    run = tmp_path / "run"
+    train(TrainConfig(**_cfg(data, run, epochs=1)))
+    capsys.readouterr()
+    train(resume_config(run, epochs=1, verbose=True))
+    out = capsys.readouterr().out
+    assert "the run already has 1 epoch (--epochs 1): nothing to train" in out

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.errors import RunError
+from engine.errors import RunError, counted
 
 NAMED_SKIPS = 5        # unreadable files named in a warning unless verbose
 _name_all = False
@@ -30,7 +30,7 @@ def skipped_note(files, verbose=False, total=None) -> str:
     total = len(files) if total is None else total
     shown = list(files) if verbose or _name_all else list(files)[:NAMED_SKIPS]
     more = total - len(shown)
-    return (f"{total} unreadable file{'s' if total != 1 else ''} skipped: {', '.join(shown)}"
+    return (f"{counted(total, 'unreadable file')} skipped: {', '.join(shown)}"
             + (f" (and {more} more; -v names them all)" if more > 0 else ""))
 
 

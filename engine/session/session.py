@@ -139,12 +139,12 @@ class Session:
     # ---- the run folder --------------------------------------------------------
     def start(self, start_epoch: int = 0):
         """Write config.json and metrics.jsonl (from the checkpoint's history)."""
-        from engine.errors import raise_if_ctrl_c
+        from engine.errors import counted, raise_if_ctrl_c
         raise_if_ctrl_c()           # one dropped while the run was set up: no epoch begins
         self.history = [r for r in self.history if r.get("epoch", 0) <= start_epoch]
         self.first_new = len(self.history)
         if self.cfg.resume and start_epoch >= self.cfg.epochs:
-            self.log(f"the run already has {start_epoch} epochs (--epochs {self.cfg.epochs}): nothing to "
+            self.log(f"the run already has {counted(start_epoch, 'epoch')} (--epochs {self.cfg.epochs}): nothing to "
                      f"train; a larger --epochs continues it")
         self._say_replanned(start_epoch)
         if self.run is None:
@@ -326,6 +326,6 @@ def epoch_line(rec: dict, epochs: int | None = None) -> str:
             f"test_acc {100 * rec['test_acc']:6.2f} %  {rec['images_per_s']:,.0f} img/s  "
             f"time {rec['time']:.1f} s")
     if rec.get("skipped"):
-        n = rec["skipped"]
-        line += f"  ({n} unreadable file{'s' if n != 1 else ''} skipped)"
+        from engine.errors import counted
+        line += f"  ({counted(rec['skipped'], 'unreadable file')} skipped)"
     return line
