@@ -285,7 +285,7 @@ needs_mpiexec = pytest.mark.skipif(__import__("shutil").which("mpiexec") is None
 @needs_mpiexec
 @pytest.mark.parametrize("n,args,fragment", [
     (2, ["--parallel", "sync", "--data", "/nonexistent"], "no such file or folder for --data (/nonexistent)"),
-    (3, ["--parallel", "pipeline", "--stages", "2"], "needs mpiexec -n 2, not 3 rank(s)"),
+    (3, ["--parallel", "pipeline", "--stages", "2"], "needs mpiexec -n 2, not 3 ranks"),
     # refused by the CLI before any run is set up
     (2, ["--parallel", "sync", "--lr", "nan"], "lr must be finite and > 0, got nan (--lr)"),
     (2, ["--parallel", "sync", "--epochs", "x"], "invalid int value: 'x' (--epochs)"),

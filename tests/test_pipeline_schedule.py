@@ -99,7 +99,7 @@ def test_two_micro_batches_in_flight_keep_their_own_caches():
 def test_partition_parsing_and_checks():
     assert parse_partition("0:1,1:3,3:4", 4) == [(0, 1), (1, 3), (3, 4)]
     for bad in ("0:2,3:4", "0:2,2:3", "1:4", "0:2,2:2,2:4", "a:b", "0-2"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="^--partition "):     # names the option it came from
             parse_partition(bad, 4)
     assert even_partition(8, 3) == [(0, 3), (3, 5), (5, 8)]
     with pytest.raises(ValueError, match="--stages"):
@@ -126,3 +126,13 @@ def test_schedule_takes_the_pipeline_names_only_with_a_pipeline(argv, msg, tmp_p
     assert main(["train", "--epochs", "1", "--out", str(tmp_path / "r"), *argv]) == 2
     assert capsys.readouterr().err.strip() == f"sprint: error: {msg}"
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("n_ranks,said", [(1, "not 1 rank"), (3, "not 3 ranks")])
+def test_stages_that_need_another_job_size_say_the_ranks_in_words(n_ranks, said):
+    from engine.parallel.pipeline_run import options
+    from engine.session import TrainConfig
+    cfg = TrainConfig(parallel="pipeline", extra={"stages": 2}, progress=False)
+    with pytest.raises(ValueError) as e:
+        options(cfg, n_ranks)
+    assert str(e.value) == f"--stages 2 x --replicas 1 needs mpiexec -n 2, {said}"

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from engine.errors import counted
 from . import comm as _comm
 from .abort import run_guarded
 from . import pipeline_ckpt as _ck
@@ -90,7 +91,7 @@ def options(cfg, n_ranks):
     if K < 1 or D < 1:
         raise ValueError(f"--stages and --replicas must be >= 1 (got {K} and {D})")
     if K * D != n_ranks:
-        raise ValueError(f"--stages {K} x --replicas {D} needs mpiexec -n {K * D}, not {n_ranks} rank(s)")
+        raise ValueError(f"--stages {K} x --replicas {D} needs mpiexec -n {K * D}, not {counted(n_ranks, 'rank')}")
     M = int(extra.get("microbatches", 4))
     if M < 1 or M > cfg.batch:
         raise ValueError(f"--microbatches must be between 1 and --batch ({cfg.batch}), got {M}")

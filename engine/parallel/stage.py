@@ -43,11 +43,11 @@ def check_partition(parts, n_layers: int) -> None:
     expect = 0
     for lo, hi in parts:
         if lo != expect or hi <= lo:
-            raise ValueError(f"partition {format_partition(parts)} must be contiguous, non-empty "
+            raise ValueError(f"--partition {format_partition(parts)} must be contiguous, non-empty "
                              f"layer ranges from 0 to {n_layers}")
         expect = hi
     if expect != n_layers:
-        raise ValueError(f"partition {format_partition(parts)} must end at layer {n_layers} "
+        raise ValueError(f"--partition {format_partition(parts)} must end at layer {n_layers} "
                          f"(the network has {n_layers} layers)")
 
 
