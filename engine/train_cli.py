@@ -289,10 +289,11 @@ def cmd_eval(args) -> int:
     run = _run_config(args.checkpoint) or {}
     if run and args.data is None:
         from pathlib import Path
-        from .session.config import refuse_data_not_found_here
+        from .session.config import refuse_inputs_not_found_here
         from .session.rundir import CONFIG
         folder = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else Path(args.checkpoint).parent
-        refuse_data_not_found_here(run, folder / CONFIG, "give --data, or run from the folder the run was started in")
+        refuse_inputs_not_found_here(run, folder / CONFIG, "give --data, or run from the folder the run was "
+                                     "started in", names=("data",))     # eval needs no plan
     data = args.data or run.get("data", "digits")
     fmt = args.fmt or (run.get("fmt") if args.data is None else None)
     if run and args.data is not None and args.data != run.get("data"):

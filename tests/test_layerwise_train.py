@@ -148,3 +148,34 @@ def test_a_failed_killed_or_frozen_rank_ends_the_job_naming_it(tmp_path, fault):
         # a SIGKILLed rank cannot speak: the launcher names its pid, the rank map printed at start its rank
         pid = re.search(r"PID (\d+) RUNNING", out)
         assert pid and re.search(rf"rank [01] pid {pid.group(1)}\b", out), out[-3000:]
+
+
+def test_a_run_on_a_relative_plan_resumes_from_another_folder(tmp_path, monkeypatch, capsys):
+    """config.json kept --plan as given: resumed from another folder, the run
+    read 'plan.json' from there ('cannot read plan plan.json')."""
+    start = tmp_path / "start"
+    start.mkdir()
+    _plan(start, "data", "digits", 1, 32)
+    monkeypatch.chdir(start)
+    train = ["train", "--model", "digits", "--batch", "32", "--parallel", "layerwise", "--no-progress"]
+    assert main(train + ["--epochs", "1", "--plan", "plan.json", "--out", "run"]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--resume", "start/run", "--epochs", "2", "--no-progress"]) == 0, capsys.readouterr().err
+    assert [json.loads(line)["epoch"] for line in (start / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    # a run saved with the plan as given (before it was stored resolved) names its config and the folder
+    config = start / "run" / "config.json"
+    saved = json.loads(config.read_text())
+    saved["train"]["extra"]["plan"] = "plan.json"
+    config.write_text(json.dumps(saved))
+    capsys.readouterr()
+    assert main(["train", "--resume", "start/run", "--epochs", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"sprint: error: the run's plan plan.json, a relative path in its config.json, is not found "
+                   f"from {tmp_path}: resume from the folder the run was started in (start/run/config.json)\n"), err
+
+
+def test_a_missing_plan_file_is_named_with_its_option(tmp_path, capsys):
+    assert main(["train", "--model", "digits", "--parallel", "layerwise", "--plan", str(tmp_path / "nope.json"),
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"sprint: error: no such file for --plan; write one with sprint plan --out ({tmp_path}/nope.json)\n"

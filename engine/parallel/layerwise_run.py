@@ -22,6 +22,7 @@ net that does not fit one host would need the sharded form.
 from __future__ import annotations
 
 import math
+import os
 import time
 
 from . import comm as _comm
@@ -35,7 +36,9 @@ def add_train_options(p):
 
 
 def extra_from_args(args) -> dict:
-    return {"plan": args.plan} if getattr(args, "plan", None) else {}
+    # resolved: config.json keeps it, and --resume from another folder read a
+    # relative path from there ("cannot read plan p.json")
+    return {"plan": os.path.abspath(args.plan)} if getattr(args, "plan", None) else {}
 
 
 def load_checked_plan(cfg, n_ranks):
@@ -45,6 +48,9 @@ def load_checked_plan(cfg, n_ranks):
     path = (cfg.extra or {}).get("plan")
     if not path:
         raise ValueError("--parallel layerwise needs --plan PLAN.json (write one with sprint plan --out)")
+    if not os.path.exists(path):
+        from engine.errors import MissingFile
+        raise MissingFile("no such file for --plan; write one with sprint plan --out", path)
     plan = Plan.load(path)
     try:
         check_plan(plan, get_spec(cfg.model), ranks=n_ranks, batch=cfg.batch)

@@ -136,15 +136,25 @@ RESUME_MAY_CHANGE = ("epochs", "threads", "workers", "progress", "verbose", "dev
                      "stop_after", "prefetch", "eval_batch")
 
 
-def refuse_data_not_found_here(train: dict, config_path, fix: str) -> None:
-    """config.json keeps --data as it was given: a relative path read from
-    another folder was refused as "no such file or folder for --data", an
-    option the user of `--resume` or `sprint eval` had not given."""
-    data = train.get("data")
-    if (isinstance(data, str) and data != "digits" and train.get("fmt") != "digits"
-            and not os.path.isabs(data) and not os.path.exists(data)):
-        raise MissingFile(f"the run's data {data}, a relative path in its config.json, is not found from "
-                          f"{os.getcwd()}: {fix}", config_path)
+# The input paths config.json keeps as they were given: --data, and a
+# layer-wise run's --plan (stored resolved since it broke a resume from
+# another folder; older runs hold it as given). The digits preset is no path.
+_INPUTS = {
+    "data": lambda train: None if "digits" in (train.get("data"), train.get("fmt")) else train.get("data"),
+    "plan": lambda train: (train.get("extra") or {}).get("plan"),
+}
+
+
+def refuse_inputs_not_found_here(train: dict, config_path, fix: str, names=tuple(_INPUTS)) -> None:
+    """A relative input path of the run read from another folder was refused
+    as "no such file or folder for --data" (or "cannot read plan"), an
+    option the user of `--resume` or `sprint eval` had not given: name the
+    run's config.json and the folder it was looked for from."""
+    for name in names:
+        value = _INPUTS[name](train)
+        if isinstance(value, str) and not os.path.isabs(value) and not os.path.exists(value):
+            raise MissingFile(f"the run's {name} {value}, a relative path in its config.json, is not found "
+                              f"from {os.getcwd()}: {fix}", config_path)
 
 
 def resume_config(run_dir, **overrides) -> TrainConfig:
@@ -171,7 +181,7 @@ def resume_config(run_dir, **overrides) -> TrainConfig:
     if not isinstance(d.get("threads"), int) or d["threads"] < 1:
         d["threads"] = None     # runs saved before 0 and negatives were refused ran with auto_threads
     d.update({k: v for k, v in overrides.items() if v is not None})
-    refuse_data_not_found_here(d, path, "resume from the folder the run was started in")
+    refuse_inputs_not_found_here(d, path, "resume from the folder the run was started in")
     d["resume"] = str(run_dir)
     d["out"] = str(run_dir)
     d["stop_after"] = overrides.get("stop_after")
