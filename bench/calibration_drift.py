@@ -16,10 +16,12 @@ costs, ``call_scale`` kc on the per-call ones) to a median 0.05 %, so each
 configuration is predicted twice, at (1, 1) and (1, 2), and every rule is
 k U + kc C.
 
-``--live`` times candidate calibration parts on core 0, core 1, unpinned
-and with the other core running the same part (``pair``), and a 2-thread
-GEMM, beside 2.5 s one-rank runs of tiny (N_Subbatch 8) and cifar (4), one
-JSON line a round.
+``--live`` times candidate calibration parts (the kernel and Python parts,
+SGEMMs of 128-512, a 32 MiB copy, steps of cifar at batch 1 and 4) on core
+0, core 1, unpinned and with the other core running the same part
+(``pair``), and a 2-thread GEMM, beside 2.5 s one-rank runs of tiny
+(N_Subbatch 8) and cifar (4) and one-thread steps of the seen heldout-d4
+(14) and heldout-d8 (9), one JSON line a round.
 """
 from __future__ import annotations
 
@@ -196,8 +198,10 @@ def live(rounds, out):
         y = rng.integers(0, sp.n_classes, n)
         return lambda: net.loss_and_grad(x, y)
     g192, c4 = gemm(192), copy(4)
+    spec = lambda f: str(Path(__file__).resolve().parent / "specs" / f)
     parts = {"kernel": lambda: (g192(), c4()), "python": step("tiny", 8), "cifar4": step("cifar", 4),
-             "gemm128": gemm(128), "gemm512": gemm(512), "copy32": copy(32)}
+             "cifar1": step("cifar", 1), "gemm128": gemm(128), "gemm256": gemm(256), "gemm512": gemm(512),
+             "copy32": copy(32), "d4_14": step(spec("heldout_d4.json"), 14), "d8_9": step(spec("heldout_d8.json"), 9)}
 
     def timed(fn, sec=0.4):
         fn()
@@ -226,7 +230,7 @@ def live(rounds, out):
                 os.sched_setaffinity(0, every if core is None else {core})
                 for name, fn in parts.items():
                     rec[f"{name}@{'any' if core is None else core}"] = timed(fn)
-            for name in ("kernel", "python", "gemm512", "copy32"):
+            for name in ("kernel", "python", "gemm512", "copy32", "cifar1"):
                 os.sched_setaffinity(0, {0})
                 parent.send((name, 0.7))
                 rec[f"{name}@pair0"] = timed(parts[name])

@@ -124,6 +124,29 @@ def test_python_part_drifting_alone_rescales_only_per_call_costs():
     assert chk.scale == pytest.approx(2.0 ** _w(2.0)) and chk.call_scale is None
 
 
+def test_compute_part_rescales_per_unit_costs_and_old_profiles_fall_back():
+    """Where both calibrations timed the compute part, per-unit costs follow
+    it, not the kernel part; a profile calibrated before it existed (no
+    ``compute_s``), or a calibration without it, falls back to the kernel
+    part as before."""
+    stored = dict(FP, calibration=dict(FP["calibration"], **_parts(0.006, 0.004), compute_s=0.002, u_compute=0.01))
+    here, cal = _now(wall=0.0101)
+    cal.update(_parts(0.00606, 0.004), compute_s=0.0024, u_compute=0.01)
+    chk = calibrate.compare(stored, here, cal)
+    assert chk.parts == pytest.approx({"kernel": 1.01, "python": 1.0, "compute": 1.2})
+    assert chk.scale == pytest.approx(1.2 ** _w(1.2)) and chk.call_scale == pytest.approx(1.0)
+    assert not chk.ok and "compute step x1.20" in chk.messages[0] and "kernels x1.01" in chk.messages[0]
+    assert f"per-unit costs are rescaled by x{chk.scale:.2f}" in chk.messages[0]
+    # The compute part's own uncertainty shrinks it, not the kernel part's.
+    noisy = calibrate.compare(stored, here, dict(cal, u_compute=0.05))
+    assert noisy.scale == pytest.approx(1.2 ** _w(1.2, 0.01 ** 2 + 0.05 ** 2)) and noisy.scale < chk.scale
+    old = dict(FP, calibration=dict(FP["calibration"], **_parts(0.006, 0.004)))
+    for then, now in ((old, cal), (stored, {k: v for k, v in cal.items() if "compute" not in k})):
+        chk = calibrate.compare(then, here, now)
+        assert "compute" not in chk.parts and chk.scale == pytest.approx(1.01 ** _w(1.01))
+        assert chk.ok and chk.call_scale == pytest.approx(1.0)
+
+
 def test_call_scale_multiplies_only_the_fixed_parts():
     # Synthetic coefficients: a term a x + b, an SGEMM 2 mnk / F + launch,
     # the runner's c + d x; per-call parts x3, per-unit parts x1.5.
@@ -142,7 +165,7 @@ def test_call_scale_multiplies_only_the_fixed_parts():
 
 def test_calibration_times_its_parts():
     cal = calibrate.calibration_step(seconds=0.2, blocks=3)
-    assert cal["kernel_s"] > 0 and cal["python_s"] > 0 and cal["u_kernel"] >= 0 and cal["u_python"] >= 0
+    assert all(cal[k] > 0 and cal["u_" + k.split("_")[0]] >= 0 for k in calibrate.PARTS)
     assert cal["kernel_s"] + cal["python_s"] <= cal["wall_s"] * 1.001
 
 
@@ -152,7 +175,7 @@ def test_real_calibration_of_an_edited_profile_warns(tmp_path, capsys):
     (10x: far beyond what other jobs' load moves the calibration by)."""
     fp = calibrate.record(seconds=0.3)
     fp["cpu_model"] = "some other CPU"
-    fp["calibration"] = dict(fp["calibration"], u=0.0, u_kernel=0.0, u_python=0.0,
+    fp["calibration"] = dict(fp["calibration"], u=0.0, u_kernel=0.0, u_python=0.0, u_compute=0.0,
                              **{k: fp["calibration"][k] / 10 for k in ("wall_s", "cpu_s") + calibrate.PARTS})
     prof = Profile.synthetic(backend="cpu")
     prof.data["fingerprint"] = fp

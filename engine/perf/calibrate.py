@@ -91,11 +91,31 @@ def fingerprint() -> dict:
             "host": platform.node()}
 
 
+def _compute_part(rng):
+    """One training step of the ``cifar`` net at batch 1 (about 25 ms): the
+    convolution kernels, pooling and a 3.2 M-parameter FC that compute-bound
+    nets spend their steps in. This host's compute-heavy steps drift by
+    10-15 % within an hour while the kernel part (an L2-sized GEMM and a
+    copy) reads within a few per cent (bench/RESULTS.md, test set 11). In
+    live rounds beside one-rank runner runs (bench/calibration_drift.py
+    --live, 8 rounds 20:35-20:54 UTC on 2026-12-01) this step's log time
+    correlated with cifar's runner T_GPU at 0.81, the kernel part at 0.66,
+    a 512 SGEMM at 0.14."""
+    from engine.net import Net
+    from engine.spec import get_spec
+    sp = get_spec("cifar")
+    net = Net(sp, seed=0)
+    x = rng.standard_normal((1,) + sp.input_shape).astype(np.float32)
+    y = rng.integers(0, sp.n_classes, 1)
+    return lambda: net.loss_and_grad(x, y)
+
+
 def _workload():
-    """The fixed calibration workload as two parts, each one call: a
+    """The fixed calibration workload as three parts, each one call: a
     mid-size SGEMM with a flat copy larger than L2 (``kernel``: flops and
-    memory), and a step of the ``tiny`` net (``python``: per-call Python and
-    fixed costs) -- the kinds of cost the model prices per unit and per call."""
+    memory), a step of the ``tiny`` net (``python``: per-call Python and
+    fixed costs) -- the kinds of cost the model prices per unit and per
+    call -- and a compute-bound net step (``compute``, ``_compute_part``)."""
     from engine import ops
     from engine.net import Net
     from engine.spec import get_spec
@@ -116,23 +136,27 @@ def _workload():
 
     def python():
         net.loss_and_grad(x, y)
-    return kernel, python
+    return kernel, python, _compute_part(rng)
 
 
 # The parts of the calibration, each rescaling its kind of cost (Profile.time_scale / call_scale).
-PARTS = ("kernel_s", "python_s")
+PARTS = ("kernel_s", "python_s", "compute_s")
+# Share of each block given to the compute part (timed apart: its steps are long).
+COMPUTE_SHARE = 1 / 3
 
 
-def calibration_step(seconds: float = 2.0, blocks: int = 5) -> dict:
+def calibration_step(seconds: float = 3.0, blocks: int = 5) -> dict:
     """Wall and CPU seconds per call of the calibration workload on one
-    thread, run for ``seconds``; ``kernel_s`` and ``python_s``: the wall
-    seconds of its two parts per call.
+    thread, run for ``seconds``; ``kernel_s``, ``python_s`` and
+    ``compute_s``: the wall seconds of its parts per call.
 
-    ``wall_s`` is throughput (elapsed / calls), not a median: on a shared
-    host most calls fit in one scheduler slice and a few wait for whole
-    slices, and a long run pays for both. ``u`` (and ``u_kernel``,
-    ``u_python``): relative uncertainty of ``wall_s`` (of each part), from
-    the spread of its ``blocks`` consecutive blocks.
+    ``wall_s`` is throughput (elapsed / calls of the kernel and Python parts,
+    run in turn), not a median: on a shared host most calls fit in one
+    scheduler slice and a few wait for whole slices, and a long run pays for
+    both. ``u`` (and ``u_kernel``, ``u_python``, ``u_compute``): relative
+    uncertainty of ``wall_s`` (of each part), from the spread of its
+    ``blocks`` consecutive blocks. The compute part runs alone for
+    ``COMPUTE_SHARE`` of each block, after the other two.
 
     The parts are timed apart because they drift apart: on test set 5's
     night (bench/RESULTS.md section 4) the whole workload ran x0.96 its
@@ -141,16 +165,17 @@ def calibration_step(seconds: float = 2.0, blocks: int = 5) -> dict:
     """
     from .timing import set_threads
     set_threads(1)
-    kernel, python = _workload()
+    kernel, python, compute = _workload()
     for _ in range(3):
         kernel()
         python()
+    compute()
     per_block = seconds / blocks
     walls, cpus, parts, n = [], [], {k: [] for k in PARTS}, 0
     clock = time.perf_counter
     for _ in range(blocks):
         calls, t0, c0, tk, tp = 0, clock(), time.thread_time(), 0.0, 0.0
-        while clock() - t0 < per_block or calls < 2:
+        while clock() - t0 < per_block * (1 - COMPUTE_SHARE) or calls < 2:
             t1 = clock()
             kernel()
             t2 = clock()
@@ -162,6 +187,11 @@ def calibration_step(seconds: float = 2.0, blocks: int = 5) -> dict:
         parts["kernel_s"].append(tk / calls)
         parts["python_s"].append(tp / calls)
         n += calls
+        k, t0 = 0, clock()
+        while clock() - t0 < per_block * COMPUTE_SHARE or k < 2:
+            compute()
+            k += 1
+        parts["compute_s"].append((clock() - t0) / k)
     u = lambda v: float(np.std(v, ddof=1) / np.mean(v) / np.sqrt(blocks))
     w = float(np.mean(walls))
     out = {"wall_s": w, "cpu_s": float(np.mean(cpus)), "u": u(walls), "n": n,
@@ -185,7 +215,7 @@ def merge_calibrations(cals) -> dict:
                 before=cals[0], after=cals[-1])
 
 
-def record(seconds: float = 2.0) -> dict:
+def record(seconds: float = 3.0) -> dict:
     """The fingerprint with a calibration: what ``sprint profile`` stores."""
     fp = fingerprint()
     fp["calibration"] = calibration_step(seconds)
@@ -235,29 +265,38 @@ def _weight(then, now, ratio, key="u") -> float:
     return d2 / (d2 + s2) if d2 > 0 else 0.0
 
 
+# Which part's ratio rescales which costs, the first part both calibrations
+# timed: per-unit costs (``scale``) by the compute part, or by the kernel part
+# against a profile calibrated before the compute part existed; per-call
+# costs (``call_scale``) by the Python part.
+RESCALES = {"scale": ("compute", "kernel"), "call_scale": ("python",)}
+
+
 def _split(then, now, chk):
-    """Each part's ratio, shrunk by its weight (``_weight``):
-    ``scale`` from the kernel part, ``call_scale`` from the Python part.
-    Both calibrations must have timed the parts (profiles swept before they
-    were: one ratio)."""
-    if not all(then.get(k) and now.get(k) for k in PARTS):
+    """Each part's ratio, shrunk by its weight (``_weight``), and which
+    rescales what (``RESCALES``). Both calibrations must have timed the
+    kernel and Python parts (profiles swept before they were: one ratio)."""
+    if not all(then.get(k) and now.get(k) for k in ("kernel_s", "python_s")):
         return None
     scales = {}
     for k in PARTS:
+        if not (then.get(k) and now.get(k)):
+            continue
         tag = k.split("_")[0]
         r = now[k] / then[k]
         w = _weight(then, now, r, "u_" + tag)
         chk.parts[tag], chk.weights[tag] = float(r), float(w)
         scales[tag] = float(r ** w)
-    return scales
+    return {what: scales[next(t for t in tags if t in scales)] for what, tags in RESCALES.items()}
 
 
 def compare(stored: dict | None, now: dict | None, calibration: dict | None, source: str = "profile") -> Check:
     """Compare a profile's ``stored`` fingerprint with this machine's ``now``
     and a fresh ``calibration``. ``scale`` is the calibration ratio shrunk
     toward 1 by its weight (``_weight``); when both calibrations timed their
-    parts (``PARTS``), ``scale`` is the kernel part's and ``call_scale`` the
-    Python part's, each by its own weight. A ratio beyond the noise
+    parts (``PARTS``), ``scale`` is the compute part's (the kernel part's
+    against a profile without it) and ``call_scale`` the Python part's, each
+    by its own weight (``RESCALES``). A ratio beyond the noise
     (``_noise``) is also said, with what it rescales."""
     chk = Check()
     if not stored:
@@ -278,7 +317,7 @@ def compare(stored: dict | None, now: dict | None, calibration: dict | None, sou
         chk.ratio = float(ratio)
         split = _split(then, calibration, chk)
         if split is not None:
-            chk.scale, chk.call_scale = split["kernel"], split["python"]
+            chk.scale, chk.call_scale = split["scale"], split["call_scale"]
             said = any(abs(r - 1.0) > _noise(then, calibration, "u_" + t) for t, r in chk.parts.items())
         else:
             chk.weights["whole"] = _weight(then, calibration, ratio)
@@ -289,9 +328,10 @@ def compare(stored: dict | None, now: dict | None, calibration: dict | None, sou
             why = "" if cpu is None else (
                 f"; CPU time x{cpu:.2f}, so " + ("the cores themselves are slower or faster"
                                                  if abs(cpu - 1) > chk.noise else "other jobs load the host"))
+            named = {"kernel": "kernels", "compute": "compute step", "python": "per-call Python"}
             how = (f"every time is rescaled by x{chk.scale:.2f}" if split is None else
-                   f"kernels x{chk.parts['kernel']:.2f}, per-call Python x{chk.parts['python']:.2f}: "
-                   f"per-unit costs are rescaled by x{chk.scale:.2f}, per-call costs by x{chk.call_scale:.2f}")
+                   ", ".join(f"{named[t]} x{r:.2f}" for t, r in chk.parts.items()) +
+                   f": per-unit costs are rescaled by x{chk.scale:.2f}, per-call costs by x{chk.call_scale:.2f}")
             chk.messages.append(
                 f"this machine runs the calibration workload in {ratio:.2f}x the time stored in {source} "
                 f"({1e3 * calibration['wall_s']:.2f} ms now, {1e3 * then['wall_s']:.2f} ms on "
@@ -303,7 +343,7 @@ def compare(stored: dict | None, now: dict | None, calibration: dict | None, sou
     return chk
 
 
-def check(profile, seconds: float = 2.0, apply: bool = True) -> Check:
+def check(profile, seconds: float = 3.0, apply: bool = True) -> Check:
     """Calibrate now (``seconds``), compare with ``profile``'s machine and,
     with ``apply``, rescale it (``profile.time_scale``)."""
     stored = profile.data.get("fingerprint")
