@@ -176,6 +176,7 @@ def live(rounds, out):
     import multiprocessing as mp
     from engine import ops
     from engine.net import Net
+    from engine.perf.calibrate import calibration_step
     from engine.perf.sweep_runner import runner_job, runner_step_means, synthetic_npz
     from engine.perf.timing import set_threads
     from engine.spec import get_spec
@@ -236,6 +237,7 @@ def live(rounds, out):
                 rec[f"{name}@pair0"] = timed(parts[name])
                 rec[f"{name}@pair1"] = parent.recv()
             os.sched_setaffinity(0, every)
+            rec["calibration"] = calibration_step()
             set_threads(2)
             rec["gemm512x2@any"] = timed(parts["gemm512"])
             set_threads(1)
@@ -248,6 +250,57 @@ def live(rounds, out):
     parent.send(None)
     proc.join(5)
 
+def anchor(profile, records, out):
+    """Add the calibration's compute part to ``profile`` (a profile
+    calibrated before it existed) referred to the era of its sweep: the
+    records' one-thread net steps of cifar and tiny are timed now as the
+    sweep timed them, two calibrations are taken, and the compute part's
+    stored time is the one measured now divided by the median ratio
+    (now / records) of cifar's steps, the net the part steps. Its
+    uncertainty adds that ratio's spread. The kernel and Python parts stay
+    as the profile recorded them; the ratios are kept (``compute_anchor``)."""
+    from engine.net import Net
+    from engine.perf.calibrate import calibration_step, merge_calibrations
+    from engine.perf.profile import Profile
+    from engine.perf.sweep import mode_config
+    from engine.perf.timing import _rand, set_threads, time_call, use_clock
+    from engine.spec import NetSpec
+    prof = Profile.load(profile)
+    recs = json.loads(Path(records).read_text())
+    cfg = mode_config(recs["meta"].get("quick", True))
+    set_threads(1)
+    use_clock("cpu")
+    ratios = {}
+    for r in recs["records"]:
+        if r["kind"] != "net_step" or r["model"] not in ("cifar", "tiny") or r["clock"] != "cpu":
+            continue
+        sp = NetSpec.from_dict(r["spec"])
+        net = Net(sp, seed=0)
+        x = _rand((r["n_subbatch"],) + sp.input_shape, 9)         # the sweep's input (sweep_net_steps)
+        y = np.random.default_rng(0).integers(0, sp.n_classes, r["n_subbatch"])
+        t, _ = time_call(lambda: net.loss_and_grad(x, y), cfg["repeats"], cfg["min_time"])
+        ratios[f"{r['model']}/{r['n_subbatch']}"] = t / r["t"]
+        print(f"{r['model']} N_Subbatch {r['n_subbatch']}: {1e3 * t:.3f} ms now, {1e3 * r['t']:.3f} ms in the records "
+              f"(x{t / r['t']:.3f})", flush=True)
+    use_clock("wall")
+    both = merge_calibrations([calibration_step() for _ in range(2)])
+    cif = np.array([v for k, v in ratios.items() if k.startswith("cifar/")])
+    r_c = float(np.median(cif))
+    u_r = float(np.std(cif, ddof=1) / np.sqrt(len(cif))) if len(cif) > 1 else 0.05
+    cal = dict(prof.data["fingerprint"]["calibration"])
+    cal.update(compute_s=both["compute_s"] / r_c, u_compute=float(np.hypot(both["u_compute"], u_r)),
+               compute_anchor={"ratios": ratios, "cifar": r_c, "measured_s": both["compute_s"],
+                               "u_measured": both["u_compute"], "date": both["date"], "records": str(records)})
+    for k in ("before", "after"):
+        if k in cal:
+            cal[k] = dict(cal[k], compute_s=cal["compute_s"], u_compute=cal["u_compute"])
+    prof.data["fingerprint"] = dict(prof.data["fingerprint"], calibration=cal)
+    prof.save(out)
+    print(f"compute part {1e3 * both['compute_s']:.3f} ms now (u {100 * both['u_compute']:.1f} %), cifar's steps "
+          f"x{r_c:.3f} the records': stored {1e3 * cal['compute_s']:.3f} ms (u {100 * cal['u_compute']:.1f} %); "
+          f"kernel part x{both['kernel_s'] / cal['kernel_s']:.3f}, Python part x{both['python_s'] / cal['python_s']:.3f} "
+          f"the profile's; written to {out}")
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -255,13 +308,18 @@ def main(argv=None):
     ap.add_argument("--runs", default="fitted6,fitted7,fitted8,fitted9,fitted10,fitted12,test6,test7,test8,test9,test10",
                     help="saved runs of --history (seen sets only)")
     ap.add_argument("--live", type=int, default=0, metavar="ROUNDS", help="time the parts beside short runs")
-    ap.add_argument("--out", default="calibration_drift.jsonl", help="--live: JSON lines appended here")
+    ap.add_argument("--out", default="calibration_drift.jsonl",
+                    help="--live: JSON lines appended here; --anchor: the profile written")
+    ap.add_argument("--anchor", nargs=2, metavar=("PROFILE", "RECORDS"),
+                    help="add the compute part to PROFILE's calibration, referred to the era of RECORDS (its sweep)")
     a = ap.parse_args(argv)
     if a.history:
         report(history(set(a.runs.split(","))))
     if a.live:
         live(a.live, a.out)
-    if not (a.history or a.live):
+    if a.anchor:
+        anchor(*a.anchor, a.out)
+    if not (a.history or a.live or a.anchor):
         ap.print_help()
         return 2
     return 0

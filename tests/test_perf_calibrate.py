@@ -4,6 +4,7 @@ import copy
 import json
 import math
 
+import numpy as np
 import pytest
 
 from engine import cli
@@ -448,3 +449,47 @@ def test_profile_update_only_calibration_replaces_it_and_keeps_the_rest(tmp_path
     assert "some other CPU" in err and err.startswith("sprint: error:") and err.count("\n") == 1
     assert cli.main(args + ["--from-records", str(out)]) == 2
     assert "not refitted from records" in capsys.readouterr().err
+
+
+def test_anchor_refers_the_compute_part_to_the_records_era(tmp_path, monkeypatch, capsys):
+    """bench/calibration_drift.py --anchor: cifar's steps timed now run
+    1.2-1.5x their records (median 1.3), so the compute part measured now
+    (36 ms) is stored as 36 / 1.3 ms; the kernel and Python parts stay the
+    profile's. Timings are stubbed: the arithmetic is what is tested."""
+    import importlib.util
+    from pathlib import Path
+    from engine.perf import timing
+    spec = importlib.util.spec_from_file_location(
+        "calibration_drift", Path(__file__).resolve().parents[1] / "bench" / "calibration_drift.py")
+    cd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cd)
+    cifar = spec_mod.get_spec("cifar").to_dict()
+    steps = [{"kind": "net_step", "model": "cifar", "n_subbatch": n, "t": t, "clock": "cpu", "spec": cifar}
+             for n, t in ((1, 0.020), (2, 0.025), (4, 0.030))]
+    recs = {"meta": {"quick": True}, "records": steps + [{"kind": "sgemm", "t": 1.0}]}
+    (tmp_path / "r.json").write_text(json.dumps(recs))
+    old = dict(FP["calibration"], **_parts(0.006, 0.004))
+    prof = Profile.synthetic(backend="cpu")
+    prof.data["fingerprint"] = dict(FP, calibration=old)
+    prof.save(tmp_path / "p.json")
+    ratios = [1.2, 1.5, 1.3]
+    calls = []
+
+    def fake_time_call(fn, repeats, min_time):
+        i = len(calls)
+        calls.append(i)
+        return steps[i]["t"] * ratios[i], 0.0
+    monkeypatch.setattr(timing, "time_call", fake_time_call)
+    monkeypatch.setattr(calibrate, "calibration_step", lambda: dict(
+        old, kernel_s=0.0066, python_s=0.0048, compute_s=0.036, u_compute=0.01, u=0.01, n=10, date="now"))
+    cd.anchor(tmp_path / "p.json", tmp_path / "r.json", tmp_path / "q.json")
+    cal = json.loads((tmp_path / "q.json").read_text())["fingerprint"]["calibration"]
+    assert calls == [0, 1, 2] and cal["compute_s"] == pytest.approx(0.036 / 1.3)
+    u_r = np.std(ratios, ddof=1) / np.sqrt(3)
+    assert cal["u_compute"] == pytest.approx(np.hypot(0.01 / np.sqrt(2), u_r))
+    assert {k: cal[k] for k in old} == old and cal["compute_anchor"]["cifar"] == pytest.approx(1.3)
+    assert "x1.300 the records'" in capsys.readouterr().out
+    # A profile so anchored rescales per-unit costs by the compute part from now on.
+    now = dict(old, compute_s=0.036 / 1.3 * 1.1, u_compute=0.01)
+    chk = calibrate.compare(dict(FP, calibration=cal), None, now)
+    assert chk.parts["compute"] == pytest.approx(1.1) and chk.scale > 1.05
