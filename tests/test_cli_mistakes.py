@@ -229,3 +229,23 @@ def test_a_bad_mpi_poll_setting_names_the_variable(monkeypatch):
             _env_seconds("SPRINT_MPI_POLL")
     monkeypatch.setenv("SPRINT_MPI_POLL", "0.002")
     assert _env_seconds("SPRINT_MPI_POLL") == 0.002
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["--epochs", "0"], "epochs must be an integer >= 1, got 0 (--epochs)"),
+    (["--timeout", "-1"], "timeout must be finite and >= 1 (seconds), got -1.0 (--timeout)"),
+])
+def test_a_bad_value_given_with_resume_names_its_option_not_the_saved_config(tmp_path, monkeypatch, capsys,
+                                                                             argv, said):
+    """`--resume RUN --epochs 0` said 'saved options are invalid: ... (RUN/config.json)',
+    blaming the run for the value just typed."""
+    from engine.session import TrainConfig
+    from engine.train import train
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    run = tmp_path / "run"
+    train(TrainConfig(epochs=1, out=str(run), progress=False, verbose=False))
+    assert one_line(capsys, ["train", "--resume", run, *argv]) == f"sprint: error: {said}"
+    conf = json.loads((run / "config.json").read_text())
+    conf["train"]["epochs"] = 0           # a config edited by hand is still the run's
+    (run / "config.json").write_text(json.dumps(conf))
+    one_line(capsys, ["train", "--resume", run], "saved options are invalid: epochs must be", "config.json)")

@@ -189,4 +189,7 @@ def resume_config(run_dir, **overrides) -> TrainConfig:
     try:
         return TrainConfig.from_dict({k: v for k, v in d.items() if k in known})
     except (TypeError, ValueError) as e:
+        if overrides.get(str(e).split(" ", 1)[0]) is not None:
+            # a value given now (--epochs 0): the CLI names its option, not the saved config
+            raise ValueError(str(e)) from None
         raise RunError(f"saved options are invalid: {e}", path) from None
