@@ -132,6 +132,27 @@ def _said_by_rank_0():
         yield
 
 
+def _stdout_closed() -> bool:
+    """The program reading our output (``| head``) went away: a write to
+    stdout failed with EPIPE, which said only 'Broken pipe' and where not.
+    poll() reports POLLERR on a pipe whose reading end is closed."""
+    import select
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _output_closed() -> str:
+    # what is left in stdout's buffer would fail again at exit ("Exception ignored")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return "the program reading sprint's output stopped reading it (broken pipe) (stdout)"
+
+
 def _fail(e: BaseException, debug: bool) -> int:
     """The one ``sprint: error:`` line of ``e`` and its exit status. Under
     mpiexec it is said once for the job (by rank 0, or by the rank that alone
@@ -142,7 +163,8 @@ def _fail(e: BaseException, debug: bool) -> int:
         traceback.print_exc()
     code = EXIT_USAGE if is_usage_error(e) else EXIT_FAILED
     quiet = bool(getattr(e, "reported_by_root", False))     # rank 0 said it
-    line = f"sprint: error: {describe(e)}"
+    closed = isinstance(e, BrokenPipeError) and _stdout_closed()
+    line = f"sprint: error: {_output_closed() if closed else describe(e)}"
     if not debug and _job_size() > 1:
         from engine.parallel.abort import abort_once
         from engine.parallel.comm import get_comm

@@ -75,3 +75,15 @@ def test_the_parallel_and_perf_layers_declare_their_options_without_the_cli():
             "assert 'engine.cli' not in sys.modules, sorted(m for m in sys.modules if m.startswith('engine'))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("args", [("info", "cifar"), ("train", "--epochs", "1")])
+def test_output_into_a_closed_pipe_says_what_was_closed(args, tmp_path):
+    """`sprint report RUN | head` said 'sprint: error: Broken pipe' and
+    where not (it can be a file too)."""
+    p = subprocess.Popen([sys.executable, "-m", "engine.cli", *args, *(("--out", tmp_path / "run")
+                          if args[0] == "train" else ())], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()                     # the reader went away before the first line
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 1
+    assert err == "sprint: error: the program reading sprint's output stopped reading it (broken pipe) (stdout)\n"
