@@ -60,10 +60,8 @@ class Interrupted(KeyboardInterrupt):
 
     def __init__(self, epoch: int, run_dir=None, ranks: int = 1):
         self.epoch, self.run_dir = int(epoch), (str(run_dir) if run_dir else None)
-        launcher = f"mpiexec -n {ranks} " if ranks > 1 else ""
         if self.run_dir and self.epoch:
-            msg = (f"interrupted after epoch {self.epoch}; resume with: {launcher}sprint train "
-                   f"--resume {self.run_dir}")
+            msg = f"interrupted after epoch {self.epoch}; {resume_with(self.run_dir, ranks)}"
         elif self.run_dir:
             msg = f"interrupted before the first epoch ended; nothing to resume in {self.run_dir}"
         else:
@@ -72,6 +70,12 @@ class Interrupted(KeyboardInterrupt):
 
     def __str__(self):
         return self.args[0]
+
+
+def resume_with(run_dir, ranks: int = 1) -> str:
+    """How a stopped run continues: a job of ``ranks`` MPI ranks under mpiexec with as many."""
+    launcher = f"mpiexec -n {ranks} " if ranks > 1 else ""
+    return f"resume with: {launcher}sprint train --resume {run_dir}"
 
 
 class MissingFile(RunError, FileNotFoundError):

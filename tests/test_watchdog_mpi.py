@@ -81,3 +81,34 @@ def test_a_strategy_row_brings_its_own_cli_options(tmp_path):
     p = subprocess.run([sys.executable, "-m", "engine.cli", "train", "--stages", "2"], capture_output=True,
                        text=True, env=ENV, cwd=ROOT, timeout=60)
     assert p.returncode == 2 and p.stderr.strip() == "sprint: error: apply to --parallel pipeline only (--stages)"
+
+
+def test_a_rank_stopped_after_an_epoch_is_one_line_saying_how_to_resume(tmp_path):
+    """A frozen rank's job ended with the watchdog's line and MPICH's 'Abort(1)
+    on node 0 ... MPI_Abort(MPI_COMM_WORLD, 1)' after it; neither said that
+    the epochs trained are kept, nor how to go on."""
+    timeout, run = 4, tmp_path / "run"
+    p = subprocess.Popen(["mpiexec", "-n", "2", sys.executable, "-m", "engine.cli", "train", "--parallel", "sync",
+                          "--epochs", "200", "--timeout", str(timeout), "--out", str(run), "--no-progress"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+    pid = None
+    try:
+        pid = int(re.search(r"rank 1 pid (\d+)", p.stderr.readline()).group(1))
+        for line in p.stdout:
+            if line.startswith("epoch   2/"):
+                break
+        os.kill(pid, signal.SIGSTOP)
+        _, err = p.communicate(timeout=timeout + 30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert p.returncode != 0
+    assert err.count("\n") == 1, err[-2000:]           # the line, and no MPICH line after it
+    epoch = int(re.search(r"epoch (\d+) is saved", err).group(1))
+    assert epoch >= 2 and err.startswith(f"sprint: error: rank 1 of 2 stopped answering"), err
+    assert err.endswith(f"; --timeout {timeout}); ending the job; epoch {epoch} is saved: resume with: "
+                        f"mpiexec -n 2 sprint train --resume {run}\n"), err
+    from engine.checkpoint import load
+    assert load(run)["epoch"] >= epoch

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 
@@ -315,6 +316,15 @@ class MPIComm(Comm):
         """MPI_Abort on the world, which ends the whole job."""
         # MPICH unlinks its /dev/shm bootstrap segment only in MPI_Finalize
         unlink_mpich_segments()
+        if not os.environ.get("SPRINT_DEBUG"):
+            # every caller said its line first; MPICH's own 'Abort(1) on node 0 (rank 0 in
+            # comm 0): application called MPI_Abort(...)' was a second one naming nothing new
+            try:
+                sys.stderr.flush()
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 2)
+            except (OSError, ValueError):
+                pass
         self.world.Abort(code)
         os._exit(code)  # pragma: no cover - Abort does not return
 

@@ -23,6 +23,7 @@ class Session:
         self.root = self.comm.rank == 0
         self.t0 = time.perf_counter()
         self.watchdog = Watchdog(self.comm, cfg.timeout)
+        self.watchdog.saved = self._saved_note
         self.backend = setup_device(cfg)
         self.gpu = getattr(self.backend, "name", "cpu") == "gpu"
         if not cfg.resume and self.comm.size > 1:
@@ -291,6 +292,14 @@ class Session:
         write them (a parameter server's replicas)."""
         return Diverged(loss, epoch, step, lr, run_dir=str(self.run) if self.run else None,
                         last_epoch=self.saved_epoch if saved is None else saved)
+
+    def _saved_note(self) -> str:
+        """'; epoch 5 is saved: resume with: ...' for a job that ends on a
+        silent rank (said by the watchdog's thread: no file is read)."""
+        from engine.errors import resume_with
+        if self.run is None or not self.saved_epoch:
+            return ""
+        return f"; epoch {self.saved_epoch} is saved: {resume_with(self.run, self.comm.size)}"
 
     def interrupted(self) -> Interrupted:
         epoch = self.saved_epoch

@@ -29,6 +29,7 @@ class Watchdog:
         self.interval = interval or max(0.05, min(1.0, self.timeout / 5))
         self.active = False
         self.roles: dict = {}
+        self.saved = lambda: ""      # what the run keeps, said after "ending the job" (Session)
         self._stop = threading.Event()
         self._th = None
         self._watch = False          # inside progress(): the main thread promises ticks
@@ -95,7 +96,8 @@ class Watchdog:
         if self.rank == answering[0]:
             from engine.parallel.abort import say_before_abort
             say_before_abort(f"sprint: error: {who} stopped answering (no heartbeat for "
-                             f"{quiet_for:.0f} s; --timeout {self.timeout:g}); ending the job\n")
+                             f"{quiet_for:.0f} s; --timeout {self.timeout:g}); ending the job"
+                             f"{self.saved()}\n")
             time.sleep(0.5)
         else:
             time.sleep(2.0)     # let the reporter's line out first
@@ -118,7 +120,7 @@ class Watchdog:
         from engine.parallel.abort import say_before_abort
         say_before_abort(f"sprint: error: {self._name([self.rank])} made no progress for "
                          f"{quiet_for:.0f} s although its process runs (its main loop is stuck; --timeout "
-                         f"{self.timeout:g}); ending the job\n")
+                         f"{self.timeout:g}); ending the job{self.saved()}\n")
         time.sleep(0.5)
         try:
             self.comm.abort_world(1)
