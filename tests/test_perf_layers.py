@@ -335,3 +335,70 @@ def test_hidden_fc_passes_pay_per_input_float_and_output_layers_do_not():
     no_x = Profile(dict(prof, layer_terms={k: dict(v, x=0.0) for k, v in lt.items()}))
     short = sum(r[4] for r in model.compute_gradient_terms(net, 8, no_x) if r[:2] == ("fc1", "fwd"))
     assert want[("fc1", "fwd")] - short == pytest.approx(x["fc_fwd"] * 8 * 32 * 7 * 7, rel=1e-6)
+
+
+def test_refill_tau_recovered_from_a_synthetic_decay():
+    """``refill_decay`` records on a known curve t0 + a (1 - exp(-gap / tau))
+    give back tau per pass (the grid's step is 3.4 %); too few gaps give none."""
+    from engine.perf.cache_decay import DECAY_GAPS, fit_refill_tau
+    tau = {"fwd": 0.012, "bwd": 0.005}
+    recs = [{"kind": "refill_decay", "pass": pas, "gap": g, "t": 7e-4 + 6e-4 * (1 - np.exp(-g / tau[pas]))}
+            for pas in tau for g in DECAY_GAPS]
+    got = fit_refill_tau(recs)
+    for pas in tau:
+        assert got[pas] == pytest.approx(tau[pas], rel=0.02)
+    assert fit_refill_tau([r for r in recs if r["gap"] < 0.002]) is None
+    assert fit_refill_tau([]) is None
+
+
+def test_cold_weights_priced_by_their_age_in_the_step():
+    """Passes that pay w per cold byte times the share the caches lost since
+    the step last touched them (``refill_share`` of ``pass_ages``, steps back
+    to back): f, b and w come back, a held-out net is priced exactly, its
+    short step refilling part of its cold bytes; a profile without tau (older
+    ones) prices them all."""
+    from engine.perf.cache_decay import pass_ages, refill_share
+    prof = Profile.synthetic(backend="cpu").data
+    l2 = 1 << 20
+    prof["cache"] = {"l2_bytes": l2}
+    W = {"conv_fwd": 1e-10, "conv_bwd": 2e-10, "fc_fwd": 3e-10, "fc_bwd": 5e-10}
+    grid = np.geomspace(1e-4, 0.3, 241)           # fit_refill_tau's grid: taus on it come back exactly
+    tau = {"fwd": float(grid[np.argmin(abs(grid - 0.004))]), "bwd": float(grid[np.argmin(abs(grid - 0.002))])}
+
+    def truth(net, n):
+        base = _truth(prof, net, n)
+        geoms = {g.name: g for g in spec_mod.layers(spec_mod.get_spec(net))}
+        full = {k: W[f"{geoms[k[0]].kind}_{k[1]}"] * max(4 * spec_mod._prod(geoms[k[0]].w_shape) - l2, 0)
+                for k in base}
+        t = {k: base[k] + full[k] for k in base}
+        for _ in range(200):      # the fixed point: the ages hold the cold costs
+            step = sum(t.values())
+            t = {k: base[k] + full[k] * refill_share(pass_ages(t[(k[0], "fwd")], t[(k[0], "bwd")], step)[k[1]],
+                                                     tau[k[1]]) for k in base}
+        return t, full
+    recs = [{"kind": "refill_decay", "pass": pas, "gap": g, "t": 1e-3 + 1e-3 * (1 - np.exp(-g / tau[pas]))}
+            for pas in tau for g in (0.0, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032)]
+    for net in ("tiny", "cifar", "mnist"):
+        for n in (1, 4, 16):
+            for (layer, pas), t in truth(net, n)[0].items():
+                recs.append({"kind": "layer_pass", "model": net, "n_subbatch": n, "layer": layer, "pass": pas,
+                             "t": t, "holdout": n == 4})
+    lt = fit.fit_layer_terms(prof, recs)
+    for key in W:
+        assert lt[key]["tau"] == pytest.approx(tau[key.split("_")[1]], rel=1e-9)
+        assert lt[key]["f"] == pytest.approx(F[key], rel=1e-5)
+        assert lt[key]["w"] == pytest.approx(W[key], rel=1e-4)
+    priced = Profile(dict(prof, layer_terms=lt))
+    big = spec_mod.NetSpec("big", 16, 1, 3, ((16, 2),), (1024, 10))    # fc1: 4 MiB of weights, a short step
+    want, full = truth(big, 8)
+    got = {}
+    for layer, pas, kern, _, t in model.compute_gradient_terms(big, 8, priced):
+        if pas != "loss":
+            got[(layer, pas)] = got.get((layer, pas), 0.0) + t
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=1e-5)
+    cold = {k: want[k] - _truth(prof, big, 8)[k] for k in want}
+    assert 0.05 * full[("fc1", "bwd")] < cold[("fc1", "bwd")] < 0.95 * full[("fc1", "bwd")]
+    old = Profile(dict(prof, layer_terms={k: {a: b for a, b in v.items() if a != "tau"} for k, v in lt.items()}))
+    rows = [r for r in model.compute_gradient_terms(big, 8, old) if r[2] == "cold-weights"]
+    assert {(r[0], r[1]): r[4] for r in rows} == pytest.approx({k: v for k, v in full.items() if v > 0})

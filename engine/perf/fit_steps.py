@@ -12,6 +12,7 @@ from scipy.optimize import nnls
 from engine import spec as spec_mod
 
 from .fit import error_summary, nnls_relative
+from .cache_decay import fit_refill_tau, measured_shares
 from .layer_cost import (INPUT_TERM_KEYS, bytes_beyond_l2, cold_weight_bytes, fc_input_floats, layer_term_keys,
                          streams_in_sweep)
 from .profile import Profile
@@ -64,6 +65,8 @@ def fit_layer_terms(prof: dict, records) -> dict:
     p = Profile({k: v for k, v in prof.items() if k not in ("overhead", "layer_terms")})
     l2 = (prof.get("cache") or {}).get("l2_bytes")
     recs = [r for r in records if r.get("kind") == "layer_pass" and r.get("t", 0) > 0]
+    taus = fit_refill_tau(records)
+    share = measured_shares(recs, taus)
     cache, rows = {}, {}
     for r in recs:
         key = (r["model"], r["n_subbatch"])
@@ -87,7 +90,7 @@ def fit_layer_terms(prof: dict, records) -> dict:
         k = got[0]
         kf, k1 = (0.0, k) if cache[key][3][(r["layer"], r["pass"])] else (k, 0.0)
         rows.setdefault(cache[key][2][(r["layer"], r["pass"])], []).append(
-            (kf, k1, cache[key][1][r["layer"]], cache[key][4][r["layer"]], r["t"], bool(r.get("holdout"))))
+            (kf, k1, cache[key][1][r["layer"]] * share(r), cache[key][4][r["layer"]], r["t"], bool(r.get("holdout"))))
     # A role with too few fitted passes is priced by its kind's term.
     for keys in [k for k in rows if len(k) > 1]:
         if sum(not h for *_, h in rows[keys]) < 3:
@@ -108,6 +111,7 @@ def fit_layer_terms(prof: dict, records) -> dict:
         ev = lambda rr: error_summary(X(rr) @ coef + np.array([r[1] for r in rr]), [r[4] for r in rr]) \
             if rr else {"n": 0}
         out[key] = {"f": f, "b": b, "w": w, "x": xc, "l2_only": True,
+                    **({"tau": taus[key.rsplit("_", 1)[1]]} if taus else {}),
                     "error": {"fit": ev(fit_r), "holdout": ev(hold),
                               "kernels_only_holdout": error_summary([r[0] + r[1] for r in hold],
                                                                     [r[4] for r in hold]) if hold else {"n": 0}}}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from engine import spec as spec_mod
 
+from .cache_decay import pass_ages, refill_share
 from .pool_cost import pool_size
 from .sweep_ops import OP_KINDS
 
@@ -226,7 +227,7 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False, measur
     # Sweeps time kernels on warm caches; a whole step runs slower by the
     # fitted factor (1 when the profile has no net-step fit).
     factor = 1.0 if (kernels_only or lt) else (profile.overhead("kernel_factor") or 1.0)
-    rows = []
+    rows, colds = [], []
     ops = profile.op_kinds()
     l2 = profile.data.get("cache", {}).get("l2_bytes")
     for i, g in enumerate(geoms):
@@ -243,10 +244,36 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False, measur
                 if term and term["b"] > 0:
                     rows.append((g.name, pas, "per-call", 1, profile.call_scale * term["b"]))
                 if term and term.get("w", 0.0) > 0 and cold > 0:
-                    rows.append((g.name, pas, "cold-weights", cold, profile.time_scale * term["w"] * cold))
+                    colds.append((g.name, pas, cold, profile.time_scale * term["w"] * cold, term.get("tau")))
                 xin = fc_input_floats(g, n_subbatch)
                 if term and term.get("x", 0.0) > 0 and xin > 0:
                     rows.append((g.name, pas, "input", xin, profile.time_scale * term["x"] * xin))
         elif profile.overhead("per_layer"):
             rows.append((g.name, "fwd+bwd", "overhead", 1, profile.overhead("per_layer")))
-    return rows
+    return rows + _cold_rows(rows, colds)
+
+
+def _cold_rows(rows, colds):
+    """The ``cold-weights`` rows: each cold layer pass's full price (all its
+    cold bytes from memory) times ``refill_share`` of its age in the step
+    the rows price, steps run back to back. The ages hold the cold rows
+    themselves: a few rounds reach the fixed point (the shares saturate).
+    The step is its layer passes, as the fit reads it from the records."""
+    if not colds:
+        return []
+    got = [(name, pas, "cold-weights", cold, full) for name, pas, cold, full, _ in colds]
+    for _ in range(50):
+        per = {}
+        for r in rows + got:
+            if r[1] in ("fwd", "bwd"):
+                per[(r[0], r[1])] = per.get((r[0], r[1]), 0.0) + r[4]
+        step = sum(per.values())
+        new = [(name, pas, "cold-weights", cold,
+                full * refill_share(pass_ages(per.get((name, "fwd"), 0.0), per.get((name, "bwd"), 0.0),
+                                              step)[pas], tau))
+               for name, pas, cold, full, tau in colds]
+        done = max(abs(a[4] - b[4]) for a, b in zip(new, got)) <= 1e-12 * step
+        got = new
+        if done:
+            break
+    return got

@@ -25,6 +25,7 @@ from .sweep_kernels import (LAYER_NETS, SWEPT_NETS, TRANS, conv_shapes,  # noqa:
                             sweep_layers, sweep_net_steps,
                             sweep_sgemm, sweep_vectors, sweep_vectors_cold)
 from .sweep_layer_passes import LAYER_PASS_NETS, layer_pass_times, sweep_layer_passes  # noqa: F401
+from .cache_decay import sweep_refill_decay  # noqa: E402
 from .pool_cost import sweep_pooling  # noqa: E402
 from .sweep_ops import sweep_conv_ops, sweep_fc_ops  # noqa: F401
 from .sweep_mpi import (_allreduce_after_last, _allreduce_child, _contention_child, sweep_allreduce,  # noqa: F401
@@ -63,7 +64,8 @@ def _steps(cfg, skipped, be):
              "vectors": lambda: sweep_vectors(cfg, skipped), "cold vectors": lambda: sweep_vectors_cold(cfg, skipped),
              "handover": lambda: sweep_handover(cfg), "data": lambda: sweep_data(cfg, skipped),
              "net steps": lambda: sweep_net_steps(cfg, skipped),
-             "layer passes": lambda: sweep_layer_passes(cfg, skipped), "allreduce": lambda: sweep_allreduce(cfg),
+             "layer passes": lambda: sweep_layer_passes(cfg, skipped),
+             "refill decay": lambda: sweep_refill_decay(cfg), "allreduce": lambda: sweep_allreduce(cfg),
              "loop overhead": lambda: sweep_loop_overhead(cfg), "contention": lambda: sweep_contention(cfg),
              "pipeline": lambda: sweep_pipeline(cfg)}
     if be.name == "cpu":
@@ -74,7 +76,7 @@ def _steps(cfg, skipped, be):
     return steps
 
 
-SWEEPS = ("sgemm", "layers", "pooling", "fc+softmax", "conv ops", "fc ops", "vectors", "cold vectors", "handover", "data", "net steps", "layer passes",
+SWEEPS = ("sgemm", "layers", "pooling", "fc+softmax", "conv ops", "fc ops", "vectors", "cold vectors", "handover", "data", "net steps", "layer passes", "refill decay",
           "allreduce", "loop overhead", "contention", "runner contention", "runner contention mid", "runner contention long", "pipeline")
 
 
