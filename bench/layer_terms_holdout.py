@@ -32,11 +32,13 @@ def holdout_errors(prof: dict, records) -> list:
     from engine.perf.layer_cost import compute_gradient_terms, layer_term_keys
     from engine.perf.profile import Profile
     lp = [r for r in records if r.get("kind") == "layer_pass" and r.get("t", 0) > 0]
+    decay = [r for r in records if r.get("kind") == "refill_decay"]
     base = {k: v for k, v in prof.items() if k != "layer_terms"}
     out = []
     for net in sorted({r["model"] for r in lp}):
         mine = [r for r in lp if r["model"] == net]
-        p = Profile(dict(base, layer_terms=fit_layer_terms(base, [r for r in lp if r["model"] != net])))
+        # The refill-decay records (no net's) stay: they give the terms' tau.
+        p = Profile(dict(base, layer_terms=fit_layer_terms(base, [r for r in lp if r["model"] != net] + decay)))
         sp = spec_mod.get_spec(mine[0].get("spec") or net)
         geoms = spec_mod.layers(sp)
         at = {g.name: (i, g.kind) for i, g in enumerate(geoms)}
