@@ -170,6 +170,18 @@ def test_calibration_times_its_parts():
     assert cal["kernel_s"] + cal["python_s"] <= cal["wall_s"] * 1.001
 
 
+def test_compute_part_runs_only_for_a_profile_that_recorded_it():
+    cal = calibrate.calibration_step(seconds=0.3, blocks=3, compute=False)
+    assert "compute_s" not in cal and "u_compute" not in cal and cal["kernel_s"] > 0
+    prof = Profile.synthetic(backend="cpu")
+    fp = dict(calibrate.fingerprint(), calibration=dict(cal))
+    prof.data["fingerprint"] = fp
+    assert "compute_s" not in calibrate.check(prof, seconds=0.3, apply=False).now
+    fp["calibration"] = calibrate.calibration_step(seconds=0.3, blocks=3)
+    chk = calibrate.check(prof, seconds=0.3, apply=False)
+    assert chk.now["compute_s"] > 0 and "compute" in chk.parts
+
+
 def test_real_calibration_of_an_edited_profile_warns(tmp_path, capsys):
     """End to end: this machine's own fingerprint with its calibration time
     divided by 10 and another CPU model -> predict warns twice and rescales
