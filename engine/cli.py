@@ -105,7 +105,7 @@ def describe(e: BaseException) -> str:
         what = str(e) or type(e).__name__
         if not isinstance(e, (ValueError, TypeError, LookupError, ArithmeticError, RuntimeError, OSError)):
             what = f"{type(e).__name__}: {what}"
-    line = f"{what} ({where})" if where else str(what)
+    line = (f"{what} ({where})" if where else str(what)) + getattr(e, "after", "")    # what a run keeps
     return " ".join(line.split())
 
 

@@ -87,7 +87,10 @@ def test_file_size_limit_fails_in_one_line_and_the_run_stays_resumable(tmp_path)
                            preexec_fn=_limited(limit))
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 1 and len(lines) == 1, p.stderr
-        assert lines[0].startswith("sprint: error: file too large") and lines[0].endswith(f"{run / where})")
+        assert lines[0].startswith("sprint: error: file too large")
+        # a checkpoint that did not fit says what the run keeps and how to go on
+        kept = f"; epoch 1 is saved: resume with: sprint train --resume {run}" if where == "checkpoint.npz" else ""
+        assert lines[0].endswith(f"{run / where}){kept}"), lines[0]
         assert not list(run.glob("*.tmp"))
         assert (run / "checkpoint.npz").read_bytes() == before["checkpoint.npz"]
         assert json.loads((run / "config.json").read_text())["run_id"]

@@ -185,7 +185,13 @@ class Session:
                     self.run.save_checkpoint(dict(state, history=list(self.history), run_id=self.run_id))
                     self.saved_epoch = epoch
                     self.run.write_metrics(self.history)
-            self._root_writes(write, every_rank)
+            try:
+                self._root_writes(write, every_rank)
+            except OSError as e:
+                # a full disk or a size limit: the epochs before stay whole
+                # (atomic writes), which the error line alone did not say
+                e.after = self._saved_note()
+                raise
             if state is not None:
                 self.saved_epoch = epoch
         self.report(rec)
@@ -294,8 +300,9 @@ class Session:
                         last_epoch=self.saved_epoch if saved is None else saved)
 
     def _saved_note(self) -> str:
-        """'; epoch 5 is saved: resume with: ...' for a job that ends on a
-        silent rank (said by the watchdog's thread: no file is read)."""
+        """'; epoch 5 is saved: resume with: ...' for a run that ends on a
+        silent rank (said by the watchdog's thread: no file is read) or a
+        failed write."""
         from engine.errors import resume_with
         if self.run is None or not self.saved_epoch:
             return ""
