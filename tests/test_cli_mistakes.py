@@ -249,3 +249,21 @@ def test_a_bad_value_given_with_resume_names_its_option_not_the_saved_config(tmp
     conf["train"]["epochs"] = 0           # a config edited by hand is still the run's
     (run / "config.json").write_text(json.dumps(conf))
     one_line(capsys, ["train", "--resume", run], "saved options are invalid: epochs must be", "config.json)")
+
+
+def test_data_the_net_does_not_take_names_the_preset_that_does(tmp_path, capsys):
+    """CIFAR-sized data given to the default digits net said only 'pass
+    --resize', which would scale it to 8x8: the --model was forgotten."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "c.npz", x=rng.random((40, 3, 32, 32)).astype(np.float32), y=np.arange(40) % 10)
+    np.savez(tmp_path / "odd.npz", x=rng.random((40, 3, 20, 20)).astype(np.float32), y=np.arange(40) % 10)
+    out = ["--epochs", "1", "--out", tmp_path / "run"]
+    assert one_line(capsys, ["train", "--data", tmp_path / "c.npz", *out]).endswith(
+        "images are 32x32 but the network takes 8x8; give --model cifar (the preset for 32x32x3 images of 10 "
+        "classes), or pass --resize (resize=True) to scale them")
+    assert one_line(capsys, ["train", "--model", "tiny", *out]) == (
+        "sprint: error: model tiny takes 2 channels but digits/train has 1; give --model digits (the preset for "
+        "8x8x1 images of 10 classes)")
+    one_line(capsys, ["train", "--data", tmp_path / "odd.npz", *out],
+             "give a --model that takes 20x20x3 images of 10 classes (a spec file; no preset does), or pass --resize")
+    assert not (tmp_path / "run").exists()

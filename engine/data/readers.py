@@ -87,12 +87,26 @@ def check_sizes(train, test, size, resize, source):
         return
     for ds, (h, w) in zip((train, test), hw):
         if size is not None and (h, w) != (size, size):
+            # --resize alone was said: to the default digits net (8x8) that meant
+            # CIFAR-10 scaled down to 8x8, where a --model was forgotten
             raise ValueError(f"{source} ({ds.name}): images are {h}x{w} but the network takes {size}x{size}; "
-                             f"pass --resize (resize=True) to scale them")
+                             f"{model_for(ds)}, or pass --resize (resize=True) to scale them")
     if hw[0] != hw[1]:
         raise RunError(f"test images ({test.name}) are {hw[1][0]}x{hw[1][1]} but training images "
                        f"({train.name}) are {hw[0][0]}x{hw[0][1]}; pass --resize (resize=True) to scale both "
                        "to the network's input", source)
+
+
+def model_for(ds) -> str:
+    """'give --model cifar (the preset for 32x32x3 images of 10 classes)': the
+    presets that take ``ds`` as it is, for a message about a net that does not."""
+    from engine.spec import PRESETS
+    c, h, w = ds.shape
+    kind = f"{h}x{w}x{c} images of {ds.n_classes} classes"
+    fit = [n for n, s in PRESETS.items() if (s.m0, s.x0, s.x0, s.n_classes) == (c, h, w, ds.n_classes)]
+    if not fit:
+        return f"give a --model that takes {kind} (a spec file; no preset does)"
+    return f"give --model {' or '.join(fit)} (the preset{'s' if len(fit) > 1 else ''} for {kind})"
 
 
 def detect_format(source) -> str:

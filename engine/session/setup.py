@@ -33,12 +33,15 @@ def prepare_data(cfg, spec):
     from engine.data import DeformConfig, load_dataset
     train_ds, test_ds = load_dataset(cfg.data, cfg.fmt, size=spec.x0, channels=spec.m0,
                                      test_fraction=cfg.test_fraction, resize=cfg.resize, skip_bad=cfg.skip_bad)
+    from engine.data.readers import model_for
+    from engine.errors import counted
     for ds in (train_ds, test_ds):
         if ds.shape[0] != spec.m0:
-            raise ValueError(f"model {spec.name} takes {spec.m0} channel(s) but {ds.name} has {ds.shape[0]}")
+            raise ValueError(f"model {spec.name} takes {counted(spec.m0, 'channel')} but {ds.name} has "
+                             f"{ds.shape[0]}; {model_for(ds)}")
         if ds.n_classes != spec.n_classes:
             raise ValueError(f"model {spec.name} has {spec.n_classes} outputs but {ds.name} has "
-                             f"{ds.n_classes} classes")
+                             f"{ds.n_classes} classes; {model_for(ds)}")
     if cfg.crop_pad >= spec.x0:
         # the shifted window would show the net mostly padding (10 % on digits)
         from engine.errors import RunError
