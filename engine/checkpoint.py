@@ -180,11 +180,11 @@ def save(path, state: dict):
 
 
 def _resolve(path) -> Path:
-    path = Path(path)
-    if path.is_dir():
-        path = path / NAME
+    given = Path(path)
+    path = given / NAME if given.is_dir() else given
     if not path.exists():
-        raise MissingFile("no checkpoint", path)
+        # a mistyped run folder was 'no checkpoint', as if the run were there without one
+        raise MissingFile("no checkpoint" if given.is_dir() else "no such checkpoint file or run folder", path)
     if not path.is_file():
         raise CheckpointError("not a file", path)
     return path

@@ -118,7 +118,7 @@ def test_info_prints_the_table():
 def test_errors_are_messages_not_tracebacks(tmp_path):
     for args, msg in [(("train", "--model", "nonet"), "neither a preset"),
                       (("train", "--data", tmp_path / "missing"), f"no such file or folder for --data ({tmp_path / 'missing'})"),
-                      (("eval", tmp_path / "nothing.npz"), "no checkpoint"),
+                      (("eval", tmp_path / "nothing.npz"), "no such checkpoint file"),
                       (("plot", tmp_path / "none"), f"no metrics.jsonl: not a run folder ({tmp_path / 'none'})"),
                       (("info", "cifar", "--batch", "0"), "--batch")]:
         p = sprint(*args, check=False)

@@ -189,7 +189,10 @@ def test_bad_options_and_files_are_one_line_each(tmp_path):
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"PK\x03\x04 not really a zip")
     one_error_line(sprint("eval", bad), "corrupt or truncated checkpoint", f"({bad})")
-    one_error_line(sprint("eval", tmp_path / "none"), f"no checkpoint ({tmp_path / 'none'})")
+    # a mistyped folder is not 'no checkpoint', as if the run were there without one
+    one_error_line(sprint("eval", tmp_path / "none"), f"no such checkpoint file or run folder ({tmp_path / 'none'})")
+    (tmp_path / "started").mkdir()
+    one_error_line(sprint("eval", tmp_path / "started"), f"no checkpoint ({tmp_path / 'started' / 'checkpoint.npz'})")
     one_error_line(sprint("train", "--resume", tmp_path), f"not a run directory (no config.json) ({tmp_path})")
     p = sprint("--debug", "eval", bad)
     assert "Traceback" in p.stderr and p.stderr.strip().splitlines()[-1].startswith("sprint: error: ")
