@@ -102,7 +102,7 @@ def measured_shares(recs, taus):
 
 def fit_refill_tau(records) -> dict | None:
     """{pass: tau} of ``refill_share`` from the ``refill_decay`` records
-    (``sweep_layer_passes.sweep_refill_decay``: a large FC op timed after
+    (``sweep_refill_decay`` above: a large FC op timed after
     idle gaps of 0-64 ms), None without them: ``t(gap) = t0 + a (1 -
     exp(-gap / tau))`` by least squares, ``t0`` and ``a`` linear for each
     ``tau`` of a log grid (0.1-300 ms), the best ``tau`` kept."""
