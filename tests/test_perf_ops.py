@@ -224,6 +224,12 @@ def test_no_sweep_uses_test_set_12():
     _assert_in_no_sweep(("heldout_fc3.json", "heldout_k5d.json"))
 
 
+def test_no_sweep_uses_test_set_13():
+    """Test set 13's nets (bench/specs/heldout_m3, heldout_fc2; RESULTS
+    section 4, registered 2026-12-01 23:19 UTC) are in no sweep."""
+    _assert_in_no_sweep(("heldout_m3.json", "heldout_fc2.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
