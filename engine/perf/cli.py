@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engine.argtypes import positive_float, positive_int
 from engine.errors import RunError
+from .cli_ranges import check_calibration, check_config, check_target
 
 
 def _profile(args):
@@ -255,13 +256,32 @@ def _strategy_call(args):
     if n_node is None:
         raise RunError(f"required with --parallel {args.strategy}", "--nodes")
     _check_counts(args)
+    check_config(args.model, n_node, args.workers, args.subbatch, args.n_file,
+                 "--nodes" if args.nodes is not None else "--replicas")
+    check_calibration(args)
     return n_node, dict(kw, n_file=args.n_file, ranks_per_host=args.ranks_per_host, threads=args.threads)
+
+
+def _warn(args, *messages):
+    for msg in messages:
+        if msg:
+            print(f"sprint {args.command}: warning: {msg}", file=sys.stderr)
+
+
+def _size_warnings(args, n_node, prof):
+    """What of the configuration lies outside what the profile measured."""
+    from .cli_ranges import epoch_samples, node_warning, round_warning
+    _warn(args, node_warning(n_node, prof, "--nodes" if args.nodes is not None else "N_Node"))
+    if args.strategy == "asgd":
+        _warn(args, round_warning(n_node, args.workers, args.subbatch, epoch_samples(args.model, args.n_file)))
 
 
 def cmd_predict(args) -> int:
     from . import strategies
     n_node, kw = _strategy_call(args)
-    p = strategies.predict(args.strategy, args.model, n_node, args.workers, args.subbatch, _profile(args), **kw)
+    prof = _profile(args)
+    _size_warnings(args, n_node, prof)
+    p = strategies.predict(args.strategy, args.model, n_node, args.workers, args.subbatch, prof, **kw)
     if args.json:
         print(json.dumps(p.as_dict(), default=str))
     else:
@@ -275,9 +295,15 @@ def cmd_tune(args) -> int:
     _check_counts(args)
     if not 0 <= args.tolerance < 1:
         raise RunError(f"must be in [0, 1), got {args.tolerance}", "--tolerance")
+    check_target(args.model, args.target_minibatch, args.n_file)
+    check_config(args.model, args.max_nodes, 1, 1, args.n_file, "--max-nodes")
+    check_calibration(args)
     workers = range(1, args.max_workers + 1) if args.max_workers else (args.workers,)
     refused = []
-    cands = search(args.model, _profile(args), args.target_minibatch, args.tolerance, args.max_nodes,
+    prof = _profile(args)
+    from .cli_ranges import node_warning
+    _warn(args, node_warning(args.max_nodes, prof, "--max-nodes"))
+    cands = search(args.model, prof, args.target_minibatch, args.tolerance, args.max_nodes,
                    workers=tuple(workers), max_subbatch=args.max_subbatch, impl=_impl(args),
                    n_file=args.n_file, ranks_per_host=args.ranks_per_host, threads=args.threads, refused=refused)
     if args.json:
@@ -293,7 +319,14 @@ def cmd_simulate(args) -> int:
     from . import strategies
     n_node, kw = _strategy_call(args)
     simulate, fmt = strategies.simulator(args.strategy)
-    sim = simulate(args.model, n_node, args.workers, args.subbatch, _profile(args), **kw)
+    prof = _profile(args)
+    _size_warnings(args, n_node, prof)
+    if args.strategy == "asgd":
+        from .cli_ranges import simulation_warning
+        closed = strategies.predict("asgd", args.model, n_node, args.workers, args.subbatch, prof,
+                                    **{k: v for k, v in kw.items() if k not in ("n_updates", "seed", "cv")})
+        _warn(args, simulation_warning(closed, kw["n_updates"]))
+    sim = simulate(args.model, n_node, args.workers, args.subbatch, prof, **kw)
     if args.json:
         print(json.dumps(sim.as_dict(), default=str))
     else:

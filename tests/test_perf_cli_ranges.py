@@ -1,0 +1,89 @@
+"""The ranges of predict / simulate / tune / plan's sizes (engine.perf.cli_ranges):
+a size no run can have is one error line naming its option, a legal one far
+outside what the profile measured is priced with a warning; ordinary sizes
+say nothing."""
+import pytest
+
+from engine import cli
+
+
+def _err(capsys):
+    return capsys.readouterr().err.strip().splitlines()
+
+
+def _one_error(capsys, *fragments):
+    err = _err(capsys)
+    assert len(err) == 1 and err[0].startswith("sprint: error: "), err
+    for f in fragments:
+        assert f in err[0], err[0]
+
+
+BASE = ["--no-calibrate", "--no-layers"]
+
+
+@pytest.mark.parametrize("argv, where", [
+    (["predict", "--model", "cnn-a", "--nodes", "100000000", "--subbatch", "8"], "(--nodes)"),
+    (["predict", "--model", "tiny", "--nodes", "100", "--workers", "3", "--subbatch", "1"], "(--nodes)"),
+    (["predict", "--model", "tiny", "--nodes", "2", "--subbatch", "100000"], "(--subbatch)"),
+    (["predict", "--model", "tiny", "--nodes", "2", "--subbatch", "20", "--n-file", "10"], "(--subbatch)"),
+    (["predict", "--model", "tiny", "--parallel", "pipeline", "--stages", "2", "--replicas", "200",
+      "--subbatch", "8"], "(--replicas)"),
+    (["predict", "--model", "tiny", "--parallel", "downpour", "--nodes", "1000000", "--subbatch", "8"], "(--nodes)"),
+])
+def test_more_workers_or_samples_than_the_epoch_is_refused(argv, where, capsys):
+    assert cli.main(argv + BASE) == 2
+    _one_error(capsys, "samples of an epoch", where)
+
+
+def test_simulate_refuses_them_before_simulating(capsys):
+    assert cli.main(["simulate", "--model", "tiny", "--nodes", "100000", "--subbatch", "8", "--no-calibrate"]) == 2
+    _one_error(capsys, "more than the 256 samples", "(--nodes)")
+
+
+def test_tune_refuses_a_target_beyond_the_epoch(capsys):
+    assert cli.main(["tune", "--model", "cnn-a", "--target-minibatch", "1e12", "--no-calibrate"]) == 2
+    _one_error(capsys, "more than the 1,281,167 samples", "(--target-minibatch)")
+    assert cli.main(["tune", "--model", "tiny", "--target-minibatch", "300", "--no-calibrate"]) == 2
+    _one_error(capsys, "at most 256", "(--target-minibatch)")
+    assert cli.main(["tune", "--model", "tiny", "--target-minibatch", "30", "--max-nodes", "100000000",
+                     "--no-calibrate"]) == 2
+    _one_error(capsys, "(--max-nodes)")
+
+
+def test_an_endless_calibration_is_refused(capsys):
+    assert cli.main(["predict", "--model", "tiny", "--nodes", "2", "--subbatch", "8",
+                     "--calibrate-seconds", "1e9"]) == 2
+    _one_error(capsys, "at most 600 s", "(--calibrate-seconds)")
+
+
+def test_far_beyond_the_measured_ranks_warns_and_still_predicts(capsys):
+    assert cli.main(["predict", "--model", "cifar", "--nodes", "4096", "--subbatch", "8"] + BASE) == 0
+    out = capsys.readouterr()
+    warn = [l for l in out.err.splitlines() if "warning" in l]
+    assert len(warn) == 1 and "--nodes 4,096" in warn[0] and "timed at up to 4 ranks" in warn[0], warn
+    assert "T_Epoch" in out.out
+
+
+def test_an_epoch_shorter_than_one_round_warns(capsys):
+    assert cli.main(["predict", "--model", "tiny", "--nodes", "20", "--workers", "2", "--subbatch", "8"] + BASE) == 0
+    err = capsys.readouterr().err
+    assert "= 320 samples is more than the epoch's 256" in err
+
+
+def test_a_long_simulation_says_so_first(capsys, monkeypatch):
+    from engine.perf import cli_ranges
+    monkeypatch.setattr(cli_ranges, "SIMULATED_STEPS_PER_S", 1.0)      # every simulation is "long"
+    assert cli.main(["simulate", "--model", "tiny", "--nodes", "2", "--subbatch", "8", "--updates", "5",
+                     "--no-calibrate"]) == 0
+    err = capsys.readouterr().err
+    assert "worker steps to simulate" in err and "45 updates" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["predict", "--model", "cifar", "--nodes", "16", "--workers", "2", "--subbatch", "8"] + BASE,
+    ["predict", "--model", "tiny", "--nodes", "4", "--workers", "2", "--subbatch", "8"] + BASE,
+    ["tune", "--model", "tiny", "--target-minibatch", "30", "--no-calibrate"],
+])
+def test_ordinary_sizes_say_nothing(argv, capsys):
+    assert cli.main(argv) in (0, 1)
+    assert "warning" not in capsys.readouterr().err
