@@ -26,9 +26,11 @@ class Diverged(FloatingPointError):
         super().__init__(f"training diverged: the loss became {loss} at {at}{kept}{lower_lr(lr)}")
 
 
-def counted(n, noun: str) -> str:
-    """'1 epoch', '2 epochs': a count in a message, its noun agreeing."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+def counted(n, noun: str, plural: str = None, fmt: str = "") -> str:
+    """'1 epoch', '2 epochs': a count in a message, its noun agreeing
+    (``plural`` where it is not noun + s: 'batch', 'batches'; ``fmt``: the
+    count's format, ',' for thousands)."""
+    return f"{n:{fmt}} {noun if n == 1 else (plural or noun + 's')}"
 
 
 def lower_lr(lr) -> str:

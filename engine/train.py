@@ -23,6 +23,7 @@ from .session import (CHECKPOINT, CONFIG, METRICS, Session, TrainConfig, auto_th
 from .session import registry as _registry
 from .session.setup import SMALL_NET_FLOPS  # noqa: F401
 from .errors import RunError
+from .errors import counted
 
 
 def train(cfg: TrainConfig | None = None, **kw) -> dict:
@@ -117,7 +118,7 @@ def run_single(cfg: TrainConfig) -> dict:
     try:
         # the header inside: a Ctrl-C right after it (the user saw training begin) says how to resume
         s.log(f"{s.spec.name}: {net.n_params:,} parameters; {s.train_ds.name} {len(s.train_ds)} / "
-              f"{s.test_ds.name} {len(s.test_ds)} images; batch {cfg.batch}, {steps} steps per epoch; "
+              f"{s.test_ds.name} {len(s.test_ds)} images; batch {cfg.batch}, {counted(steps, 'step')} per epoch; "
               f"device {backend.get_backend().name}" + (f"; resuming after epoch {start}" if start else ""))
         # overflow on the way to a NaN loss is reported once, as divergence
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):

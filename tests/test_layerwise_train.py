@@ -95,7 +95,7 @@ def test_two_ranks_train_and_the_checkpoint_evaluates_the_same(tmp_path):
     r = subprocess.run([sys.executable, "-m", "engine.cli", "report", str(run), "--png", str(tmp_path / "r.png")],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "mode layerwise   model digits   2 rank(s), plan for 2 device(s)   batch 32" in r.stdout, r.stdout
+    assert "mode layerwise   model digits   2 ranks, plan for 2 devices   batch 32" in r.stdout, r.stdout
     held = [int(line.split()[1].replace(",", "")) for line in r.stdout.splitlines()
             if line[:4].strip() in ("0", "1") and len(line.split()) == 3]
     assert len(held) == 2 and sum(held) >= stats["n_params"], r.stdout     # replicated slices count twice

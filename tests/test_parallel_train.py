@@ -115,5 +115,5 @@ def test_sprint_train_cli_under_mpiexec(tmp_path):
                   "--batch", 16, "--lr", 0.01, "--momentum", 0, "--threads", 1, "--no-progress",
                   "--out", tmp_path / "run")
     assert rc == 0, out[-3000:]
-    assert "2 node(s) x 1 worker(s)" in out
+    assert "2 nodes x 1 worker," in out
     assert (tmp_path / "run" / "asgd_stats.json").exists() and len(read_metrics(tmp_path / "run")) == 1

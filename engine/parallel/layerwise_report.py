@@ -3,6 +3,8 @@ the plan's split of every layer, the parameters each rank held, and the
 measured step time beside the plan's prediction."""
 from __future__ import annotations
 
+from engine.errors import counted
+
 STATS_FILE = "layerwise_stats.json"
 
 
@@ -17,8 +19,8 @@ def summary_table(st: dict) -> str:
     held = st.get("params_held") or []
     n = st.get("n_params") or 0
     meas, pred = st.get("step_s_median"), st.get("predicted_step_s")
-    lines = [f"mode layerwise   model {plan.get('model')}   {st.get('ranks')} rank(s), plan for "
-             f"{plan.get('devices')} device(s)   batch {plan.get('batch')}   steps {st.get('steps')}",
+    lines = [f"mode layerwise   model {plan.get('model')}   {counted(st.get('ranks'), 'rank')}, plan for "
+             f"{counted(plan.get('devices'), 'device')}   batch {plan.get('batch')}   steps {st.get('steps')}",
              "step median " + (f"{1e3 * meas:.3f} ms" if meas else "?") + "   predicted "
              + (f"{1e3 * pred:.3f} ms" if pred else "? (the plan holds no prediction)")
              + (f"   measured / predicted {meas / pred:.2f}" if meas and pred else ""), "",

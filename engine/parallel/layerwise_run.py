@@ -28,6 +28,7 @@ import time
 from . import comm as _comm
 from .abort import run_guarded
 from .layerwise_report import STATS_FILE as STATS      # sprint report reads it
+from engine.errors import counted
 
 
 def add_train_options(p):
@@ -128,7 +129,7 @@ def _train(s, cfg, comm, plan):
     steps = len(loader)
     if steps == 0:
         raise ValueError(f"--batch {cfg.batch} is larger than the {len(s.train_ds)} training images")
-    s.log(f"{spec.name}: layer-wise plan on {comm.size} rank(s), batch {cfg.batch}, {steps} steps per epoch, "
+    s.log(f"{spec.name}: layer-wise plan on {counted(comm.size, 'rank')}, batch {cfg.batch}, {counted(steps, 'step')} per epoch, "
           f"{ex.params.size:,} of {ex.n_params:,} parameters on rank 0: "
           + ", ".join(f"{k}{tuple(v)}" for k, v in plan.layers.items()) + idle_ranks_note(plan, comm.size))
     last = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)

@@ -4,6 +4,7 @@ met, and SpecTrain's prediction error against the stale version."""
 from __future__ import annotations
 
 import numpy as np
+from engine.errors import counted
 
 STATS_FILE = "pipeline_stats.json"
 
@@ -13,8 +14,8 @@ def _ms(t):
 
 
 def summary_table(st: dict) -> str:
-    lines = [f"mode pipeline   model {st.get('model')}   {st.get('stages')} stage(s) x {st.get('replicas')} "
-             f"replica(s)   schedule {st.get('schedule')}   predict {st.get('predict')}   "
+    lines = [f"mode pipeline   model {st.get('model')}   {counted(st.get('stages'), 'stage')} x "
+             f"{counted(st.get('replicas'), 'replica')}   schedule {st.get('schedule')}   predict {st.get('predict')}   "
              f"micro-batches {st.get('microbatches')} of mini-batch {st.get('n_subbatch')}",
              f"partition {st.get('partition')}   samples {st.get('samples')}   wall {st.get('wall_s', 0):.2f} s   "
              f"throughput {st.get('samples', 0) / st['wall_s'] if st.get('wall_s') else 0:,.1f} img/s", "",

@@ -187,7 +187,8 @@ def _train(s, cfg, comm):
     sizes, minis = micro_sizes(n_stream, cfg.batch, M)
     n_upd = len(minis) if schedule == "gpipe" else len(sizes)
     eval_net = Net(spec, seed=cfg.seed)
-    s.log(f"sprint pipeline: {K} stage(s) x {D} replica(s), schedule {schedule}, {M} micro-batch(es) of "
+    s.log(f"sprint pipeline: {counted(K, 'stage')} x {counted(D, 'replica')}, schedule {schedule}, "
+          f"{counted(M, 'micro-batch', 'micro-batches')} of "
           f"mini-batch {cfg.batch}, lr {cfg.lr:g}, predict {predict}, partition {format_partition(parts)}, {spec.name} "
           f"({eval_net.n_params:,} params)")
     last_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)

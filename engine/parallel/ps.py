@@ -23,6 +23,7 @@ import numpy as np
 from engine.argtypes import nonneg_int, positive_int
 
 from .ps_optim import SERVER_OPTS
+from engine.errors import counted
 
 # Message tags (one namespace for both strategies).
 FETCH, WEIGHTS, PUSH, DONE, SNAP, SNAP_REPLY, DIVERGED = 11, 12, 13, 14, 15, 16, 17
@@ -249,8 +250,8 @@ class PSJob:
         extra = dict(cfg.extra or {})
         self.S = int(extra.get("servers", 1))
         if not isinstance(comm, _comm.MPIComm) or comm.size < self.S + 1:
-            raise ValueError(f"--parallel {mode} needs mpiexec -n S+R with S = {self.S} server(s) and at "
-                             f"least one replica, got {comm.size} process(es) (--servers)")
+            raise ValueError(f"--parallel {mode} needs mpiexec -n S+R with S = {counted(self.S, 'server')} and at "
+                             f"least one replica, got {counted(comm.size, 'process', 'processes')} (--servers)")
         self.R, self.rank = comm.size - self.S, comm.rank
         self.is_server = self.rank < self.S
         self.be, self.spec = s.backend, s.spec

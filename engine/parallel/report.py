@@ -13,6 +13,7 @@ from engine.plot import save_png
 
 from .runner import STATS
 from .timers import UPDATER_STEPS, WORKER_STEPS
+from engine.errors import counted
 
 
 def load_stats(run_dir) -> dict:
@@ -172,7 +173,7 @@ def plot_distributions(st: dict, path) -> Path:
     if st.get("mode") == "layerwise":
         from .layerwise_report import plot as plot_layerwise
         plot_layerwise(st, axes)
-        fig.suptitle(f"layerwise {(st.get('plan') or {}).get('model', '')}: {st.get('ranks')} rank(s)")
+        fig.suptitle(f"layerwise {(st.get('plan') or {}).get('model', '')}: {counted(st.get('ranks'), 'rank')}")
     else:
         (_plot_sync if st.get("mode") == "sync" else _plot_asgd)(st, axes)
         fig.suptitle(f"{st.get('mode', 'asgd')} {st.get('model', '')}: N_Node {st.get('n_node')} x "

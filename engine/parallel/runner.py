@@ -31,6 +31,7 @@ from .asgd import ASGD, ASGDConfig
 from .source import NonFiniteLoss, Step
 from .sync import SyncConfig, SyncSGD
 from .threads import limit_this_thread, threads_per_worker
+from engine.errors import counted
 
 STATS = {"asgd": "asgd_stats.json", "sync": "sync_stats.json"}
 # CPU runs, where the updater shares cores with the workers: it waits for an
@@ -227,9 +228,9 @@ def _train(s, cfg, comm):
     max_samples = int(extra.get("max_samples", cfg.epochs * n_file))
     last_epoch = cfg.epochs if cfg.stop_after is None else min(cfg.epochs, cfg.stop_after)
     eval_net = Net(spec, seed=cfg.seed)
-    s.log(f"sprint {mode}: {comm.size} node(s) x {W} worker(s), N_Subbatch {cfg.batch}, "
+    s.log(f"sprint {mode}: {counted(comm.size, 'node')} x {counted(W, 'worker')}, N_Subbatch {cfg.batch}, "
           f"{spec.name} ({nets[0].n_params:,} params), {comm.describe(gpu)}, "
-          f"{'GPU streams' if gpu else f'{per_worker} BLAS thread(s) per worker'}")
+          f"{'GPU streams' if gpu else counted(per_worker, 'BLAS thread') + ' per worker'}")
 
     clock = {"t0": time.perf_counter(), "t_epoch": time.perf_counter(), "epoch": start_epoch, "upd0": 0}
     bar = s.progress(max_samples, mode, unit="img", initial=start_samples)

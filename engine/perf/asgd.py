@@ -10,6 +10,7 @@ from engine.argtypes import nonneg_int, positive_int
 
 from .model import ENGINE_IMPL, SEED_IMPL, predict  # noqa: F401  (the row's predict)
 from .report import format_prediction  # noqa: F401  (the row's formatter)
+from engine.errors import counted
 
 
 def add_cli_arguments(p):
@@ -64,8 +65,9 @@ def format_simulation(s: AsgdSimulation, explain_terms: bool = False) -> str:
     from .report import SIMULATE_TERMS, explain, host_line
     from .simulate import compare, format_compare
     sim = s.sim
-    lines = [f"{s.model}: {s.n_node} nodes x {s.n_gpu} workers = {s.n_node * s.n_gpu} simulated {s.unit}, "
-             f"N_Subbatch {s.n_subbatch}: {sim.updates} updates, {sim.worker_steps} worker steps, "
+    lines = [f"{s.model}: {counted(s.n_node, 'node')} x {counted(s.n_gpu, 'worker')} = "
+             f"{counted(s.n_node * s.n_gpu, 'simulated ' + s.unit[:-1])}, N_Subbatch {s.n_subbatch}: "
+             f"{counted(sim.updates, 'update')}, {counted(sim.worker_steps, 'worker step')}, "
              f"{sim.sim_time:.4g} s simulated in {sim.wall_s:.2f} s",
              host_line(s.prediction), format_compare(compare(s.prediction, sim))]
     if explain_terms:

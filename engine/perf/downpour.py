@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 from engine.argtypes import nonneg_int, positive_int
 from engine import spec as spec_mod
+from engine.errors import counted
 
 POLL = 2e-4     # engine.parallel.ps.POLL: the serving loop's sleep when idle
 APPLY_PASSES = {"sgd": 4, "adagrad": 6}   # vector passes over a shard per push
@@ -210,7 +211,8 @@ def term_lines(title, terms: dict, extra=()) -> list:
 
 def format_prediction(p: DownpourPrediction, per_layer: bool = True, **_ignored) -> str:
     ms = lambda s: f"{1e3 * s:9.3f} ms"
-    lines = [f"downpour {p.model}: {p.servers} server(s) x {p.replicas} replica(s), N_Subbatch {p.n_subbatch}, "
+    lines = [f"downpour {p.model}: {counted(p.servers, 'server')} x {counted(p.replicas, 'replica')}, "
+             f"N_Subbatch {p.n_subbatch}, "
              f"N_Param {p.n_param:,}, {p.server_opt}, fetch every {p.fetch_every}, push every {p.push_every}",
              *term_lines("replica step (per step):", p.replica),
              *term_lines("one server (busy time per replica step):", p.server)]
@@ -310,8 +312,8 @@ def format_simulation(sim: dict, explain_terms: bool = False, **_ignored) -> str
             ("staleness", sim["staleness"], p.staleness, ".2f"),
             ("server utilisation", sim["utilisation"], min(p.rho, 1.0), ".2f"),
             ("fetch ms", 1e3 * sim["fetch_s"], 1e3 * p.replica["Fetch"] * p.fetch_every, ".3f")]
-    lines = [f"downpour {p.model}: {p.servers} server(s) x {p.replicas} replica(s), N_Subbatch {p.n_subbatch}: "
-             f"{sim['steps']} steps per replica simulated ({sim['time']:.4g} s)",
+    lines = [f"downpour {p.model}: {counted(p.servers, 'server')} x {counted(p.replicas, 'replica')}, "
+             f"N_Subbatch {p.n_subbatch}: {counted(sim['steps'], 'step')} per replica simulated ({sim['time']:.4g} s)",
              f"{'':<20}{'simulated':>12}{'closed form':>14}"]
     lines += [f"{name:<20}{format(a, f):>12}{format(b, f):>14}" for name, a, b, f in rows]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from engine import spec as spec_mod
 from engine.errors import RunError
 from engine.parallel.pipeline import PREDICT
 from engine.parallel.pipeline_schedule import SCHEDULES
+from engine.errors import counted
 
 
 def add_cli_arguments(p):
@@ -134,8 +135,8 @@ def info_table(spec, args) -> str:
 
 def format_prediction(p: PipelinePrediction, per_layer: bool = True, explain_terms: bool = False) -> str:
     from engine.parallel.stage import format_partition
-    lines = [f"{p.model}: {p.stages} stage(s) x {p.replicas} replica(s), schedule {p.schedule}, "
-             f"{p.microbatches} micro-batch(es) of mini-batch {p.batch}, partition {format_partition(p.partition)}",
+    lines = [f"{p.model}: {counted(p.stages, 'stage')} x {counted(p.replicas, 'replica')}, schedule {p.schedule}, "
+             f"{counted(p.microbatches, 'micro-batch', 'micro-batches')} of mini-batch {p.batch}, partition {format_partition(p.partition)}",
              f"{'stage':>5} {'layers':<24}{'params':>12}{'fwd ms':>9}{'bwd ms':>9}{'upd ms':>9}"
              f"{'send ms':>9}{'bubble':>8}"]
     for k, c in enumerate(p.costs):
@@ -158,7 +159,8 @@ def format_simulation(s: PipelineSimulation, explain_terms: bool = False) -> str
     head = format_prediction(p).splitlines()[0]
     where = "each stage its own processor" if p.extra["cores"] is None else \
         f"the stages sharing {p.extra['cores']:g} cores"
-    lines = [head, f"simulated {s.minibatches} mini-batch(es) ({s.minibatches * p.microbatches} micro-batches), "
+    lines = [head, f"simulated {counted(s.minibatches, 'mini-batch', 'mini-batches')} "
+                   f"({counted(s.minibatches * p.microbatches, 'micro-batch', 'micro-batches')}), "
                    f"{where}, cv {s.cv:g}, seed {s.seed}: {sim['makespan']:.4g} s simulated in {s.wall_s:.2f} s",
              f"{'stage':>5} {'layers':<24}{'busy s':>10}{'bubble closed form':>20}{'simulated':>11}"]
     for k, c in enumerate(p.costs):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, asdict
 from engine.argtypes import positive_float, positive_int
 from engine import spec as spec_mod
 from . import layerwise as L
+from engine.errors import counted
 
 STRATEGIES = [
     ("sync", "engine.perf.plan:sync_candidates"),
@@ -84,7 +85,7 @@ def sync_candidates(spec, n_dev, batch, profile):
     t += sum(profile.term(k, n_p) for k in ("scale", "sub", "add") if profile.has(k))
     if n_dev > 1:
         t += profile.allreduce_bw(n_dev, n_p)
-    return [Candidate("sync", f"{n_dev} ranks x {batch // n_dev}", batch / t, t, 8.0 * (n_dev - 1) * n_p)]
+    return [Candidate("sync", f"{counted(n_dev, 'rank')} x {batch // n_dev}", batch / t, t, 8.0 * (n_dev - 1) * n_p)]
 
 
 def asgd_candidates(spec, n_dev, batch, profile):
@@ -99,7 +100,7 @@ def asgd_candidates(spec, n_dev, batch, profile):
         p = predict(spec, nodes, g, batch // n_dev, profile)
         thr = n_dev * p.n_subbatch / p.t_gpu
         comm = 8.0 * (nodes - 1) * p.n_param * batch / p.n_minibatch_avg if nodes > 1 else 0.0
-        out.append(Candidate("asgd", f"{nodes} nodes x {g} workers x {batch // n_dev}", thr, batch / thr, comm,
+        out.append(Candidate("asgd", f"{counted(nodes, 'node')} x {counted(g, 'worker')} x {batch // n_dev}", thr, batch / thr, comm,
                              f"minibatch {p.n_minibatch_avg:.0f}, staleness {p.staleness:.2f}",
                              {"n_minibatch_avg": p.n_minibatch_avg, "staleness": p.staleness}))
     return out
@@ -124,7 +125,8 @@ def pipeline_candidates(spec, n_dev, batch, profile):
                           microbatches=M, overlap=0.5 if gpu else 0.0, n_mb=4 * M)
             acts = sum(spec_mod._prod(geoms[hi - 1].out_shape) for _, hi in p.partition[:-1])
             comm = 4.0 * 2 * batch * acts + 8.0 * (D - 1) * spec_mod.n_params(sp)
-            c = Candidate(f"pipeline {sched}", f"{K} stages x {D} replicas, {p.microbatches} micro-batches",
+            c = Candidate(f"pipeline {sched}", f"{counted(K, 'stage')} x {counted(D, 'replica')}, "
+                          f"{counted(p.microbatches, 'micro-batch', 'micro-batches')}",
                           p.throughput, batch / p.throughput, comm,
                           f"bubble {100 * max(p.bubble):.0f} %" + (" (stale weights)" if sched != "gpipe" else ""))
             if sched not in best or c.throughput > best[sched].throughput:
@@ -143,7 +145,7 @@ def downpour_candidates(spec, n_dev, batch, profile):
         raise ValueError("needs at least 2 devices (a server and a replica)")
     p = predict(spec, R, 1, batch // n_dev, profile, servers=S)
     comm = 4.0 * 2 * spec_mod.n_params(spec) * batch / p.n_subbatch
-    return [Candidate("downpour", f"{S} servers x {R} replicas x {p.n_subbatch}", p.images_per_s,
+    return [Candidate("downpour", f"{counted(S, 'server')} x {counted(R, 'replica')} x {p.n_subbatch}", p.images_per_s,
                       batch / p.images_per_s, comm, f"staleness {p.staleness:.1f}" +
                       (", server-bound" if p.server_bound else ""))]
 
@@ -160,8 +162,8 @@ def sandblaster_candidates(spec, n_dev, batch, profile):
     p = predict(spec, R, 1, min(32, max(1, batch // R)), profile, servers=S, batch=batch)
     # every slice's gradient goes to the shards, every replica fetches the point once per evaluation
     comm = 4.0 * spec_mod.n_params(spec) * p.evaluations * (p.n_slices + R)
-    return [Candidate("sandblaster", f"{S} servers x {R} replicas, slices of {p.slice}", p.images_per_s,
-                      p.t_batch, comm, f"L-BFGS, {p.evaluations:g} evaluations/batch" +
+    return [Candidate("sandblaster", f"{counted(S, 'server')} x {counted(R, 'replica')}, slices of {p.slice}", p.images_per_s,
+                      p.t_batch, comm, f"L-BFGS, {counted(p.evaluations, 'evaluation', fmt='g')}/batch" +
                       (", server-bound" if p.server_bound else ""))]
 
 
@@ -220,7 +222,7 @@ def make_plan(model, gpus, batch=None, profile=None):
 
 def format_plan(plan, ev, base, ranked, prof) -> str:
     ms = lambda s: f"{1e3 * s:9.3f}"
-    lines = [f"{plan.model} on {plan.devices} devices, global batch {plan.batch}; profile {prof.source}"
+    lines = [f"{plan.model} on {counted(plan.devices, 'device')}, global batch {plan.batch}; profile {prof.source}"
              + (" (datasheet figures, not measured)" if "datasheet" in str(prof.data.get("machine", "")) else ""),
              "", "layer-wise optimum (OptCNN): configuration (n,c,h,w) = splits of samples, channels, height, width",
              f"{'layer':<9}{'config':>14}{'devs':>5}{'t_c ms':>10}{'t_x ms':>10}{'t_s ms':>10}{'MB moved':>10}"]
@@ -234,7 +236,7 @@ def format_plan(plan, ev, base, ranked, prof) -> str:
                  f"({base['data'].comm_bytes / max(ev.comm_bytes, 1):.1f}x its traffic), "
                  f"x{base['model'].step_s / ev.step_s:.2f} over pure model parallel "
                  f"({base['model'].comm_bytes / max(ev.comm_bytes, 1):.1f}x its traffic)")
-    lines.append(f"search: {plan.predicted['configurations']} configurations, cost tables "
+    lines.append(f"search: {counted(plan.predicted['configurations'], 'configuration')}, cost tables "
                  f"{plan.predicted['cost_table_s']:.3f} s, search {plan.predicted['search_s']:.3f} s")
     lines += ["", f"every strategy, same model and profile, ranked by images/s at global batch {plan.batch}:",
               f"{'#':>2} {'strategy':<28}{'setup':<40}{'img/s':>12}{'ms/batch':>10}{'GiB/batch':>10}  note"]

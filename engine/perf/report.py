@@ -1,6 +1,7 @@
 """What ``sprint predict | tune | simulate`` print, and one line on every term
 they print (``--explain``)."""
 from __future__ import annotations
+from engine.errors import counted
 
 # One line per printed term: what it is, in the units printed.
 GLOSSARY = {
@@ -89,7 +90,8 @@ def host_line(p) -> str:
     busy = r * p.n_gpu * ex.get("threads", 1)
     if p.slowdown == 1.0 and busy <= (cores or busy):
         return "host slowdown x1.00: no core sharing priced (each worker has its own core or GPU)"
-    who = f"{r} rank(s) x {p.n_gpu} worker(s) x {ex.get('threads', 1)} thread(s) on {cores} core(s)"
+    who = (f"{counted(r, 'rank')} x {counted(p.n_gpu, 'worker')} x {counted(ex.get('threads', 1), 'thread')} on "
+           f"{counted(cores, 'core')}")
     line = f"host slowdown x{p.slowdown:.2f}: each worker step takes {p.slowdown:.2f}x its one-thread " \
            f"kernel time, for {who}"
     if ex.get("oversubscribed"):

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from engine.argtypes import nonneg_int, positive_int
 
 from .downpour import POLL, Prices, Simulation, add_once, add_server_arguments, positive_ints, term_lines
+from engine.errors import counted
 
 # Busy seconds of server 0 per coordinator message (an mpi4py Iprobe and
 # Recv or Isend and the handler's bookkeeping): an estimate for one core of
@@ -209,8 +210,8 @@ def format_prediction(p: SandblasterPrediction, per_layer: bool = True, **_ignor
     ms = lambda s: f"{1e3 * s:9.3f} ms"
     how = "static 1/R split" if p.static else ("slices on request, backup tasks" if p.backup
                                                else "slices on request")
-    lines = [f"sandblaster {p.model}: {p.servers} server(s) x {p.replicas} replica(s), L-BFGS batch {p.batch} in "
-             f"{p.n_slices} slice(s) of {p.slice}, {how}; slow factors {p.factors}",
+    lines = [f"sandblaster {p.model}: {counted(p.servers, 'server')} x {counted(p.replicas, 'replica')}, L-BFGS "
+             f"batch {p.batch} in {counted(p.n_slices, 'slice')} of {p.slice}, {how}; slow factors {p.factors}",
              *term_lines("replica, per slice (nominal speed):", p.replica,
                          [f"  {'Fetch':<16}{ms(p.extra['fetch'])}  (once per evaluation)"]),
              *term_lines("server 0, busy per slice:", p.server)]
@@ -237,8 +238,8 @@ def format_simulation(sim: dict, explain_terms: bool = False, **_ignored) -> str
     p, st = sim["prediction"], sim["static_prediction"]
     ms = lambda s: f"{1e3 * s:10.3f}"
     return "\n".join([
-        f"sandblaster {p.model}: {p.replicas} replica(s), slow factors {p.factors}, one evaluation of "
-        f"{p.batch} samples",
+        f"sandblaster {p.model}: {counted(p.replicas, 'replica')}, slow factors {p.factors}, one evaluation of "
+        f"{counted(p.batch, 'sample')}",
         f"{'':<34}{'simulated ms':>13}{'closed form ms':>16}",
         f"{'slices of ' + str(p.slice) + ' on request':<34}{ms(sim['t_eval'])}   {ms(p.t_eval)}   "
         f"slices per replica {sim['eval']['slices']}, {sim['eval']['duplicates']} backup copies",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import model as model_mod
+from engine.errors import counted
 
 NODE_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 SUBBATCH_GRID = (1, 2, 3, 4, 5, 6, 8, 10, 11, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256)
@@ -66,7 +67,7 @@ def format_candidates(cands, target, tolerance, top=5, refused=()) -> str:
     feas = [c for c in cands if c.feasible]
     show = feas[:top] if feas else cands[:top]
     lines = [f"target N_Minibatch_avg = {target:g} +- {100 * tolerance:g} %: "
-             f"{len(feas)} of {len(cands)} configurations searched qualify"]
+             f"{len(feas)} of {counted(len(cands), 'configuration')} searched qualif{'y' if len(feas) != 1 else 'ies'}"]
     if feas:
         lines[0] += f"; {'all' if len(show) == len(feas) else f'the {len(show)} fastest'} shown" + \
             (" (--top)" if len(show) < len(feas) else "") + ", * = the choice"
