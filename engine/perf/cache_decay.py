@@ -90,11 +90,12 @@ def measured_shares(recs, taus):
         return lambda r: 1.0
     step, per = {}, {}
     for r in recs:
-        key = (r["model"], r["n_subbatch"])
-        step[key] = step.get(key, 0.0) + r["t"]
+        # A gapped record's step is its passes and the idle gap before it.
+        key = (r["model"], r["n_subbatch"], r.get("gap", 0.0))
+        step[key] = step.get(key, r.get("gap", 0.0)) + r["t"]
         per[key + (r["layer"], r["pass"])] = r["t"]
     def share(r):
-        key = (r["model"], r["n_subbatch"])
+        key = (r["model"], r["n_subbatch"], r.get("gap", 0.0))
         ages = pass_ages(per.get(key + (r["layer"], "fwd"), 0.0), per.get(key + (r["layer"], "bwd"), 0.0), step[key])
         return refill_share(ages[r["pass"]], taus[r["pass"]])
     return share

@@ -13,8 +13,8 @@ from engine import spec as spec_mod
 
 from .fit import error_summary, nnls_relative
 from .cache_decay import fit_refill_tau, measured_shares
-from .layer_cost import (INPUT_TERM_KEYS, bytes_beyond_l2, cold_weight_bytes, fc_input_floats, layer_term_keys,
-                         streams_in_sweep)
+from .layer_cost import (INPUT_TERM_KEYS, TERM_COLUMNS, bytes_beyond_l2, cold_weight_bytes, fc_input_floats,
+                         l2_weight_bytes, layer_term_keys, streams_in_sweep)
 from .profile import Profile
 
 
@@ -44,7 +44,7 @@ HOLDOUT = {"sgemm": "non-power-of-2 shapes and the swept nets' own shapes",
            "net step": "every 3rd batch size"}
 
 
-def fit_layer_terms(prof: dict, records) -> dict:
+def fit_layer_terms(prof: dict, records, refill_keys=()) -> dict:
     """Each layer pass as ``f * (its kernels) + b``, one (f, b) per layer kind
     and pass (conv/fc x fwd/bwd), a net's first convolution and output
     layer apart (``layer_term_keys``), by NNLS on relative residuals.
@@ -55,16 +55,17 @@ def fit_layer_terms(prof: dict, records) -> dict:
     kernel; ``w`` seconds per byte of weights beyond the L2
     (``cold_weight_bytes``; 0 where no fitted layer has such weights);
     ``x`` seconds per float of a hidden FC layer's input (``fc_input_floats``,
-    for the keys of ``INPUT_TERM_KEYS``; 0 for the others).
-    Without ``w`` cifar's fc layers, 1.5-4x their op sweep in a step, pulled
+    for the keys of ``INPUT_TERM_KEYS``; 0 for the others); ``r`` and ``s``
+    the refills at age of ``l2_refill``, for ``refill_keys`` only (none by
+    default). Without ``w`` cifar's fc layers, 1.5-4x their op sweep in a step, pulled
     ``f`` up and every small FC layer 20-40 % slow. ``f`` scales only the FC
     passes whose op sweep ran from the L2 (``streams_in_sweep``; the others
-    enter at their swept price: ``l2_only``). Fitted on the
-    ``layer_pass`` records of the swept nets; the held out ones are whole
-    batch sizes (and, in bench/validate_model.py, whole nets no sweep saw)."""
+    enter at their swept price: ``l2_only``). Fitted on the ``layer_pass``
+    records of the swept nets (the gapped ones, aged, only with refill_keys);
+    held out: whole batch sizes (and in bench/validate_model.py whole nets)."""
     p = Profile({k: v for k, v in prof.items() if k not in ("overhead", "layer_terms")})
     l2 = (prof.get("cache") or {}).get("l2_bytes")
-    recs = [r for r in records if r.get("kind") == "layer_pass" and r.get("t", 0) > 0]
+    recs = [r for r in records if r.get("kind") == "layer_pass" and r.get("t", 0) > 0 and (refill_keys or not r.get("gap"))]
     taus = fit_refill_tau(records)
     share = measured_shares(recs, taus)
     cache, rows = {}, {}
@@ -72,9 +73,8 @@ def fit_layer_terms(prof: dict, records) -> dict:
         key = (r["model"], r["n_subbatch"])
         if key not in cache:
             try:
-                sp = spec_mod.get_spec(r.get("spec") or r["model"])
-                gs = spec_mod.layers(sp)
-                cold = {g.name: cold_weight_bytes(g, l2) for g in gs}
+                gs = spec_mod.layers(sp := spec_mod.get_spec(r.get("spec") or r["model"]))
+                cold = {g.name: (cold_weight_bytes(g, l2), l2_weight_bytes(g, l2)) for g in gs}
                 xin = {g.name: fc_input_floats(g, r["n_subbatch"]) for g in gs}
                 keys = {(g.name, pas): layer_term_keys(g.kind, i, len(gs), pas)
                         for i, g in enumerate(gs) for pas in ("fwd", "bwd")}
@@ -86,11 +86,12 @@ def fit_layer_terms(prof: dict, records) -> dict:
         got = cache[key][0].get((r["layer"], r["pass"]))
         if got is None:
             continue
-        # (kernels f scales, kernels as swept, cold bytes, input floats, time, held out)
-        k = got[0]
-        kf, k1 = (0.0, k) if cache[key][3][(r["layer"], r["pass"])] else (k, 0.0)
+        # (kernels f scales, kernels as swept, TERM_COLUMNS' columns, time, held out); no refill where the sweep streamed
+        kf, k1 = (0.0, got[0]) if (streams := cache[key][3][(r["layer"], r["pass"])]) else (got[0], 0.0)
+        (cold, warm), sh = cache[key][1][r["layer"]], share(r)
         rows.setdefault(cache[key][2][(r["layer"], r["pass"])], []).append(
-            (kf, k1, cache[key][1][r["layer"]] * share(r), cache[key][4][r["layer"]], r["t"], bool(r.get("holdout"))))
+            (kf, k1, 1.0, cold * sh, cache[key][4][r["layer"]], warm * sh * (not streams), sh * (not streams),
+             r["t"], bool(r.get("holdout"))))
     # A role with too few fitted passes is priced by its kind's term.
     for keys in [k for k in rows if len(k) > 1]:
         if sum(not h for *_, h in rows[keys]) < 3:
@@ -98,23 +99,22 @@ def fit_layer_terms(prof: dict, records) -> dict:
     rows = {keys[0]: rs for keys, rs in rows.items()}
     out = {}
     for key, rs in sorted(rows.items()):
-        fit_r = [r[:5] for r in rs if not r[5]]
-        hold = [r[:5] for r in rs if r[5]]
+        fit_r, hold = [r[:-1] for r in rs if not r[-1]], [r[:-1] for r in rs if r[-1]]
         if len(fit_r) < 3:
             continue
-        X = lambda rr: np.array([[kf, 1.0, c, xi] for kf, _, c, xi, _ in rr])
+        X = lambda rr: np.array([[r[0]] + list(r[2:-1]) for r in rr])
         A = X(fit_r)
-        coef = np.zeros(4)
-        used = [0, 1] + [j for j in (2, 3) if A[:, j].any() and (j == 2 or key in INPUT_TERM_KEYS)]
-        coef[used] = nnls_relative(A[:, used], [r[4] for r in fit_r], offset=[r[1] for r in fit_r])
-        f, b, w, xc = map(float, coef)
-        ev = lambda rr: error_summary(X(rr) @ coef + np.array([r[1] for r in rr]), [r[4] for r in rr]) \
+        coef = np.zeros(A.shape[1])
+        keys = {"b": [key], "w": [key], "x": INPUT_TERM_KEYS, "r": refill_keys, "s": refill_keys}
+        used = [0] + [j for j, c in enumerate(TERM_COLUMNS, 1) if (j == 1 or A[:, j].any()) and key in keys[c]]
+        coef[used] = nnls_relative(A[:, used], [r[-1] for r in fit_r], offset=[r[1] for r in fit_r])
+        ev = lambda rr: error_summary(X(rr) @ coef + np.array([r[1] for r in rr]), [r[-1] for r in rr]) \
             if rr else {"n": 0}
-        out[key] = {"f": f, "b": b, "w": w, "x": xc, "l2_only": True,
-                    **({"tau": taus[key.rsplit("_", 1)[1]]} if taus else {}),
+        out[key] = {"f": float(coef[0]), **{c: float(v) for c, v in zip(TERM_COLUMNS, coef[1:])},
+                    "l2_only": True, **({"tau": taus[key.rsplit("_", 1)[1]]} if taus else {}),
                     "error": {"fit": ev(fit_r), "holdout": ev(hold),
                               "kernels_only_holdout": error_summary([r[0] + r[1] for r in hold],
-                                                                    [r[4] for r in hold]) if hold else {"n": 0}}}
+                                                                    [r[-1] for r in hold]) if hold else {"n": 0}}}
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from engine import spec as spec_mod
 
 from .cache_decay import pass_ages, refill_share
+from .l2_refill import REFILL_CALL_LABEL, REFILL_LABEL, l2_weight_bytes
 from .pool_cost import pool_size
 from .sweep_ops import OP_KINDS
 
@@ -37,6 +38,11 @@ def cold_weight_bytes(g, l2_bytes) -> float:
 # The layer terms whose passes also pay per float of the layer's input
 # (``fc_input_floats``; the ``x`` of a fitted term): hidden FC layers only.
 INPUT_TERM_KEYS = ("fc_fwd", "fc_bwd")
+# The columns of a layer term beside ``f`` (``fit_steps.fit_layer_terms``):
+# the per-call ``b``, the cold weights ``w``, the input ``x`` (for the keys
+# of ``INPUT_TERM_KEYS``) and the refills ``r`` and ``s`` (``l2_refill``; for
+# the keys the fit is given).
+TERM_COLUMNS = ("b", "w", "x", "r", "s")
 
 
 def fc_input_floats(g, n) -> float:
@@ -238,13 +244,20 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False, measur
         if kernels_only:
             continue
         if lt:
-            cold = cold_weight_bytes(g, l2)
+            cold, warm = cold_weight_bytes(g, l2), l2_weight_bytes(g, l2)
             for pas in ("fwd", "bwd"):
                 term = layer_term(lt, g.kind, i, len(geoms), pas)
                 if term and term["b"] > 0:
                     rows.append((g.name, pas, "per-call", 1, profile.call_scale * term["b"]))
                 if term and term.get("w", 0.0) > 0 and cold > 0:
-                    colds.append((g.name, pas, cold, profile.time_scale * term["w"] * cold, term.get("tau")))
+                    colds.append((g.name, pas, "cold-weights", cold, profile.time_scale * term["w"] * cold,
+                                  term.get("tau")))
+                refills = term and not streams_in_sweep(g, n_subbatch, pas, l2)
+                if refills and term.get("r", 0.0) > 0 and warm > 0:
+                    colds.append((g.name, pas, REFILL_LABEL, warm, profile.time_scale * term["r"] * warm,
+                                  term.get("tau")))
+                if refills and term.get("s", 0.0) > 0:
+                    colds.append((g.name, pas, REFILL_CALL_LABEL, 1, profile.call_scale * term["s"], term.get("tau")))
                 xin = fc_input_floats(g, n_subbatch)
                 if term and term.get("x", 0.0) > 0 and xin > 0:
                     rows.append((g.name, pas, "input", xin, profile.time_scale * term["x"] * xin))
@@ -254,24 +267,25 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False, measur
 
 
 def _cold_rows(rows, colds):
-    """The ``cold-weights`` rows: each cold layer pass's full price (all its
-    cold bytes from memory) times ``refill_share`` of its age in the step
+    """The ``cold-weights`` and ``l2-refill`` rows (``colds``: (layer, pass,
+    label, bytes, full price, tau)): each layer pass's full price (all its
+    bytes from memory) times ``refill_share`` of its age in the step
     the rows price, steps run back to back. The ages hold the cold rows
     themselves: a few rounds reach the fixed point (the shares saturate).
     The step is its layer passes, as the fit reads it from the records."""
     if not colds:
         return []
-    got = [(name, pas, "cold-weights", cold, full) for name, pas, cold, full, _ in colds]
+    got = [(name, pas, label, cold, full) for name, pas, label, cold, full, _ in colds]
     for _ in range(50):
         per = {}
         for r in rows + got:
             if r[1] in ("fwd", "bwd"):
                 per[(r[0], r[1])] = per.get((r[0], r[1]), 0.0) + r[4]
         step = sum(per.values())
-        new = [(name, pas, "cold-weights", cold,
+        new = [(name, pas, label, cold,
                 full * refill_share(pass_ages(per.get((name, "fwd"), 0.0), per.get((name, "bwd"), 0.0),
                                               step)[pas], tau))
-               for name, pas, cold, full, tau in colds]
+               for name, pas, label, cold, full, tau in colds]
         done = max(abs(a[4] - b[4]) for a, b in zip(new, got)) <= 1e-12 * step
         got = new
         if done:

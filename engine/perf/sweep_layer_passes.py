@@ -12,6 +12,7 @@ import numpy as np
 
 from engine import spec as spec_mod
 
+from .cache_decay import _spin
 from .sweep_kernels import SWEPT_NETS, cache_bytes
 from .timing import CLOCK, _rand, _xp
 
@@ -46,10 +47,11 @@ LAYER_PASS_NETS = SWEPT_NETS + SEEN_NETS
 LAYER_PASS_HELDOUT = ("heldout-b",)
 
 
-def layer_pass_times(spec, n, repeats=7, clock=None):
+def layer_pass_times(spec, n, repeats=7, clock=None, gap=0.0):
     """{(layer, "fwd"|"bwd"): (median, std) seconds} of each layer's forward
     and backward inside ``Net.loss_and_grad`` of ``spec`` on ``n`` samples,
-    one thread."""
+    one thread; ``gap``: seconds of idle spin before each step (the age a
+    longer step would give its layers' data, ``sweep_gapped_layer_passes``)."""
     from engine.net import Net
     clock = clock or CLOCK["fn"]
     sp = spec_mod.get_spec(spec)
@@ -73,11 +75,13 @@ def layer_pass_times(spec, n, repeats=7, clock=None):
     net.loss_and_grad(x, y)
     acc.clear()
     for _ in range(repeats):
+        if gap > 0:
+            _spin(gap)
         net.loss_and_grad(x, y)
     return {k: (float(np.median(v)), float(np.std(v))) for k, v in acc.items()}
 
 
-def sweep_layer_passes(cfg, skipped=None):
+def sweep_layer_passes(cfg, skipped=None, gap=0.0, batches=None, repeats=None):
     """``layer_pass`` records of ``LAYER_PASS_NETS`` at every net batch size
     (``layer_pass_batches`` where given); the middle batch size of each net
     and the nets of ``LAYER_PASS_HELDOUT`` are held out whole (shapes and
@@ -90,8 +94,8 @@ def sweep_layer_passes(cfg, skipped=None):
     average away below the 10 % per-layer target. A sweep of 12 nets at 6
     batch sizes stays around a minute."""
     recs = []
-    batches = cfg.get("layer_pass_batches", cfg["net_batches"])
-    repeats = cfg.get("layer_pass_repeats", 3 * cfg["repeats"])
+    batches = batches or cfg.get("layer_pass_batches", cfg["net_batches"])
+    repeats = repeats or cfg.get("layer_pass_repeats", 3 * cfg["repeats"])
     held = batches[len(batches) // 2]
     for net in cfg.get("layer_pass_nets", cfg["nets"]):
         sp = spec_mod.get_spec(net)
@@ -99,7 +103,7 @@ def sweep_layer_passes(cfg, skipped=None):
         kinds = {g.name: g.kind for g in spec_mod.layers(sp)}
         for n in batches:
             try:
-                got = layer_pass_times(sp, n, repeats=repeats)
+                got = layer_pass_times(sp, n, repeats=repeats, gap=gap)
             except Exception as e:    # kernels still missing
                 (skipped if skipped is not None else []).append(f"layer passes {name}: {type(e).__name__}: {e}")
                 break
@@ -107,5 +111,24 @@ def sweep_layer_passes(cfg, skipped=None):
                 recs.append({"kind": "layer_pass", "model": name, "spec": sp.to_dict(), "n_subbatch": n,
                              "layer": layer, "layer_kind": kinds[layer], "pass": pas, "t": t, "std": s,
                              "clock": CLOCK["name"], "holdout": n == held or name in LAYER_PASS_HELDOUT,
-                             "l2_bytes": cache_bytes(2)})
+                             "l2_bytes": cache_bytes(2), **({"gap": gap, "source": "gapped"} if gap else {})})
     return recs
+
+
+# The idle gap before each step of ``sweep_gapped_layer_passes``, its batch
+# sizes (the middle one held out) and steps per point.
+GAP_SECONDS, GAP_BATCHES, GAP_REPEATS = 0.03, (2, 8, 32), 31
+
+
+def sweep_gapped_layer_passes(cfg, skipped=None):
+    """``layer_pass`` records (``source`` "gapped", with their ``gap``) of
+    ``LAYER_PASS_NETS`` with ``GAP_SECONDS`` of idle spin before each step.
+
+    The plain sweep's nets step in 0.3-15 ms; the nets users train (test
+    sets 9-12: 10-40 ms) leave each layer's weights and gradient a step
+    older, and on this VM the caches empty with age (``cache_decay``):
+    heldout-k5d's fc1 dW GEMM ran 347 us in its step against 53 us alone.
+    Without old data in the records the refill terms (``l2_refill``) are
+    fitted on shares of 0.02-0.3 and cannot be told from ``f``. 70 s
+    (2026-12-01 23:41 UTC). Opt-in (``sweep.OPT_IN``)."""
+    return sweep_layer_passes(cfg, skipped, gap=GAP_SECONDS, batches=GAP_BATCHES, repeats=GAP_REPEATS)
