@@ -26,6 +26,8 @@ USAGE_ERROR_GRACE_S = 3.0
 def say_before_abort(text: str):
     """Write ``text`` to stderr after whatever stdout holds, flushed: the
     last words of a rank before MPI_Abort."""
+    from .deathwatch import quiet
+    quiet()                  # this rank's death is explained: the death watcher stays silent
     try:
         sys.stdout.flush()
     except Exception:
@@ -208,6 +210,8 @@ def _leave_registered_with_launcher(code: int):
     out of MPI_Finalize (exit 9 and a 'BAD TERMINATION' banner, on a loaded
     host). The hook is called while this thread keeps the GIL (PyDLL), so no
     other Python thread runs during the C teardown."""
+    from .deathwatch import quiet
+    quiet()
     try:
         import ctypes
         ctypes.PyDLL(None).exit(int(code))

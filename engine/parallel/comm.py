@@ -316,6 +316,8 @@ class MPIComm(Comm):
         """MPI_Abort on the world, which ends the whole job."""
         # MPICH unlinks its /dev/shm bootstrap segment only in MPI_Finalize
         unlink_mpich_segments()
+        from .deathwatch import quiet
+        quiet()                  # a death on purpose: the death watcher stays silent
         if not os.environ.get("SPRINT_DEBUG"):
             # every caller said its line first; MPICH's own 'Abort(1) on node 0 (rank 0 in
             # comm 0): application called MPI_Abort(...)' was a second one naming nothing new

@@ -80,6 +80,7 @@ class Session:
             self.history = list(state.get("history") or [])
             self.first_new = len(self.history)
             self.saved_epoch = int(state.get("epoch", 0))
+            self._tell_watcher()
             self.run_id = state.get("run_id")
             self.planned_epochs = state.pop("planned_epochs", None)
         elif cfg.init_from:
@@ -194,6 +195,7 @@ class Session:
                 raise
             if state is not None:
                 self.saved_epoch = epoch
+                self._tell_watcher()
         self.report(rec)
         self._warn_if_diverging(rec)
 
@@ -307,6 +309,13 @@ class Session:
         if self.run is None or not self.saved_epoch:
             return ""
         return f"; epoch {self.saved_epoch} is saved: {resume_with(self.run, self.comm.size)}"
+
+    def _tell_watcher(self):
+        """Rank 0 keeps the death watcher (engine.parallel.deathwatch) told what
+        the run keeps: a rank killed outright is reported by it."""
+        if self.root and self.comm.size > 1:
+            from engine.parallel import deathwatch
+            deathwatch.saved(self._saved_note())
 
     def interrupted(self) -> Interrupted:
         epoch = self.saved_epoch

@@ -54,6 +54,8 @@ class Watchdog:
         self.peers = [r for r in range(self.size) if r != self.rank]
         import socket
         self.places = waits.allgather_obj(self.mc, (socket.gethostname(), os.getpid()), pause=0.001)
+        from engine.parallel import deathwatch
+        deathwatch.start(self.rank, self.size, self.places)   # a rank killed outright: its line
         self.active = True
         self._th = threading.Thread(target=self._loop, name="sprint-watchdog", daemon=True)
         self._th.start()
