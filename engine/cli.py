@@ -250,5 +250,34 @@ def main(argv=None) -> int:
     return int(rc or 0)
 
 
+def _exit(code: int):
+    """``sys.exit(code)``, except for a failing process of one MPI rank
+    started by ``python -m mpi4py`` (README's mpiexec lines). mpi4py's runner
+    turns a non-zero SystemExit into MPI_Abort at exit, so `mpiexec -n 1
+    python -m mpi4py -m engine.cli train --parallel downpour` followed its
+    one error line with MPICH's 'Abort(2) on node 0 (rank 0 in comm 0):
+    application called MPI_Abort(...)' and left its /dev/shm/mpich_shm_*
+    file behind (removed only by MPI_Finalize). Such a rank finalizes MPI
+    and leaves through the C library's exit, as the ranks of a larger job
+    that failed alike do (engine.parallel.abort); a job of several ranks
+    has ended there already."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if code and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() \
+            and mpi.COMM_WORLD.Get_size() == 1:
+        from engine.parallel import comm as comm_mod
+        from engine.parallel.abort import _leave_registered_with_launcher
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        close = getattr(comm_mod._COMM, "_close_failure_channel", None)
+        if close is not None:
+            close()                 # as at a normal exit: else MPICH reports the pending duplicates
+        mpi.Finalize()
+        _leave_registered_with_launcher(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())
