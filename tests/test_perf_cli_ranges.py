@@ -50,7 +50,16 @@ def test_tune_refuses_a_target_beyond_the_epoch(capsys):
     _one_error(capsys, "(--max-nodes)")
 
 
-def test_an_endless_calibration_is_refused(capsys):
+def _no_calibration(monkeypatch):
+    from engine.perf import calibrate
+
+    def started(*a, **kw):
+        raise AssertionError("the calibration started")
+    monkeypatch.setattr(calibrate, "check", started)
+
+
+def test_an_endless_calibration_is_refused(capsys, monkeypatch):
+    _no_calibration(monkeypatch)
     assert cli.main(["predict", "--model", "tiny", "--nodes", "2", "--subbatch", "8",
                      "--calibrate-seconds", "1e9"]) == 2
     _one_error(capsys, "at most 600 s", "(--calibrate-seconds)")
@@ -87,3 +96,21 @@ def test_a_long_simulation_says_so_first(capsys, monkeypatch):
 def test_ordinary_sizes_say_nothing(argv, capsys):
     assert cli.main(argv) in (0, 1)
     assert "warning" not in capsys.readouterr().err
+
+
+def test_plan_checks_its_sizes_too(capsys, monkeypatch):
+    assert cli.main(["plan", "--model", "tiny", "--gpus", "128", "--no-calibrate"]) == 0
+    err = [l for l in _err(capsys) if "warning" in l]
+    assert len(err) == 1 and "--gpus 128: the profile's allreduce was timed at up to 4 ranks" in err[0], err
+    _no_calibration(monkeypatch)
+    assert cli.main(["plan", "--model", "tiny", "--gpus", "2", "--calibrate-seconds", "1e9"]) == 2
+    _one_error(capsys, "at most 600 s", "(--calibrate-seconds)")
+
+
+def test_plan_columns_stay_apart_at_a_huge_batch():
+    # batch 1e8 over 4 devices: 'img/s' and 'ms/batch' ran together ('432,208231370.113')
+    from engine.perf.plan import format_plan, make_plan
+    plan, ev, base, ranked, prof = make_plan("tiny", 4, 100_000_000)
+    rows = format_plan(plan, ev, base, ranked, prof).splitlines()[-len(ranked):]
+    for c, row in zip(ranked, rows):
+        assert f" {c.throughput:,.0f} " in row, row

@@ -239,17 +239,22 @@ def format_plan(plan, ev, base, ranked, prof) -> str:
     lines.append(f"search: {counted(plan.predicted['configurations'], 'configuration')}, cost tables "
                  f"{plan.predicted['cost_table_s']:.3f} s, search {plan.predicted['search_s']:.3f} s")
     lines += ["", f"every strategy, same model and profile, ranked by images/s at global batch {plan.batch}:",
-              f"{'#':>2} {'strategy':<28}{'setup':<40}{'img/s':>12}{'ms/batch':>10}{'GiB/batch':>10}  note"]
+              f"{'#':>2} {'strategy':<28}{'setup':<40}{'img/s':>12} {'ms/batch':>9} {'GiB/batch':>9}  note"]
     for i, c in enumerate(ranked, 1):
         gib = "-" if c.comm_bytes is None else f"{c.comm_bytes / 2**30:.3f}"
+        # a space before each number: a wide one (a batch of millions) does not run into its neighbour
         lines.append(f"{i:>2} {c.strategy:<28}{c.setup:<40}{c.throughput:>12,.0f}"
-                     f"{1e3 * c.step_s:>10.3f}{gib:>10}  {c.note}")
+                     f" {1e3 * c.step_s:>9.3f} {gib:>9}  {c.note}")
     return "\n".join(lines)
 
 
 def cmd_plan(args) -> int:
+    from .cli_ranges import check_calibration, node_warning
     spec_mod.get_spec(args.model)      # a bad --model is refused before the calibration's seconds
+    check_calibration(args)
     prof = load_profile(args.profile)
+    if warning := node_warning(args.gpus, prof, "--gpus"):
+        print(f"sprint plan: warning: {warning}", file=sys.stderr)
     # A measured profile is checked against this machine first, as predict,
     # tune and simulate do; a datasheet describes another machine by design.
     if args.calibrate and args.profile not in DATASHEETS:
