@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from engine.argtypes import positive_float, positive_int
@@ -102,8 +103,14 @@ def _check_outputs(*paths):
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise OSError(e.errno, e.strerror, str(folder)) from None
-        if not os.access(folder, os.W_OK):
-            raise RunError("cannot write into this folder", folder)
+        # a file made and removed: os.access says yes to root everywhere (/proc, a
+        # read-only mount), and the sweep's minutes were lost at its end
+        try:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".sprint-write-check-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise RunError(f"cannot write into this folder ({e.strerror})", folder) from None
 
 
 # Sections measured on top of an existing profile's prices: ``--update`` adds
