@@ -259,5 +259,6 @@ def register(subparsers) -> None:
     # SUPPRESS: an absent --device here must not overwrite the global one
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default=argparse.SUPPRESS,
                    help="backend to check (default: the global --device / $SPRINT_DEVICE)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    from engine.argtypes import nonneg_int
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the random inputs (default 0)")
     p.set_defaults(func=lambda a: run(getattr(a, "device", None), a.seed))

@@ -28,3 +28,8 @@ def test_a_profile_that_cannot_be_written_is_refused_before_the_sweep(capsys, mo
     _one_error(capsys, "cannot write into this folder", "(/proc)")
     assert cli.main(["profile", "--quick", "--records", "/proc/self/sprint-records.json"]) == 2
     _one_error(capsys, "cannot write into this folder", "(/proc/self)")
+
+
+def test_a_negative_selfcheck_seed_names_its_option(capsys):
+    assert cli.main(["selfcheck", "--seed", "-1"]) == 2
+    _one_error(capsys, "must be an integer >= 0, got -1", "(--seed)")
