@@ -16,6 +16,8 @@ from .cache_decay import fit_refill_tau, measured_shares
 from .layer_cost import (INPUT_TERM_KEYS, TERM_COLUMNS, bytes_beyond_l2, cold_weight_bytes, fc_input_floats,
                          l2_weight_bytes, layer_term_keys, streams_in_sweep)
 from .profile import Profile
+from .runner_compute import runner_compute_excess  # noqa: F401  (anchor_contention; tests)
+from .vector_age import VECTOR_STEPS, fit_per_step, vector_share, vector_tau
 
 
 # -- per-layer terms ----------------------------------------------------------
@@ -144,7 +146,9 @@ def runner_step_excess(entries) -> dict:
                 continue
             slow = max(e.get("worker_slowdown", 1.0), 1e-9)
             kern = e["worker_model"][k] / slow
-            pts.append((kern, e["worker"][k] / slow - kern))
+            # r of a vector-sized step at the run's vector age (vector_age).
+            share = e.get("vector_share", 1.0) if k in VECTOR_STEPS else 1.0
+            pts.append((kern * share, e["worker"][k] / slow - kern))
         if not pts:
             continue
         kern, exc = (np.array(v) for v in zip(*pts))
@@ -285,70 +289,6 @@ def cycle_gap(e) -> float | None:
     return e["ranks"] * e["workers"] * int(e["n_subbatch"]) * t_upd / nmb / t_gpu - 1.0
 
 
-def runner_compute_excess(prof: dict, by_net: dict, p) -> None:
-    """Price the runner's ComputeGradient beyond the model's as seconds per
-    step, ``c + d * N_Param`` (``overhead.runner_compute``), not as a factor.
-
-    The excess of a net's 1 x 1 run over its modelled step is
-    ``(host - 1) * step``: 0.17 ms for ``tiny`` (580 parameters), 3.4 ms for
-    ``cifar`` (3.2 M). As a factor (1.23 and 1.08) it was read between the
-    nets for others and missed held-out nets at N_Subbatch 1 by 20-30 %:
-    their small steps carry the same per-step cost as ``tiny``'s and more,
-    with the parameter vector's (gradient flattening, the updater's copies
-    in the same caches). Every runner entry then keeps ``host`` 1: its
-    ``rel`` alone prices the sharing.
-
-    With the L2 size known, ``d`` is per byte of the parameter vector beyond
-    one core's L2 (``l2_bytes`` stored beside it), as for the layers' cold
-    weights: per parameter, cifar's excess (3.2 M parameters, 13 MB) put
-    0.6 ms per step on heldout-wide's 243 K (1 MB, inside the L2), whose
-    1 x 1 runs show 0.1-0.15 ms beyond their layers (bench/RESULTS.md
-    section 4: set 4's nets run again before test set 5, as development
-    data).
-
-    The excess of a net is its (1, 1) runs' ComputeGradient minus the
-    one-thread step timed beside them in the same sweep (``excess_solo``),
-    not minus the model's step: that difference also held the layer terms'
-    error on the swept nets at the sweep's minute (fitted an hour apart, on
-    a machine that drifts by 10-30 % within that). It fitted ``c`` to 0 in
-    bench/profiles/cpu_test6 while the runner's steps of held-out set 6's
-    nets ran 0.2-0.5 ms beyond their layers' passes, and their T_GPU came
-    out 20-30 % short at N_Subbatch 2. Entries without the probe (older
-    records) keep ``(host - 1) * step``."""
-    from engine import spec as spec_mod
-    from .model import compute_gradient_terms
-    l2 = (prof.get("cache") or {}).get("l2_bytes")
-    size = (lambda n: bytes_beyond_l2(n, l2)) if l2 else (lambda n: float(n))
-    pts = []
-    for net, es in by_net.items():
-        if not es:
-            continue
-        e = es[0]
-        sp = spec_mod.get_spec(net)
-        if e.get("excess_solo") is not None:
-            pts.append((size(spec_mod.n_params(sp)), e["excess_solo"], e["solo_wall"]))
-            continue
-        cg = sum(r[4] for r in compute_gradient_terms(sp, int(e["n_subbatch"]), p)) + p.per_step(spec_mod.n_params(sp))
-        pts.append((size(spec_mod.n_params(sp)), (e["host"] - 1.0) * cg, None))
-    if not pts:
-        return
-    n, x = (np.array(v, dtype=float) for v in list(zip(*pts))[:2])
-    # A paired excess is a difference of two times measured a minute apart:
-    # its error grows with the step (cifar's 35 ms step drifts by 0.4 ms,
-    # more than tiny's whole excess), so each net weighs by 1 / its step.
-    wt = np.array([1.0 / s if s else 1.0 for *_, s in pts]) if all(s for *_, s in pts) else np.ones(len(pts))
-    if len(pts) == 1 or n.max() < 10 * max(n.min(), 1.0):
-        c, d = max(float(np.median(x)), 0.0), 0.0
-    else:
-        c, d = nnls(np.column_stack([np.ones_like(n), n]) * wt[:, None], x * wt)[0]
-    prof.setdefault("overhead", {})["runner_compute"] = dict({"c": float(c), "d": float(d)},
-                                                             **({"l2_bytes": l2} if l2 else {}))
-    for es in by_net.values():
-        for e in es:
-            e["host_fitted"], e["host"] = e["host"], 1.0
-            e["ratio"] = e["rel"]
-
-
 def fit_overhead(prof: dict, steps, held=()) -> dict:
     """Framework cost the kernels do not explain: per layer and per step.
 
@@ -374,17 +314,20 @@ def fit_overhead(prof: dict, steps, held=()) -> dict:
         # flatten per call; zeroing and flattening the gradient per
         # parameter). One constant, the median over tiny and cifar, was
         # cifar's 2 ms put on every net.
+        # The vector's bytes beyond the L2 at its age (vector_age).
         n_par = lambda rs: np.array([spec_mod.n_params(spec_mod.get_spec(r.get("spec") or r["model"])) for r in rs],
                                     float)
-        c, d = nnls(np.column_stack([1.0 / t, n_par(steps) / t]), (t - kern) / t)[0]
-        extra = lambda rs, ks: ks + c + d * n_par(rs)
+        l2, tau = (prof.get("cache") or {}).get("l2_bytes"), vector_tau(prof)
+        c, d = fit_per_step(t, kern, n_par(steps), l2, tau)
+        extra = lambda rs, ks: ks + c + d * np.array([n * vector_share(n, l2, r["t"], tau)
+                                                      for n, r in zip(n_par(rs), rs)])
         err = {"fit": error_summary(extra(steps, kern), t)}
         if held:
             th = np.array([r["t"] for r in held])
             kh, _ = kernels(held)
             err["holdout"] = error_summary(extra(held, kh), th)
         return {"kernel_factor": 1.0, "per_layer": 0.0, "per_step": float(c), "per_step_param": float(d),
-                "error": err}
+                **({"vector_tau": tau} if tau else {}), "error": err}
     # t = f * kernels + per_layer * L + per_step: the sweeps run each kernel
     # on warm caches, a step streams every layer's data through them (f),
     # and the Python of the layers costs per layer and per step.

@@ -35,6 +35,7 @@ from .layer_cost import (compute_gradient_terms, kernel_time, layer_kernels,  # 
 from .queueing import (_first_deposit_wait, barrier_factor, barrier_wait, binom_cdf,  # noqa: F401
                        expected_staleness, lock_wait, slice_from_excess, t_barrier, with_slice_wait)
 from .step_times import _idle_at_deposit, _means, _updater_steps, _worker_steps  # noqa: F401
+from .vector_age import worker_cycle
 from .wake_wait import wake_wait
 
 # Training-set sizes used for T_Epoch when the caller does not give N_File.
@@ -161,30 +162,35 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     vu = priced(uslow)
     rows = [r[:4] + (slow * r[4],) for r in terms]
     pixels = n_subbatch * sp.m0 * sp.x0 * sp.x0
-    grad = (sum(r[4] for r in rows) + slow * (pr.per_step(n_param) + (pr.runner_compute(n_param) if cpu else 0.0)),
-            pr.cv("sgemm"))
+    layers = sum(r[4] for r in rows)
     scale, sub, add = (_cold(pr, k, foot) for k in ("scale", "sub", "add"))
-    update_val = (slow * (pr.term(scale, n_param) + (pr.term(scale, n_param) + pr.term(sub, n_param)
-                                                       if impl.weight_decay else 0.0)), pr.cv(scale))
-    # The runner's own per-call cost of these steps beyond their kernels
-    # (fit.runner_step_excess; CPU profiles only).
-    # ``kern`` arrives already scaled by the slowdown, and so does ``r * kern``.
+    uv = slow * (pr.term(scale, n_param) + (pr.term(scale, n_param) + pr.term(sub, n_param)
+                                           if impl.weight_decay else 0.0))
+    kern = {"FetchWeights": vs("copy", n_param), "LoadImage": vs("load", pixels),
+            "DeformImage": vs("deform", pixels), "ComputeUpdateVal": (uv, pr.cv(scale))}
 
-    def rx(step, kern):
-        if not cpu:
-            return 0.0
-        c, r = pr.runner_step_terms(step)
-        return slow * c + r * kern
-    update_val = (update_val[0] + rx("ComputeUpdateVal", update_val[0]), update_val[1])
-    parts = [vs("load", pixels), vs("deform", pixels), grad, update_val]
-    parts[0] = (parts[0][0] + rx("LoadImage", parts[0][0]), parts[0][1])
-    parts[1] = (parts[1][0] + rx("DeformImage", parts[1][0]), parts[1][1])
+    def at(age):
+        """The worker's steps when it last touched its vectors ``age`` s
+        before: the per-step parts that grow with the vector pay
+        ``Profile.vector_share`` of their cold price (vector_age). The
+        runner's own cost of the small steps beyond their kernels
+        (fit.runner_step_excess; CPU profiles only): ``kern`` arrives
+        already scaled by the slowdown, and so does ``r * kern``."""
+        out = {}
+        for k, (t, _) in kern.items():
+            c, r = pr.runner_step_terms(k, age, n_param) if cpu else (0.0, 0.0)
+            out[k] = t + slow * c + r * t
+        out["ComputeGradient"] = layers + slow * (pr.per_step(n_param, age)
+                                                  + (pr.runner_compute(n_param, age) if cpu else 0.0))
+        return out
+    w = worker_cycle(at, alone=ranks_per_host * n_gpu == 1)
+    grad, update_val = (w["ComputeGradient"], pr.cv("sgemm")), (w["ComputeUpdateVal"], kern["ComputeUpdateVal"][1])
+    parts = [(w["LoadImage"], kern["LoadImage"][1]), (w["DeformImage"], kern["DeformImage"][1]), grad, update_val]
     sl = n_param / n_node
     swap = impl.handover == "swap"
     hand = v("handover", 1) if pr.has("handover") else (0.0, 0.0)
-    fetch = vs("copy", n_param)
     c = {
-        "fetch": (fetch[0] + rx("FetchWeights", fetch[0]), fetch[1]),
+        "fetch": (w["FetchWeights"], kern["FetchWeights"][1]),
         "load": parts[0], "deform": parts[1], "compute_gradient": grad, "update_val": update_val,
         "worker_loop": (slow * pr.overhead("worker_loop"), 0.0),
         "deposit_set": hand if swap else vs("copy", n_param),

@@ -265,30 +265,45 @@ class Profile(HostSharing):
                     "allreduce": {"a_log": 4.0 / allreduce_bw, "b": 4.0 / allreduce_bw,
                                   "c_log": allreduce_lat, "d": 0.0}}, source="synthetic")
 
-    def runner_step_terms(self, step) -> tuple:
+    def vector_share(self, n_param, age=None) -> float:
+        """Share of an ``n_param`` vector's cold price that a worker step pays
+        when the worker last touched it ``age`` seconds before
+        (``vector_age.vector_share``: beyond the L2 at the caches' decay); 1
+        without an age or a fitted ``vector_tau`` (profiles before session 15
+        price it cold)."""
+        from .vector_age import vector_share
+        return vector_share(n_param, (self.data.get("cache") or {}).get("l2_bytes"), age,
+                            self.data.get("overhead", {}).get("vector_tau"))
+
+    def runner_step_terms(self, step, age=None, n_param=0) -> tuple:
         """``(c, r)``: seconds per call and fraction of its kernel that the
         runner spends on a worker step beyond the kernels that price it, one
-        thread (``fit.runner_step_excess``); (0, 0) if not fitted. Older
-        profiles stored ``c`` alone."""
+        thread (``fit.runner_step_excess``), ``r`` of the vector-sized steps at
+        the vector's ``age`` (``vector_share``); (0, 0) if not fitted. Older profiles stored ``c``
+        alone."""
+        from .vector_age import VECTOR_STEPS
         v = self.data.get("overhead", {}).get("runner_steps", {}).get(step, 0.0)
         c, r = (v.get("c", 0.0), v.get("r", 0.0)) if isinstance(v, dict) else (v, 0.0)
-        return self.call_scale * float(c), float(r)
+        return self.call_scale * float(c), float(r) * (self.vector_share(n_param, age) if step in VECTOR_STEPS else 1.0)
 
-    def runner_compute(self, n_param: int) -> float:
+    def runner_compute(self, n_param: int, age=None) -> float:
         """Seconds per ComputeGradient the runner spends beyond the modelled
         step (``fit.runner_compute_excess``): ``c + d * n_param``, or with
         ``l2_bytes`` stored ``c + d * (bytes of the parameters beyond the
-        L2)``; 0 if not fitted."""
+        L2)``, the ``d`` part at the vector's ``age`` (``vector_share``); 0
+        if not fitted."""
         v = self.data.get("overhead", {}).get("runner_compute")
         if not v:
             return 0.0
         from .layer_cost import bytes_beyond_l2
         x = bytes_beyond_l2(n_param, v["l2_bytes"]) if v.get("l2_bytes") else n_param
-        return self.call_scale * v["c"] + self.time_scale * v["d"] * x
+        from .cache_decay import refill_share
+        tau = self.data.get("overhead", {}).get("vector_tau")
+        return self.call_scale * v["c"] + self.time_scale * v["d"] * x * (1.0 if age is None else refill_share(age, tau))
 
-    def runner_step(self, step, kernel: float = 0.0) -> float:
+    def runner_step(self, step, kernel: float = 0.0, age=None, n_param=0) -> float:
         """The excess of ``runner_step_terms`` for a step whose kernels take ``kernel`` s."""
-        c, r = self.runner_step_terms(step)
+        c, r = self.runner_step_terms(step, age, n_param)
         return c + r * kernel
 
     # Overhead entries that are factors, not seconds (not rescaled); those
@@ -296,9 +311,10 @@ class Profile(HostSharing):
     _FACTORS = ("kernel_factor",)
     _PER_UNIT = ("per_step_param",)
 
-    def per_step(self, n_param: int) -> float:
-        """A net step's work outside its layers: ``per_step + per_step_param * N_Param``."""
-        return self.overhead("per_step") + self.overhead("per_step_param") * n_param
+    def per_step(self, n_param: int, age=None) -> float:
+        """A net step's work outside its layers: ``per_step + per_step_param
+        * N_Param``, the second at the vector's ``age`` (``vector_share``)."""
+        return self.overhead("per_step") + self.overhead("per_step_param") * n_param * self.vector_share(n_param, age)
 
     def overhead(self, key) -> float:
         v = float(self.data.get("overhead", {}).get(key, 0.0))
