@@ -1,20 +1,24 @@
 """Does the calibration track the drift the nets feel? (issue 15, profile validity)
 
-    python bench/calibration_drift.py --history     # saved runs only: no timing, ~3 min of predictions
+    python bench/calibration_drift.py --history [--runs fitted5,test12] [--rows F.jsonl]   # no timing, ~8 min
+                                                    # of predictions for every seen set; in parts by --runs
     /work/coord/cpu-exclusive python bench/calibration_drift.py --live 3 --out F.jsonl   # ~1 min
 
-``--history`` re-predicts every saved validation run whose calibrations
-timed their parts (the fitted grid of sessions 6-12, test sets 6-10) with
-this code and the profile the run was judged against, pass by pass: each
-pass's measured T_GPU against the prediction rescaled by that pass's own
-calibration, by three rules: none, the 10 % band the check used before
-(a part's ratio applied whole beyond max(10 %, 3 sigma, the profile's
-drift), else not at all), and ``calibrate.compare`` as it is now. It also
-fits, per net, the slope of log(measured / predicted) on each part's log
-ratio. T_GPU is linear in the two scales (``time_scale`` k on the per-unit
-costs, ``call_scale`` kc on the per-call ones) to a median 0.05 %, so each
-configuration is predicted twice, at (1, 1) and (1, 2), and every rule is
-k U + kc C.
+``--history`` re-predicts every saved validation run of the seen sets
+(the fitted grid of sessions 5-14, test sets 5-12) with this code and the
+profile the run was judged against, and scores four rules of rescaling by
+the calibration: none; the whole workload's ratio on every time; each
+part's ratio whole beyond the 10 % band (the check before session 13); and
+``calibrate.compare`` as it is now (the kernel part's ratio on the per-unit
+costs, the Python part's on the per-call ones, each shrunk by its noise;
+set 5 timed no parts: its whole ratio). Each configuration is scored as
+the validation's headline (the median of its runs against the prediction
+at the median of its passes' scales) and each pass against its own. It
+also fits, per net, the slope of log(measured / predicted) on each part's
+log ratio. T_GPU and T_Epoch are linear in the two scales (``time_scale``
+k on the per-unit costs, ``call_scale`` kc on the per-call ones) to 0.001 %,
+so each configuration is predicted twice, at (1, 1) and (1, 2), and every
+rule is k U + kc C.
 
 ``--live`` times candidate calibration parts (the kernel and Python parts,
 SGEMMs of 128-512, a 32 MiB copy, steps of cifar at batch 1 and 4) on core
@@ -44,117 +48,169 @@ PROFILES = Path(__file__).resolve().parent / "profiles"
 PART_KEYS = {"kernel": "kernel_s", "python": "python_s"}
 
 
+# Profiles swept for a test set but never shipped: no saved run was judged against them.
+NOT_SHIPPED = ("cpu_test12", "cpu_test14f", "cpu_test14s")
+
+
 def _profiles():
-    """{name: (date of its calibration, fingerprint)} of the test profiles that store one."""
+    """{name: (date of its fit, fingerprint)} of the shipped test profiles that store a calibration."""
     out = {}
     for f in sorted(PROFILES.glob("cpu_test*.json")):
-        if f.name.endswith("_records.json"):
+        if f.name.endswith("_records.json") or f.stem in NOT_SHIPPED:
             continue
-        fp = json.loads(f.read_text()).get("fingerprint") or {}
-        if (fp.get("calibration") or {}).get("kernel_s"):
-            out[f.stem] = (fp["calibration"]["date"], fp)
+        d = json.loads(f.read_text())
+        fp = d.get("fingerprint") or {}
+        if (fp.get("calibration") or {}).get("wall_s"):
+            out[f.stem] = (d.get("date") or fp["calibration"]["date"], fp)
     return out
 
 
+def _consistent(d, then):
+    """Do a saved run's calibrations give ``then`` (a profile's) back? None: nothing to check."""
+    got = [c["now"]["wall_s"] / c["ratio"] for c in d["calibrations"] if c.get("now") and c.get("ratio")]
+    return None if not got else all(abs(g / then["wall_s"] - 1) < 1e-6 for g in got)
+
+
 def _profile_of(d, profs):
-    """The profile a saved run was judged against: the newest one calibrated
-    before it ran (``--profile`` named the shipped file, which changed with
-    each session); where the run kept its calibration, its ratio must give
-    that profile's stored time back."""
-    name = max((n for n, (date, _) in profs.items() if date <= d["date"]), key=lambda n: profs[n][0])
-    then = profs[name][1]["calibration"]
-    for c in d["calibrations"]:
-        if c.get("now") and c.get("ratio"):
-            assert abs(c["now"]["wall_s"] / c["ratio"] / then["wall_s"] - 1) < 1e-6, (d["date"], name)
-    return name
+    """The profile a saved run was judged against (``--profile`` named the
+    shipped file, which changed with each session): the newest fitted before
+    the run whose stored calibration the run's own measurements give back
+    where it kept them (cpu_test11, 11r and 14 share one calibration)."""
+    for name in sorted((n for n, (date, _) in profs.items() if date <= d["date"]), key=lambda n: profs[n][0],
+                       reverse=True):
+        if _consistent(d, profs[name][1]["calibration"]) is not False:
+            return name
+    raise ValueError(f"no profile of bench/profiles/ matches the run of {d['date']}")
 
 
 def _now(c, then):
     """A pass's calibration; runs before the measurement was kept (set 7 and
-    earlier) give it back from the ratios, with the median blocks' spread."""
+    earlier) give it back from the ratios, with the median blocks' spread;
+    runs before the parts were timed (set 5), the whole workload only."""
     if c.get("now"):
         return c["now"]
+    if not c.get("parts"):
+        return {"wall_s": c["ratio"] * then["wall_s"], "u": 0.004}
     return {"wall_s": c["ratio"] * then["wall_s"], "u": 0.004, "u_kernel": 0.003, "u_python": 0.009,
             **{v: c["parts"][k] * then[v] for k, v in PART_KEYS.items()}}
 
 
-def _band(then, now):
-    """(k, kc) of the check before the shrinkage: each part's ratio whole
-    beyond its band, else 1."""
-    from engine.perf.calibrate import _noise
-    out = []
-    for k, v in PART_KEYS.items():
-        r = now[v] / then[v]
-        out.append(r if abs(r - 1) > _noise(then, now, "u_" + k) else 1.0)
-    return tuple(out)
+def _rules(then, now):
+    """(k, kc): the scales of per-unit and per-call costs by each rule: none;
+    the whole workload's ratio on every time (shrunk by its noise as the
+    check does); each part's ratio whole beyond its band (the check before
+    session 13); ``calibrate.compare`` as it is now (by part, shrunk)."""
+    from engine.perf.calibrate import _noise, _weight, compare
+    r = now["wall_s"] / then["wall_s"]
+    whole = r ** _weight(then, now, r)
+    chk = compare({"calibration": then}, None, now)
+    band = (r if abs(r - 1) > _noise(then, now) else 1.0,) * 2
+    if chk.call_scale is not None:
+        band = tuple(now[v] / then[v] if abs(now[v] / then[v] - 1) > _noise(then, now, "u_" + k) else 1.0
+                     for k, v in PART_KEYS.items())
+    return chk, {"none": (1.0, 1.0), "one ratio": (whole, whole), "band 10 %": band,
+                 "by part (now)": (chk.scale, chk.scale if chk.call_scale is None else chk.call_scale)}
 
 
-def history(tags):
-    from engine.perf.calibrate import compare
+QTYS = ("T_GPU", "T_Epoch")
+
+
+def history(tags, rows_file):
+    """Every configuration of the saved runs of ``tags`` predicted with this
+    code and the profile it was judged against, split into its per-unit and
+    per-call parts, with each pass's scales by each rule; appended to
+    ``rows_file`` (JSON lines; runs already there are not predicted again)
+    and all of that file returned."""
     from engine.perf.profile import Profile
     from validate_runs import predicted, row_n_file
     profs = _profiles()
-    rows = []
+    rows_file = Path(rows_file)
+    done = [json.loads(line) for line in rows_file.read_text().splitlines()] if rows_file.exists() else []
+    seen = {x["file"] for x in done}
     for f in sorted(glob.glob(str(RESULTS / "validation_*.json"))):
         m = re.match(r"validation_((fitted|test)\d+)_", os.path.basename(f))
-        if not m or m.group(1) not in tags:
+        if not m or m.group(1) not in tags or os.path.basename(f) in seen:
             continue
         d = json.loads(Path(f).read_text())
-        if not d.get("date") or not all(c.get("parts") for c in d.get("calibrations") or [{}]):
+        if not d.get("date") or not d.get("calibrations"):
             continue
         name = _profile_of(d, profs)
         prof = Profile.load(PROFILES / f"{name}.json")
-        fp = prof.data["fingerprint"]
+        then = prof.data["fingerprint"]["calibration"]
+        if not all(c.get("parts") for c in d["calibrations"]):      # judged by the whole workload: so here
+            then = {k: v for k, v in then.items() if not k.startswith(("kernel", "python", "compute", "u_"))}
+        passes = [_rules(then, _now(c, then)) for c in d["calibrations"]]
+        new = []
         for r in d["rows"]:
             t = {}
             for kc in (1.0, 2.0):
                 p = Profile(prof.data, prof.source)
                 p.call_scale = kc
                 t[kc] = predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], p, row_n_file(r),
-                                  sim=False)["T_GPU"]
-            C = t[2.0] - t[1.0]
-            U = t[1.0] - C
-            for i, c in enumerate(d["calibrations"]):
-                if i >= len(r.get("runs", [])):
-                    continue
-                now = _now(c, fp["calibration"])
-                chk = compare(fp, None, now)
-                rules = {"none": (1.0, 1.0), "band 10 %": _band(fp["calibration"], now),
-                         "shrunk (now)": (chk.scale, chk.call_scale)}
-                rows.append({"run": m.group(1), "net": r["model"], "pass": i, "meas": r["runs"][i]["T_GPU"],
-                             "U": U, "C": C, "parts": chk.parts,
-                             "pred": {k: a * U + b * C for k, (a, b) in rules.items()}})
+                                  sim=False)
+            # Every time here is linear in the two scales (to 0.1 % for T_Update, 0.001 % for these).
+            C = {q: t[2.0][q] - t[1.0][q] for q in QTYS}
+            new.append({"file": os.path.basename(f), "run": m.group(1), "net": r["model"], "profile": name,
+                        "U": {q: t[1.0][q] - C[q] for q in QTYS}, "C": C,
+                        "meas": {q: r["measured"].get(q) for q in QTYS},
+                        "runs": [{q: x.get(q) for q in QTYS} for x in r.get("runs", [])],
+                        "parts": [chk.parts for chk, _ in passes], "rules": [ru for _, ru in passes]})
+        with open(rows_file, "a") as out:
+            out.writelines(json.dumps(x) + "\n" for x in new)
+        done += new
         print(f"{os.path.basename(f)}: {name}", file=sys.stderr, flush=True)
-    return rows
+    return [x for x in done if x["run"] in tags]
+
+
+def _pred(x, q, scales):
+    return scales[0] * x["U"][q] + scales[1] * x["C"][q]
 
 
 def report(rows):
-    groups = {"fitted grid": lambda x: x["run"].startswith("fitted"),
-              "sets 6-10": lambda x: x["run"].startswith("test"), "all": lambda x: True}
-    for run in sorted({x["run"] for x in rows}, key=lambda s: (s[0], int(re.sub(r"\D", "", s)))):
-        groups[run] = lambda x, run=run: x["run"] == run
-    rules = list(rows[0]["pred"])
-    print("T_GPU, each pass against its own calibration: mean |error| % (median signed)")
-    print(f"{'runs':12s} {'n':>4s} | " + " | ".join(f"{r:>15s}" for r in rules))
-    for g, sel in groups.items():
-        xs = [x for x in rows if sel(x)]
-        cells = []
-        for rule in rules:
-            e = np.array([x["pred"][rule] / x["meas"] - 1 for x in xs])
-            cells.append(f"{100 * np.mean(abs(e)):6.1f} ({100 * np.median(e):+5.1f})")
-        print(f"{g:12s} {len(xs):4d} | " + " | ".join(cells))
+    """Per set, each rule: mean / median |error| of each configuration (the
+    median of its runs against the prediction at the median of its passes'
+    scales, the validation's headline) and of each pass against its own."""
+    key = lambda s: (s[0], int(re.sub(r"\D", "", s)))
+    sets = sorted({x["run"] for x in rows}, key=key)
+    rules = list(rows[0]["rules"][0])
+    for q in QTYS:
+        print(f"\n{q}: mean / median |error| % of each configuration (median of its runs; the scales' median)")
+        print(f"{'runs':9s} {'n':>3s} | " + " | ".join(f"{r:>15s}" for r in rules) + " | per pass, mean: "
+              + " / ".join(rules))
+        means = {r: [] for r in rules}
+        for st in sets + ["all"]:
+            xs = [x for x in rows if x["run"] == st or st == "all"]
+            cells, passes = [], []
+            for rule in rules:
+                e = np.array([_pred(x, q, np.median([ru[rule] for ru in x["rules"]], axis=0)) / x["meas"][q] - 1
+                              for x in xs if x["meas"][q]])
+                ep = np.array([_pred(x, q, ru[rule]) / m[q] - 1 for x in xs
+                               for ru, m in zip(x["rules"], x["runs"]) if m.get(q)])
+                if st != "all":
+                    means[rule].append(np.mean(abs(e)))
+                cells.append(f"{100 * np.mean(abs(e)):6.1f} / {100 * np.median(abs(e)):4.1f}")
+                passes.append(f"{100 * np.mean(abs(ep)):.1f}")
+            print(f"{st:9s} {len(xs):3d} | " + " | ".join(cells) + " | " + " / ".join(passes))
+        print(f"{'mean of the sets':13s} | " + " | ".join(f"{100 * np.mean(means[r]):15.2f}" for r in rules)
+              + "   (sets better than none: " + ", ".join(
+                  f"{r} {sum(a < b for a, b in zip(means[r], means['none']))}/{len(sets)}" for r in rules) + ")")
     # Per (run, net, pass): the median over configurations of log(measured /
     # unscaled prediction) against each part's log ratio, an intercept per net.
     by = {}
     for x in rows:
-        by.setdefault((x["run"], x["net"], x["pass"]), []).append(x)
-    pts = [(k[1], np.log(xs[0]["parts"]["kernel"]), np.log(xs[0]["parts"]["python"]),
-            np.median([np.log(x["meas"] / x["pred"]["none"]) for x in xs])) for k, xs in by.items()]
+        for i, (parts, m) in enumerate(zip(x["parts"], x["runs"])):
+            if parts.get("kernel") and m.get("T_GPU"):
+                e = np.log(m["T_GPU"] / _pred(x, "T_GPU", (1, 1)))
+                by.setdefault((x["run"], x["net"], i), []).append((parts, e))
+    pts = [(k[1], np.log(v[0][0]["kernel"]), np.log(v[0][0]["python"]), np.median([e for _, e in v]))
+           for k, v in by.items()]
     # Only nets run in several sessions: within one run the passes' ratios span a few per cent.
     runs_of = {}
     for run, net, _ in by:
         runs_of.setdefault(net, set()).add(run)
     pts = [p for p in pts if len(runs_of[p[0]]) > 1]
+    if not pts:
+        return
     print("\nslope of log(measured / predicted T_GPU) on a part's log ratio (median over each run's configurations;"
           " nets run in several sessions)")
     for net in sorted({p[0] for p in pts}) + [None]:
@@ -169,6 +225,7 @@ def report(rows):
             b = np.linalg.lstsq(a, y, rcond=None)[0]
             cells.append(f"{part}: slope {b[-1]:.2f}, resid sd {100 * np.std(y - a @ b):.1f} %")
         print(f"  {net or 'all nets':8s} ({len(sel)} passes): " + "; ".join(cells))
+
 
 
 def live(rounds, out):
@@ -259,29 +316,28 @@ def anchor(profile, records, out):
     (now / records) of cifar's steps, the net the part steps. Its
     uncertainty adds that ratio's spread. The kernel and Python parts stay
     as the profile recorded them; the ratios are kept (``compute_anchor``)."""
-    from engine.net import Net
     from engine.perf.calibrate import calibration_step, merge_calibrations
     from engine.perf.profile import Profile
     from engine.perf.sweep import mode_config
-    from engine.perf.timing import _rand, set_threads, time_call, use_clock
-    from engine.spec import NetSpec
+    from engine.perf.sweep_kernels import sweep_net_steps
+    from engine.perf.timing import set_threads, use_clock
     prof = Profile.load(profile)
     recs = json.loads(Path(records).read_text())
-    cfg = mode_config(recs["meta"].get("quick", True))
+    then = {}
+    for r in recs["records"]:
+        if r["kind"] == "net_step" and r["model"] in ("cifar", "tiny") and r["clock"] == "cpu":
+            then.setdefault(r["model"], {})[r["n_subbatch"]] = r["t"]
     set_threads(1)
     use_clock("cpu")
     ratios = {}
-    for r in recs["records"]:
-        if r["kind"] != "net_step" or r["model"] not in ("cifar", "tiny") or r["clock"] != "cpu":
-            continue
-        sp = NetSpec.from_dict(r["spec"])
-        net = Net(sp, seed=0)
-        x = _rand((r["n_subbatch"],) + sp.input_shape, 9)         # the sweep's input (sweep_net_steps)
-        y = np.random.default_rng(0).integers(0, sp.n_classes, r["n_subbatch"])
-        t, _ = time_call(lambda: net.loss_and_grad(x, y), cfg["repeats"], cfg["min_time"])
-        ratios[f"{r['model']}/{r['n_subbatch']}"] = t / r["t"]
-        print(f"{r['model']} N_Subbatch {r['n_subbatch']}: {1e3 * t:.3f} ms now, {1e3 * r['t']:.3f} ms in the records "
-              f"(x{t / r['t']:.3f})", flush=True)
+    for model, ts in then.items():
+        # Timed by the sweep itself, at the records' batch sizes of this net only.
+        cfg = dict(mode_config(recs["meta"].get("quick", True)), net_step_nets=(model,), net_batches=tuple(ts))
+        for r in sweep_net_steps(cfg):
+            t, was = r["t"], ts[r["n_subbatch"]]
+            ratios[f"{model}/{r['n_subbatch']}"] = t / was
+            print(f"{model} N_Subbatch {r['n_subbatch']}: {1e3 * t:.3f} ms now, {1e3 * was:.3f} ms in the records "
+                  f"(x{t / was:.3f})", flush=True)
     use_clock("wall")
     both = merge_calibrations([calibration_step() for _ in range(2)])
     cif = np.array([v for k, v in ratios.items() if k.startswith("cifar/")])
@@ -305,8 +361,11 @@ def anchor(profile, records, out):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--history", action="store_true", help="rescore the saved runs (no timing)")
-    ap.add_argument("--runs", default="fitted6,fitted7,fitted8,fitted9,fitted10,fitted12,test6,test7,test8,test9,test10",
+    ap.add_argument("--runs", default=",".join([f"fitted{i}" for i in (5, 6, 7, 8, 9, 10, 12, 13, 14)]
+                                               + [f"test{i}" for i in range(5, 13)]),
                     help="saved runs of --history (seen sets only)")
+    ap.add_argument("--rows", default="calibration_history.jsonl",
+                    help="--history: each run's predictions are kept here, so it can go in parts (--runs)")
     ap.add_argument("--live", type=int, default=0, metavar="ROUNDS", help="time the parts beside short runs")
     ap.add_argument("--out", default="calibration_drift.jsonl",
                     help="--live: JSON lines appended here; --anchor: the profile written")
@@ -314,7 +373,7 @@ def main(argv=None):
                     help="add the compute part to PROFILE's calibration, referred to the era of RECORDS (its sweep)")
     a = ap.parse_args(argv)
     if a.history:
-        report(history(set(a.runs.split(","))))
+        report(history(set(a.runs.split(",")), a.rows))
     if a.live:
         live(a.live, a.out)
     if a.anchor:

@@ -53,7 +53,7 @@ from validate_report import (LAYER_TARGET, QTY, TARGETS, _row_line, format_repor
                              rel, summarize)
 from validate_runs import (DEFAULT_SUB, N_TRAIN, calibrated, group_of, layer_times,  # noqa: E402,F401
                            make_data, measured, measured_mode, median_runs, merge_runs, predicted,
-                           repredict, run_config, safe_name, swept_nets)
+                           repredict, run_config, safe_name, saved_calibrated, swept_nets)
 
 
 def main(argv=None):
@@ -94,8 +94,9 @@ def main(argv=None):
                 m["T_Epoch"] = N_TRAIN[r["model"]] * m["T_Update"] / m["N_Minibatch_avg"]
         if a.repredict:
             repredict(d, a.profile, sim=not a.no_sim)
+        # Without --repredict the saved runs' own calibrated predictions (what sprint predict gave then).
         got = calibrated(d["rows"], Profile.load(a.profile), d.get("calibrations") or [], sim=False) \
-            if a.repredict else None
+            if a.repredict else saved_calibrated(d)
         # The measured-layers mode prices the rest by the run's own profile unless re-predicted.
         run_prof = a.profile if a.repredict else (d.get("profile") or (d.get("parts") or [{}])[0].get("profile"))
         meas = measured_mode(d["rows"], d["layers"], Profile.load(run_prof)) if run_prof else None
@@ -118,7 +119,7 @@ def main(argv=None):
             return
         from engine.perf.calibrate import check
         from engine.perf.profile import Profile as P
-        chk = check(P(prof.data, prof.source), seconds=3.0, apply=False)
+        chk = check(P(prof.data, prof.source), apply=False)
         cal.append({"ratio": chk.ratio, "noise": chk.noise, "scale": chk.scale, "call_scale": chk.call_scale,
                     "parts": chk.parts, "messages": chk.messages, "now": chk.now})
         parts = ", ".join(f"{k} x{v:.3f}" for k, v in chk.parts.items())
@@ -180,13 +181,18 @@ def main(argv=None):
         l["group"] = group_of(l["model"], prof)
     ratios = [c["ratio"] for c in cal if c["ratio"]]
     scale = float(np.median(ratios)) if ratios else None
-    report = format_report(rows, layers, scale, calibrated(rows, prof, cal, sim=False),
-                           measured_mode(rows, layers, prof))
+    got = calibrated(rows, prof, cal, sim=False)
+    if got:
+        # Kept with the rows: a later --rescore of several parts reports them without re-predicting.
+        for r, c in zip(rows, got[0]):
+            r["calibrated"] = {k: c["predicted"][k] for k in QTY}
+    report = format_report(rows, layers, scale, got, measured_mode(rows, layers, prof))
     print(report)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     tmp_out = Path(a.out).with_suffix(".tmp")
     tmp_out.write_text(json.dumps({"profile": a.profile, "rows": rows, "layers": layers, "failed": failed,
                                    "calibration_scale": scale, "calibrations": cal,
+                                   "calibrated_scales": list(got[1:]) if got else None,
                                    "argv": sys.argv[1:],
                                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                                   indent=1, default=str))

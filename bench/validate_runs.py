@@ -142,8 +142,24 @@ def merge_runs(ds):
             out[k] += d.get(k) or []
     ratios = [c["ratio"] for c in out["calibrations"] if c.get("ratio")]
     out["calibration_scale"] = float(np.median(ratios)) if ratios else None
-    out["parts"] = [{k: d.get(k) for k in ("profile", "argv", "date")} for d in ds]
+    out["parts"] = [{k: d.get(k) for k in ("profile", "argv", "date", "calibrated_scales")} for d in ds]
     return out
+
+
+def saved_calibrated(d):
+    """``calibrated()``'s triple from a saved validation whose every row kept
+    its calibrated prediction (validate_model.py writes them): each part's
+    rows as its own passes' calibration rescaled them, and the median of the
+    parts' (kernel, per-call) scales, with a note saying so when there are
+    several; None for runs saved before they were kept."""
+    if not d["rows"] or not all(r.get("calibrated") for r in d["rows"]):
+        return None
+    scales = [p["calibrated_scales"] for p in d.get("parts") or [d] if p.get("calibrated_scales")]
+    if not scales:
+        return None
+    rows = [dict(r, predicted=dict(r["predicted"], **r["calibrated"])) for r in d["rows"]]
+    k, kc = (float(np.median([s[i] for s in scales])) for i in (0, 1))
+    return (rows, k, kc) + (("median of each part's passes, shown: their median",) if len(scales) > 1 else ())
 
 
 def median_runs(ms):

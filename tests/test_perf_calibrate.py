@@ -125,6 +125,42 @@ def test_python_part_drifting_alone_rescales_only_per_call_costs():
     assert chk.scale == pytest.approx(2.0 ** _w(2.0)) and chk.call_scale is None
 
 
+def test_kernel_part_drifting_alone_rescales_only_per_unit_costs():
+    """The mirror of the Python part's test, end to end: a calibration whose
+    kernel part ran x1.5 and whose Python part did not rescales a profile so
+    that it predicts what a profile with every per-unit rate slowed x1.5^w
+    and the same per-call costs predicts."""
+    stored = dict(FP, calibration=dict(FP["calibration"], **_parts(0.006, 0.004)))
+    here, cal = _now(wall=0.013)
+    cal.update(_parts(0.009, 0.004))
+    chk = calibrate.compare(stored, here, cal)
+    s = 1.5 ** _w(1.5)
+    assert chk.parts == pytest.approx({"kernel": 1.5, "python": 1.0})
+    assert chk.scale == pytest.approx(s) and chk.call_scale == 1.0
+    prof = Profile.synthetic(backend="cpu", launch=1e-4)
+    chk.apply(prof)
+    ref = Profile.synthetic(backend="cpu", launch=1e-4, sgemm_flop_s=1e10 / s, vec_bytes_s=5e9 / s,
+                            allreduce_bw=1e9 / s, allreduce_lat=2e-5 * s, load_pixel=1e-9 * s, deform_pixel=2e-9 * s)
+    assert prof.term("copy", 4096) == pytest.approx(ref.term("copy", 4096), rel=1e-12)
+    assert prof.sgemm(64, 32, 16) == pytest.approx(ref.sgemm(64, 32, 16), rel=1e-12)
+    assert prof.term("handover", 1) == pytest.approx(2e-4)            # a per-call cost: not rescaled
+    for n_node in (1, 2):
+        got = model.predict("tiny", n_node, 1, 4, prof, ranks_per_host=1)
+        want = model.predict("tiny", n_node, 1, 4, ref, ranks_per_host=1)
+        assert got.t_gpu == pytest.approx(want.t_gpu, rel=1e-9) and got.t_gpu > model.predict(
+            "tiny", n_node, 1, 4, Profile.synthetic(backend="cpu", launch=1e-4), ranks_per_host=1).t_gpu
+        assert got.t_update == pytest.approx(want.t_update, rel=1e-9)
+
+
+def test_every_calibration_takes_the_same_seconds_by_default():
+    """predict/tune/simulate, plan and `profile --update --only calibration`
+    (2.0 s for plan until session 15): one length, so one noise and weight."""
+    parse = cli.build_parser().parse_args
+    for argv in (["predict", "--model", "tiny", "--nodes", "1", "--subbatch", "1"],
+                 ["plan", "--model", "tiny", "--gpus", "2"], ["profile", "--update", "p.json", "--only", "calibration"]):
+        assert parse(argv).calibrate_seconds == calibrate.SECONDS, argv[0]
+
+
 def test_compute_part_rescales_per_unit_costs_and_old_profiles_fall_back():
     """Where both calibrations timed the compute part, per-unit costs follow
     it, not the kernel part; a profile calibrated before it existed (no

@@ -92,6 +92,32 @@ def test_parts_of_a_grid_are_reported_together(vm, tmp_path, capsys):
     assert vm.main(["--rescore", both]) == 1         # a failure in any part fails the whole
 
 
+def test_rescore_reports_the_calibrated_predictions_the_parts_saved(vm, tmp_path, capsys):
+    """Merged parts report what sprint predict gave each part after its own
+    calibration (kept with the rows), not one ratio on every time; a part
+    saved before the rows kept them leaves only the one-ratio line, said to
+    be that."""
+    import json
+    parts = []
+    for name, err, cerr, scales in (("a", 0.1, 0.02, [1.05, 1.2]), ("b", 0.3, -0.04, [1.07, 1.4])):
+        row = _row("digits", "held-out nets", [err] * 5)
+        row["calibrated"] = {k: 1.0 + cerr for k in row["measured"] if k != "steps"}
+        parts.append({"rows": [row], "layers": [], "failed": [], "calibrations": [{"ratio": 1.2}],
+                      "calibrated_scales": scales})
+        (tmp_path / f"{name}.json").write_text(json.dumps(parts[-1]))
+    both = f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}"
+    assert vm.main(["--rescore", both]) == 0
+    out = capsys.readouterr().out
+    line = [l for l in out.splitlines() if "calibrated (" in l][0]
+    assert "kernels x1.060, per-call x1.300, median of each part's passes" in line
+    assert "T_GPU 3.0 / 3.0 %" in line and "every time x" not in out
+    del parts[1]["rows"][0]["calibrated"]
+    (tmp_path / "b.json").write_text(json.dumps(parts[1]))
+    assert vm.main(["--rescore", both]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated (" not in out and "every time x1.200" in out and "--repredict" in out
+
+
 def test_calibrated_rows_rescale_kernels_and_per_call_costs_apart(vm):
     from engine.perf import model as M
     from engine.perf.profile import Profile

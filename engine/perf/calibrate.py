@@ -143,13 +143,18 @@ def _workload():
     return kernel, python, _compute_part(rng)
 
 
+# Seconds of one calibration, the same wherever one is taken (sprint profile's
+# record, predict/tune/simulate/plan's check, validate_model's passes): its
+# blocks' spread, and so how much of a ratio is believed (``_weight``),
+# depends on its length.
+SECONDS = 3.0
 # The parts of the calibration, each rescaling its kind of cost (Profile.time_scale / call_scale).
 PARTS = ("kernel_s", "python_s", "compute_s")
 # Share of each block given to the compute part (timed apart: its steps are long).
 COMPUTE_SHARE = 1 / 3
 
 
-def calibration_step(seconds: float = 3.0, blocks: int = 5, compute: bool = True) -> dict:
+def calibration_step(seconds: float = SECONDS, blocks: int = 5, compute: bool = True) -> dict:
     """Wall and CPU seconds per call of the calibration workload on one
     thread, run for ``seconds``; ``kernel_s``, ``python_s`` and
     ``compute_s``: the wall seconds of its parts per call (without
@@ -223,7 +228,7 @@ def merge_calibrations(cals) -> dict:
                 before=cals[0], after=cals[-1])
 
 
-def record(seconds: float = 3.0) -> dict:
+def record(seconds: float = SECONDS) -> dict:
     """The fingerprint with a calibration: what ``sprint profile`` stores."""
     fp = fingerprint()
     fp["calibration"] = calibration_step(seconds)
@@ -248,6 +253,14 @@ class Check:
     @property
     def ok(self) -> bool:
         return not self.messages
+
+    def apply(self, profile):
+        """Rescale ``profile``: per-unit costs by ``scale``, per-call costs by
+        ``call_scale`` (by ``scale`` too where the parts were not timed apart)."""
+        if self.scale != 1.0:
+            profile.time_scale = self.scale
+        if self.call_scale is not None:
+            profile.call_scale = self.call_scale
 
 
 def _noise(then, now, key="u"):
@@ -351,7 +364,7 @@ def compare(stored: dict | None, now: dict | None, calibration: dict | None, sou
     return chk
 
 
-def check(profile, seconds: float = 3.0, apply: bool = True) -> Check:
+def check(profile, seconds: float = SECONDS, apply: bool = True) -> Check:
     """Calibrate now (``seconds``), compare with ``profile``'s machine and,
     with ``apply``, rescale it (``profile.time_scale``)."""
     stored = profile.data.get("fingerprint")
@@ -365,8 +378,5 @@ def check(profile, seconds: float = 3.0, apply: bool = True) -> Check:
         chk = compare(stored, fingerprint(), now, profile.source)
         chk.now = now
     if apply:
-        if chk.scale != 1.0:
-            profile.time_scale = chk.scale
-        if chk.call_scale is not None:
-            profile.call_scale = chk.call_scale
+        chk.apply(profile)
     return chk

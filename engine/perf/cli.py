@@ -11,6 +11,8 @@ from engine.argtypes import positive_float, positive_int
 from engine.errors import RunError
 from .cli_ranges import check_calibration, check_config, check_target
 
+from . import calibrate
+
 
 def _profile(args):
     """The profile the command uses, checked against this machine first
@@ -59,7 +61,8 @@ def _config_args(p, need_config=True):
     p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                    help="skip the few-second calibration that checks the profile describes this machine "
                         "(and rescales its times when it does not)")
-    p.add_argument("--calibrate-seconds", type=positive_float, default=3.0, help="length of that calibration")
+    p.add_argument("--calibrate-seconds", type=positive_float, default=calibrate.SECONDS,
+                   help="length of that calibration")
     p.add_argument("--measure-layers", action="store_true",
                    help="time the net's own layer passes here (one thread, about half a second per "
                         "N_Subbatch) and price ComputeGradient by them instead of the fitted per-layer "
@@ -370,7 +373,7 @@ def register(sub):
                         ": the pipeline executor's costs and message table; with --only calibration: this "
                         "machine's calibration, measured now) and write them into PROFILE "
                         "(or --out); with --from-records: refit them from saved records")
-    p.add_argument("--calibrate-seconds", type=positive_float, default=3.0,
+    p.add_argument("--calibrate-seconds", type=positive_float, default=calibrate.SECONDS,
                    help="length of each of the two calibrations of --update --only calibration")
     p.set_defaults(func=cmd_profile)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, asdict
 
 from engine.argtypes import positive_float, positive_int
 from engine import spec as spec_mod
-from . import layerwise as L
+from . import calibrate, layerwise as L
 from engine.errors import counted
 
 STRATEGIES = [
@@ -301,5 +301,6 @@ def register(sub):
     p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                    help="skip the few-second calibration that checks a measured profile describes this machine "
                         "(and rescales it when the machine runs faster or slower now)")
-    p.add_argument("--calibrate-seconds", type=positive_float, default=2.0, help="length of that calibration")
+    p.add_argument("--calibrate-seconds", type=positive_float, default=calibrate.SECONDS,
+                   help="length of that calibration")
     p.set_defaults(func=cmd_plan)
