@@ -541,3 +541,37 @@ def test_anchor_refers_the_compute_part_to_the_records_era(tmp_path, monkeypatch
     now = dict(old, compute_s=0.036 / 1.3 * 1.1, u_compute=0.01)
     chk = calibrate.compare(dict(FP, calibration=cal), None, now)
     assert chk.parts["compute"] == pytest.approx(1.1) and chk.scale > 1.05
+
+
+def test_calibration_history_judges_each_run_by_its_own_profile_and_rules():
+    """bench/calibration_drift.py --history: a run is priced by the newest
+    profile fitted before it whose calibration the run's own measurements
+    give back (two profiles may share one calibration); a run whose
+    calibrations timed no parts is rescaled by the whole ratio under every
+    rule but none."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "calibration_drift", Path(__file__).resolve().parents[1] / "bench" / "calibration_drift.py")
+    cd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cd)
+    cal = dict(FP["calibration"], **_parts(0.006, 0.004))
+    other = dict(cal, wall_s=0.012)
+    profs = {"a": ("2026-12-01T10:00Z", {"calibration": cal}), "b": ("2026-12-01T12:00Z", {"calibration": cal}),
+             "c": ("2026-12-01T13:00Z", {"calibration": other})}
+    run = lambda date, now: {"date": date,
+                             "calibrations": [{"ratio": 1.1, "now": dict(now, wall_s=1.1 * now["wall_s"])}]}
+    assert cd._profile_of(run("2026-12-01T11:00Z", cal), profs) == "a"
+    assert cd._profile_of(run("2026-12-01T14:00Z", cal), profs) == "b"        # c's calibration is not the run's
+    assert cd._profile_of(run("2026-12-01T14:00Z", other), profs) == "c"
+    with pytest.raises(ValueError):
+        cd._profile_of(run("2026-12-01T09:00Z", cal), profs)
+    whole = {"wall_s": 0.010, "cpu_s": 0.009, "u": 0.01}
+    chk, rules = cd._rules(whole, cd._now({"ratio": 1.3}, whole))
+    w = 1.3 ** _w(1.3, 0.01 ** 2 + 0.004 ** 2)
+    assert rules["none"] == (1.0, 1.0) and chk.call_scale is None
+    assert rules["one ratio"] == rules["by part (now)"] == pytest.approx((w, w)) and rules["band 10 %"] == (1.3, 1.3)
+    now = dict(whole, wall_s=0.0123, **_parts(0.0063, 0.006))
+    chk, rules = cd._rules(cal, now)
+    assert rules["by part (now)"] == pytest.approx((chk.scale, chk.call_scale)) and chk.call_scale > 1.4
+    assert rules["band 10 %"] == pytest.approx((1.0, 1.5))        # the kernel part's 5 % is inside its band
