@@ -60,73 +60,57 @@ def test_a_rank_killed_outright_is_named_with_the_epoch_kept(tmp_path, n, victim
     assert load(run)["epoch"] >= epoch
 
 
-def _sleepers(n):
-    return [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(n)]
-
-
-def test_ranks_gone_before_the_watcher_started_are_not_named(tmp_path):
-    kids = _sleepers(2)
-    for k in kids:
-        k.kill()
-        k.wait()
-    mark = tmp_path / "quiet"            # not marked: only what it cannot know keeps it silent
-    r, w = os.pipe()
-    errr, errw = os.pipe()
-    os.close(w)
-    job = {"pids": [k.pid for k in kids], "mark": str(mark), "note": ""}
-    assert deathwatch.watch(job, stdin=r, err=errw) == 0
-    os.close(errw)
-    assert os.read(errr, 10000) == b""
-
-
-def test_the_watcher_line(tmp_path):
-    kids = _sleepers(3)
-    mark = tmp_path / "quiet"
-    r, w = os.pipe()
-    errr, errw = os.pipe()
-    job = {"pids": [k.pid for k in kids], "mark": str(mark), "note": ""}
+def _watcher(size, note=""):
+    """The watcher on a thread, and ``size`` connected ranks (sockets of this process)."""
+    import socket
     import threading
-    th = threading.Thread(target=deathwatch.watch, args=(job, r, errw))
+    addr = f"\0sprint-deathwatch-test-{os.getpid()}-{time.monotonic_ns()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(addr)
+    listener.listen(size)
+    r, w = os.pipe()
+    th = threading.Thread(target=deathwatch.watch, args=({"size": size, "address": addr, "note": note}, listener, w),
+                          kwargs={"accept_s": 10.0}, daemon=True)
     th.start()
-    try:
-        os.write(w, b"; epoch 1 is saved\n; epoch 2 is saved: resume with: X\n")
-        time.sleep(0.3)
-        kids[2].kill()
-        time.sleep(0.3)
-        for k in kids[:2]:
-            k.kill()
-        os.close(w)
+    ranks = []
+    for i in range(size):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(addr)
+        s.sendall(f"rank {i}\n".encode())
+        ranks.append(s)
+    time.sleep(0.3)                      # every rank accepted
+
+    def said():
         th.join(10)
-    finally:
-        for k in kids:
-            k.kill()
-            k.wait()
-    assert not th.is_alive()
-    os.close(errw)
-    assert os.read(errr, 10000).decode() == deathwatch._line([2], 3, "; epoch 2 is saved: resume with: X")
+        assert not th.is_alive()
+        os.close(w)
+        return os.read(r, 10000).decode()
+    return ranks, said
+
+
+def test_the_first_rank_gone_is_named_with_what_the_run_keeps():
+    ranks, said = _watcher(3)
+    ranks[0].sendall(b"saved ; epoch 1 is saved\nsaved ; epoch 2 is saved: resume with: X\n")
+    time.sleep(0.2)
+    ranks[2].close()                     # killed: its connection closes first
+    time.sleep(0.3)
+    for s in ranks[:2]:
+        s.close()                        # the launcher's kill of the others
+    assert said() == deathwatch._line([2], 3, "; epoch 2 is saved: resume with: X")
+
+
+def test_a_rank_that_leaves_on_purpose_keeps_it_silent():
+    ranks, said = _watcher(2)
+    ranks[1].sendall(b"quiet\n")         # its own line said (or a clean end)
+    ranks[1].close()
+    time.sleep(0.2)
+    ranks[0].close()
+    assert said() == ""
+
+
+def test_the_line():
     assert deathwatch._line([2], 3, "") == ("sprint: error: rank 2 of 3 died without a word (killed by a signal, e.g. "
                                             "kill -9 or the out-of-memory killer, or crashed); the job ended\n")
-    assert deathwatch._line([0, 2], 3, "; x").startswith("sprint: error: one of ranks 0, 2 of 3 died without a word")
-
-
-def test_a_death_on_purpose_is_not_reported(tmp_path):
-    kids = _sleepers(2)
-    mark = tmp_path / "quiet"
-    r, w = os.pipe()
-    errr, errw = os.pipe()
-    job = {"pids": [k.pid for k in kids], "mark": str(mark), "note": ""}
-    import threading
-    th = threading.Thread(target=deathwatch.watch, args=(job, r, errw))
-    th.start()
-    try:
-        mark.write_text("")               # quiet(): the rank said its own line
-        for k in kids:
-            k.kill()
-        os.close(w)
-        th.join(10)
-    finally:
-        for k in kids:
-            k.kill()
-            k.wait()
-    os.close(errw)
-    assert not th.is_alive() and os.read(errr, 10000) == b""
+    assert deathwatch._line([0, 2], 3, "; x") == (
+        "sprint: error: one of ranks 0, 2 of 3 died without a word (killed by a signal, e.g. kill -9 or the "
+        "out-of-memory killer, or crashed) and mpiexec killed the others; the job ended; x\n")
