@@ -33,3 +33,18 @@ def test_a_profile_that_cannot_be_written_is_refused_before_the_sweep(capsys, mo
 def test_a_negative_selfcheck_seed_names_its_option(capsys):
     assert cli.main(["selfcheck", "--seed", "-1"]) == 2
     _one_error(capsys, "must be an integer >= 0, got -1", "(--seed)")
+
+
+def test_report_of_a_parallel_run_stopped_early_says_why_it_has_no_statistics(tmp_path, capsys):
+    # a Ctrl-C'd `mpiexec -n 2 ... train --parallel asgd`: its folder, without the statistics of its end
+    import json
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"train": {"parallel": "asgd", "epochs": 100}}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e}) + "\n" for e in (1, 2, 3)))
+    assert cli.main(["report", str(run)]) == 2
+    _one_error(capsys, "no statistics yet: a run of --parallel asgd writes them when it ends, and this one stopped "
+               f"after 3 epochs of 100; run it to its end with sprint train --resume {run}", f"({run})")
+    (run / "config.json").write_text(json.dumps({"train": {"parallel": None, "epochs": 100}}))
+    assert cli.main(["report", str(run)]) == 2
+    _one_error(capsys, "a one-process run writes none")

@@ -16,6 +16,29 @@ from .timers import UPDATER_STEPS, WORKER_STEPS
 from engine.errors import counted
 
 
+def _why_no_stats(run_dir) -> str:
+    """'' or, for a parallel run stopped before its end (Ctrl-C, a dead rank),
+    that its statistics come at the end: the run's folder said only 'a
+    one-process run writes none' of a run of two ranks."""
+    try:
+        train = json.loads((run_dir / "config.json").read_text())["train"]
+        mode, planned = train["parallel"], train["epochs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    if not mode:
+        return ""
+    from engine.errors import counted
+    done = 0
+    try:
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            done = max(done, int(json.loads(line).get("epoch", 0)))
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    return (f"no statistics yet: a run of --parallel {mode} writes them when it ends, and this one stopped after "
+            f"{counted(done, 'epoch')} of {planned}; run it to its end with sprint train --resume {run_dir} "
+            f"(under mpiexec, as many ranks)")
+
+
 def load_stats(run_dir) -> dict:
     """The statistics file of a parallel run (or that file itself): one error
     naming the folder or file when there is none or it is not readable."""
@@ -29,8 +52,8 @@ def load_stats(run_dir) -> dict:
     if path is None:
         if not run_dir.is_dir():
             raise MissingFile("no such run directory or statistics file", run_dir)
-        raise MissingFile(f"no statistics of a parallel run ({', '.join(names)}); a one-process run "
-                          f"writes none", run_dir)
+        raise MissingFile(_why_no_stats(run_dir) or f"no statistics of a parallel run ({', '.join(names)}); "
+                          f"a one-process run writes none", run_dir)
     try:
         st = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
