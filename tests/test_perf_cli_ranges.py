@@ -114,3 +114,26 @@ def test_plan_columns_stay_apart_at_a_huge_batch():
     rows = format_plan(plan, ev, base, ranked, prof).splitlines()[-len(ranked):]
     for c, row in zip(ranked, rows):
         assert f" {c.throughput:,.0f} " in row, row
+
+
+@pytest.mark.parametrize("extra, where", [
+    (["--parallel", "pipeline", "--stages", "2", "--overlap", "2"], "(--overlap)"),
+    (["--parallel", "downpour", "--nodes", "3", "--round-trip", "-1"], "(--round-trip)"),
+    (["--parallel", "sandblaster", "--nodes", "3", "--slow-factor", "0"], "(--slow-factor)"),
+])
+def test_strategy_values_outside_their_model_are_refused(extra, where, capsys):
+    # each was priced: a negative round trip gave 'server utilisation -0.00'
+    assert cli.main(["predict", "--model", "tiny", "--subbatch", "8"] + extra + BASE) == 2
+    _one_error(capsys, where)
+
+
+def test_long_downpour_simulations_and_tune_searches_say_so_first(capsys, monkeypatch):
+    from engine.perf import cli_ranges
+    monkeypatch.setattr(cli_ranges, "DOWNPOUR_STEPS_PER_S", 0.01)
+    monkeypatch.setattr(cli_ranges, "CONFIGURATIONS_PER_S", 0.01)
+    assert cli.main(["simulate", "--model", "tiny", "--parallel", "downpour", "--nodes", "2", "--subbatch", "8",
+                     "--steps", "3", "--no-calibrate"]) == 0
+    assert "2 replicas x 3 steps to simulate" in capsys.readouterr().err
+    assert cli.main(["tune", "--model", "tiny", "--target-minibatch", "8", "--max-nodes", "1", "--max-subbatch", "1",
+                     "--max-workers", "2", "--no-calibrate"]) in (0, 1)
+    assert "2 configurations to price" in capsys.readouterr().err

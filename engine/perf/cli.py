@@ -9,7 +9,7 @@ from pathlib import Path
 
 from engine.argtypes import positive_float, positive_int
 from engine.errors import RunError
-from .cli_ranges import check_calibration, check_config, check_target
+from .cli_ranges import check_calibration, check_config, check_strategy_values, check_target
 
 from . import calibrate
 
@@ -266,6 +266,7 @@ def _strategy_call(args):
     if n_node is None:
         raise RunError(f"required with --parallel {args.strategy}", "--nodes")
     _check_counts(args)
+    check_strategy_values(args)
     check_config(args.model, n_node, args.workers, args.subbatch, args.n_file,
                  "--nodes" if args.nodes is not None else "--replicas")
     check_calibration(args)
@@ -311,8 +312,11 @@ def cmd_tune(args) -> int:
     workers = range(1, args.max_workers + 1) if args.max_workers else (args.workers,)
     refused = []
     prof = _profile(args)
-    from .cli_ranges import node_warning
+    from .cli_ranges import node_warning, search_warning
+    from .tune import NODE_GRID, SUBBATCH_GRID
     _warn(args, node_warning(args.max_nodes, prof, "--max-nodes"))
+    _warn(args, search_warning(len(workers) * sum(s <= args.max_subbatch for s in SUBBATCH_GRID)
+                               * (sum(n <= args.max_nodes for n in NODE_GRID) + (args.max_nodes > NODE_GRID[-1]))))
     cands = search(args.model, prof, args.target_minibatch, args.tolerance, args.max_nodes,
                    workers=tuple(workers), max_subbatch=args.max_subbatch, impl=_impl(args),
                    n_file=args.n_file, ranks_per_host=args.ranks_per_host, threads=args.threads, refused=refused)
@@ -336,6 +340,9 @@ def cmd_simulate(args) -> int:
         closed = strategies.predict("asgd", args.model, n_node, args.workers, args.subbatch, prof,
                                     **{k: v for k, v in kw.items() if k not in ("n_updates", "seed", "cv")})
         _warn(args, simulation_warning(closed, kw["n_updates"]))
+    elif args.strategy == "downpour":
+        from .cli_ranges import downpour_warning
+        _warn(args, downpour_warning(n_node, kw.get("steps", 40)))
     sim = simulate(args.model, n_node, args.workers, args.subbatch, prof, **kw)
     if args.json:
         print(json.dumps(sim.as_dict(), default=str))

@@ -22,6 +22,12 @@ EXTRAPOLATION_FACTOR = 16
 SIMULATED_STEPS_PER_S = 1e5
 SIMULATION_WARN_S = 30.0
 
+# The Downpour simulation's pace (replica steps a second, 4096 replicas of
+# tiny on the build machine) and the closed form's (configurations a second
+# that sprint tune prices, tiny and cifar): the warnings' estimates.
+DOWNPOUR_STEPS_PER_S = 5e4
+CONFIGURATIONS_PER_S = 50.0
+
 # A calibration longer than this is a typo (it is a few seconds by default):
 # refused rather than waited for.
 CALIBRATION_MAX_S = 600.0
@@ -110,3 +116,35 @@ def check_target(model, target: float, n_file=None):
         raise RunError(f"{target:g} samples per update is more than the {total:,} samples of an epoch "
                        f"({_n_file_where(model, n_file)}): at most {total:,}", "--target-minibatch")
     return total
+
+
+def downpour_warning(n_node: int, steps: int) -> str:
+    """'' or how long the Downpour simulation of ``steps`` steps per replica takes."""
+    secs = n_node * steps / DOWNPOUR_STEPS_PER_S
+    if not secs > SIMULATION_WARN_S:
+        return ""
+    return (f"{n_node:,} replicas x {steps:,} steps to simulate: about {secs / 60:.0f} min at this machine's pace; "
+            f"--steps shortens it, sprint predict gives the closed form at once")
+
+
+def search_warning(n_configurations: int) -> str:
+    """'' or how long sprint tune's search of ``n_configurations`` takes."""
+    secs = n_configurations / CONFIGURATIONS_PER_S
+    if not secs > SIMULATION_WARN_S:
+        return ""
+    return (f"{n_configurations:,} configurations to price: about {secs / 60:.0f} min; --max-workers, "
+            f"--max-nodes and --max-subbatch narrow the search")
+
+
+def check_strategy_values(args):
+    """The strategies' own options whose range their cost models assume."""
+    import math
+    overlap = getattr(args, "overlap", None)
+    if overlap is not None and not 0 <= overlap <= 1:
+        raise RunError(f"must be a share between 0 and 1, got {overlap:g}", "--overlap")
+    trip = getattr(args, "round_trip", None)
+    if trip is not None and not (math.isfinite(trip) and trip >= 0):
+        raise RunError(f"must be a finite number of seconds >= 0, got {trip:g}", "--round-trip")
+    slow = getattr(args, "slow_factor", None)
+    if slow is not None and not (math.isfinite(slow) and slow >= 1):
+        raise RunError(f"must be a finite factor >= 1 (2: half speed), got {slow:g}", "--slow-factor")
