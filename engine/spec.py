@@ -37,11 +37,25 @@ class NetSpec:
             raise ValueError(f"c must be odd so that padding keeps the side, got {self.c}")
         if not self.fcs:
             raise ValueError("fcs must name at least the output layer")
-        x = self.x0
+        x, prev = self.x0, self.m0
+        sizes = [("the input", self.m0 * self.x0 * self.x0)]
         for i, (m, p) in enumerate(self.convs):
             if x % p:
                 raise ValueError(f"convs[{i}]: side {x} is not divisible by pooling {p}")
-            x //= p
+            sizes += [(f"convs[{i}]'s unfolded input", prev * self.c * self.c * x * x),
+                      (f"convs[{i}]'s output", m * x * x)]
+            x, prev = x // p, m
+        prev *= x * x
+        for i, m in enumerate(self.fcs):
+            sizes.append((f"fcs[{i}]'s weights", prev * m))
+            prev = m
+        # Each count fits a 32-bit argument on its own (_count); their
+        # products, the sizes the kernels are called with, must too.
+        for what, n in sizes:
+            if n > MAX_COUNT:
+                raise ValueError(f"{what} holds {n:,} values for one sample, more than the kernels' "
+                                 f"32-bit sizes take ({MAX_COUNT:,}): use a smaller x0, fewer channels "
+                                 f"or narrower layers")
 
     @property
     def n_classes(self) -> int:

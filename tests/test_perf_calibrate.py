@@ -282,10 +282,10 @@ def test_measured_oversubscription_is_priced_and_said():
 
 def test_unmeasured_oversubscription_is_refused():
     prof = _cpu_profile([(1, 1), (2, 1), (2, 2)])
-    with pytest.raises(model.Oversubscribed, match=r"3 rank\(s\) x 2 worker\(s\).*6 busy threads on 2 cores"
+    with pytest.raises(model.Oversubscribed, match=r"3 ranks x 2 workers x 1 thread = 6 busy threads on 2 cores"
                                                    r".*measured ranks x workers: 1x1, 2x1, 2x2"):
         model.predict("tiny", 3, 2, 8, prof, ranks_per_host=3)
-    with pytest.raises(model.Oversubscribed, match=r"2 thread\(s\) = 4 busy"):
+    with pytest.raises(model.Oversubscribed, match=r"2 ranks x 1 worker x 2 threads = 4 busy threads"):
         model.predict("tiny", 2, 1, 8, prof, ranks_per_host=2, threads=2)
     # As many busy threads as a measured sharing: priced from it, and said.
     p = model.predict("tiny", 1, 4, 8, prof, ranks_per_host=1)

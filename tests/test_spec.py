@@ -59,6 +59,23 @@ def test_bad_specs_name_the_argument(bad, arg):
         S.NetSpec(**kw)
 
 
+@pytest.mark.parametrize("bad, what", [
+    (dict(x0=2 ** 16), "the input"),                                # 65536^2 values
+    (dict(x0=2 ** 12, m0=8, c=5), r"convs\[0\]'s unfolded input"),  # 200 x 4096^2
+    (dict(x0=2 ** 14, c=1, convs=((16, 2),)), r"convs\[0\]'s output"),  # 16 x 16384^2
+    (dict(convs=((2 ** 12, 1),), fcs=(2 ** 13,)), r"fcs\[0\]'s weights"),  # 4096 x 64 x 8192
+])
+def test_sizes_beyond_the_kernels_32_bit_arguments_are_refused(bad, what):
+    """Each count fits 32 bits alone; a layer's product of them (what a
+    kernel is called with) must too, or the spec is refused, naming it."""
+    kw = dict(name="x", x0=8, m0=1, c=3, convs=((2, 2),), fcs=(3,))
+    kw.update(bad)
+    with pytest.raises(ValueError, match=what + ".*32-bit"):
+        S.NetSpec(**kw)
+    kw["name"] = "ok"
+    S.NetSpec(**dict(kw, x0=8, m0=1, c=3, convs=((2, 2),), fcs=(3,)))   # the same call, sizes in range
+
+
 def test_spec_file_round_trip(tmp_path):
     p = tmp_path / "net.json"
     p.write_text(json.dumps(S.PRESETS["cifar"].to_dict()))

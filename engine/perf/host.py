@@ -4,6 +4,7 @@ load, and oversubscription (more busy threads than cores)."""
 from __future__ import annotations
 
 from engine import spec as spec_mod
+from engine.errors import counted
 
 
 def _allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, model, n_param, slice_wait):
@@ -136,7 +137,8 @@ def oversubscription(profile, ranks_per_host: int, n_gpu: int, model: str = "", 
                 f"({', '.join(f'{r}x{w}' for r, w in same)}); this {ranks_per_host}x{n_gpu}x{threads} sharing "
                 f"itself was not measured" + ranks_note)
     raise Oversubscribed(
-        f"{ranks_per_host} rank(s) x {n_gpu} worker(s) x {threads} thread(s) = {busy} busy threads on "
+        f"{counted(ranks_per_host, 'rank')} x {counted(n_gpu, 'worker')} x {counted(threads, 'thread')} = "
+        f"{counted(busy, 'busy thread')} on "
         f"{profile.cores} cores: oversubscribed, and the profile ({profile.source}) measured no sharing "
         f"with that many busy threads (measured ranks x workers: "
         f"{', '.join(f'{r}x{w}' for r, w in measured) or 'none'}, 1 thread each); run `sprint profile` "
