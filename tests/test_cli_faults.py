@@ -185,6 +185,8 @@ def test_bad_options_and_files_are_one_line_each(tmp_path):
     one_error_line(sprint("plan", "--gpus", "2"), "required: --model", "`sprint plan --help`")
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"x0": 8, "m0": 1, "c": 3, "convs": [[32, 1]], "fcs": [200000000, 10]}))
+    one_error_line(sprint("train", "--model", big), "fcs[0]'s weights", "32-bit", str(big))
+    big.write_text(json.dumps({"x0": 8, "m0": 1, "c": 3, "convs": [[32, 1]], "fcs": [1000000, 10]}))
     one_error_line(sprint("train", "--model", big), "needs at least", "GiB", "(--model)")
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"PK\x03\x04 not really a zip")
