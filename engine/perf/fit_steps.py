@@ -13,7 +13,7 @@ from engine import spec as spec_mod
 
 from .fit import error_summary, nnls_relative
 from .cache_decay import fit_refill_tau, measured_shares
-from .layer_cost import (INPUT_TERM_KEYS, TERM_COLUMNS, bytes_beyond_l2, cold_weight_bytes, fc_input_floats,
+from .layer_cost import (INPUT_TERM_KEYS, TERM_COLUMNS, cold_weight_bytes, fc_input_floats,
                          l2_weight_bytes, layer_term_keys, streams_in_sweep)
 from .profile import Profile
 from .runner_compute import runner_compute_excess  # noqa: F401  (anchor_contention; tests)

@@ -54,11 +54,6 @@ def vector_share(n_param, l2_bytes, age, tau) -> float:
     return (inside + (b - inside) * refill_share(age, tau)) / b
 
 
-def shares(ages, tau) -> np.ndarray:
-    """``refill_share`` of each age (None: cold, 1)."""
-    return np.array([1.0 if a is None else refill_share(a, tau) for a in ages], float)
-
-
 def fit_per_step(t, kern, n_par, l2_bytes, tau):
     """``(c, d)`` of a net step's rest beyond its layer terms, ``t - kern =
     c + d * N_Param * vector_share(N_Param, l2, t, tau)`` (each ``net_step``
