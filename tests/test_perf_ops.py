@@ -230,6 +230,12 @@ def test_no_sweep_uses_test_set_13():
     _assert_in_no_sweep(("heldout_m3.json", "heldout_fc2.json"))
 
 
+def test_no_sweep_uses_test_set_14():
+    """Test set 14's nets (bench/specs/heldout_c3x, heldout_k7f; RESULTS
+    section 4, registered 2026-12-02 02:28 UTC) are in no sweep."""
+    _assert_in_no_sweep(("heldout_c3x.json", "heldout_k7f.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
