@@ -51,9 +51,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from validate_report import (LAYER_TARGET, QTY, TARGETS, _row_line, format_report,  # noqa: E402,F401
                              rel, summarize)
-from validate_runs import (DEFAULT_SUB, N_TRAIN, calibrated, group_of, layer_times,  # noqa: E402,F401
-                           make_data, measured, measured_mode, median_runs, merge_runs, predicted,
-                           repredict, run_config, safe_name, saved_calibrated, swept_nets)
+from validate_runs import (DEFAULT_SUB, LAYER_CAL_BEFORE, LAYER_CAL_FIRST, N_TRAIN,  # noqa: E402,F401
+                           calibrate_layers, calibrated, group_of, layer_calibration, layer_predictions,
+                           layer_times, make_data, measured, measured_mode, median_runs,
+                           merge_runs, predicted, repredict, run_config, safe_name, saved_calibrated,
+                           swept_nets)
 
 
 def main(argv=None):
@@ -86,7 +88,13 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from engine.perf.profile import Profile
     if a.rescore:
-        d = merge_runs([json.loads(Path(f).read_text()) for f in a.rescore.split(",")])
+        ds = [json.loads(Path(f).read_text()) for f in a.rescore.split(",")]
+        for d in ds:
+            # Each file's layer passes by its own calibration, against the profile they are priced by now.
+            lp, lc = a.profile if a.repredict else d.get("profile"), layer_calibration(d)
+            if lp and Path(lp).exists():
+                calibrate_layers(d["layers"], Profile.load(lp), *(lc or (None,)))
+        d = merge_runs(ds)
         for r in d["rows"]:
             m = r["measured"]
             if "T_Epoch_wall" not in m:      # written before T_Epoch followed eq. (10)
@@ -113,33 +121,40 @@ def main(argv=None):
         raise SystemExit("--repeats must be >= 1")
     cal = []
 
-    def calibrate():
+    def calibrate(what="calibration"):
         """This machine now against the profile's: what sprint predict would rescale by."""
         if not a.calibrate:
-            return
+            return None
         from engine.perf.calibrate import check
         from engine.perf.profile import Profile as P
         chk = check(P(prof.data, prof.source), apply=False)
-        cal.append({"ratio": chk.ratio, "noise": chk.noise, "scale": chk.scale, "call_scale": chk.call_scale,
-                    "parts": chk.parts, "messages": chk.messages, "now": chk.now})
+        got = {"ratio": chk.ratio, "noise": chk.noise, "scale": chk.scale, "call_scale": chk.call_scale,
+               "parts": chk.parts, "messages": chk.messages, "now": chk.now}
         parts = ", ".join(f"{k} x{v:.3f}" for k, v in chk.parts.items())
-        print(f"calibration: x{chk.ratio if chk.ratio is not None else float('nan'):.3f} the profile's "
+        print(f"{what}: x{chk.ratio if chk.ratio is not None else float('nan'):.3f} the profile's "
               f"(noise +-{100 * chk.noise:.0f} %{'; ' + parts if parts else ''})"
               + ("" if chk.ok else f": {'; '.join(chk.messages)}"), flush=True)
+        return got
     rows, layers, grid, runs, failed = [], [], [], {}, []
     Path(str(a.out) + ".runs.jsonl").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="sprint-validate-") as tmp:
-        datasets = {}
+        datasets, subs = {}, {}
         for net in nets:
             npz = Path(tmp) / f"{safe_name(net)}.npz"
             datasets[net] = (npz, make_data(net, npz))
-            subs = [int(s) for s in a.subbatch.split(",")] if a.subbatch else DEFAULT_SUB.get(net, (1, 8, 32))
-            for sub in subs:
-                layers += layer_times(net, sub, prof)
+            subs[net] = [int(s) for s in a.subbatch.split(",")] if a.subbatch else DEFAULT_SUB.get(net, (1, 8, 32))
             grid += [(net, int(n), int(g), sub) for n in a.nodes.split(",") for g in a.workers.split(",")
-                     for sub in subs]
+                     for sub in subs[net]]
+        # The layer passes' own calibration, just before they are timed (a pass's comes after them).
+        layer_cal = calibrate("calibration before the layer passes")
+        for net in nets:
+            for sub in subs[net]:
+                layers += layer_times(net, sub, prof)
+        calibrate_layers(layers, prof, layer_cal)
         for rep in range(a.repeats):
-            calibrate()
+            got = calibrate()
+            if got:
+                cal.append(got)
             for key in grid:
                 net, n_node, n_gpu, sub = key
                 data, n_file = datasets[net]
@@ -192,6 +207,7 @@ def main(argv=None):
     tmp_out = Path(a.out).with_suffix(".tmp")
     tmp_out.write_text(json.dumps({"profile": a.profile, "rows": rows, "layers": layers, "failed": failed,
                                    "calibration_scale": scale, "calibrations": cal,
+                                   "layer_calibration": layer_cal,
                                    "calibrated_scales": list(got[1:]) if got else None,
                                    "argv": sys.argv[1:],
                                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},

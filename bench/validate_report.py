@@ -65,6 +65,23 @@ def _rescaled(rows, scale):
     return out
 
 
+def _layer_calibrated(layers, n_all) -> str:
+    """The per-layer line of the passes priced as sprint predict's per-layer
+    table prices them after its calibration (``calibrate_layers``): each
+    file's passes by its own calibration, whose scales and origin it says."""
+    e = [abs(rel(l["calibrated"], l["measured"])) for l in layers]
+    worst = max(layers, key=lambda l: abs(rel(l["calibrated"], l["measured"])))
+    cs = [l["calibration"] for l in layers]
+    span = lambda k: (f"x{min(c[k] for c in cs):.3f}" + ("" if min(c[k] for c in cs) == max(c[k] for c in cs)
+                                                          else f"-{max(c[k] for c in cs):.3f}"))
+    hows = sorted({c["how"] for c in cs})
+    return (f"calibrated (what sprint predict prints; kernels {span('scale')}, per-call {span('call_scale')}, "
+            f"calibration {' / '.join(hows)}): median |err| {100 * np.median(e):.1f} %, mean {100 * np.mean(e):.1f} % "
+            f"over {len(e)}" + ("" if len(e) == n_all else f" of {n_all} (the others' files have no calibration)")
+            + f"; worst {worst['model']}/{worst['n_subbatch']} {worst['layer']} {worst['pass']} "
+            f"{100 * rel(worst['calibrated'], worst['measured']):+.0f} %")
+
+
 def format_report(rows, layers, scale=None, calibrated=None, measured_layers=None) -> str:
     """The report; ``calibrated``: ``calibrated()``'s re-prediction (or
     ``saved_calibrated()``'s, with a note as a fourth item), shown in place
@@ -149,6 +166,9 @@ def format_report(rows, layers, scale=None, calibrated=None, measured_layers=Non
                    f"(target {100 * LAYER_TARGET:.0f} %), mean {100 * np.mean(e):.1f} % over {len(e)}; worst "
                    f"{worst['model']}/{worst['n_subbatch']} {worst['layer']} {worst['pass']} "
                    f"{100 * rel(worst['predicted'], worst['measured']):+.0f} %")
+        cal = [l for l in sel if l.get("calibrated") is not None]
+        if cal:
+            out.append("  " + _layer_calibrated(cal, len(sel)))
     worst = sorted(rows, key=lambda r: -abs(rel(r["predicted"]["T_Epoch"], r["measured"]["T_Epoch"] or 1)))[:3]
     if worst:
         out.append("worst T_Epoch: " + "; ".join(

@@ -193,35 +193,93 @@ def group_of(model, prof) -> str:
     return "fitted grid" if get_spec(model).name in swept_nets(prof) else "held-out nets"
 
 
-def calibrated(rows, prof, cals, sim=False):
-    """``(rows predicted as sprint predict would after its calibration,
-    kernel scale, per-call scale)``: the profile rescaled by the median over
-    the passes of the scales each calibration applied (its kernel part and
-    its Python part apart, ``calibrate.PARTS``); None when the calibrations
-    did not time the parts apart or applied nothing. A calibration that kept
-    its measurement (``now``) is judged against ``prof``'s own stored one:
-    its saved scales are against the profile of the run, which
-    ``--repredict`` may have replaced."""
+def rescaled_profile(prof, cals):
+    """``(prof rescaled as sprint predict would after its calibration, kernel
+    scale, per-call scale)``: by the median over ``cals`` of the scales each
+    calibration applied (its kernel part and its Python part apart,
+    ``calibrate.PARTS``); None when no calibration timed the parts apart. A
+    calibration that kept its measurement (``now``) is judged against
+    ``prof``'s own stored one (``calibrate.compare``, the rule ``check``
+    applies): its saved scales are against the profile of the run, which
+    ``--repredict`` may have replaced. The one rescaling of the rows
+    (``calibrated``) and of the layer passes (``calibrate_layers``)."""
     from engine.perf.calibrate import compare
+    from engine.perf.profile import Profile
     stored = prof.data.get("fingerprint")
     cals = [c if not (c.get("now") and stored) else
             vars(compare(stored, None, c["now"])) for c in cals]
     split = [c for c in cals if c.get("call_scale") is not None]
     if not split:
         return None
-    k = float(np.median([c["scale"] for c in split]))
-    kc = float(np.median([c["call_scale"] for c in split]))
-    if k == 1.0 and kc == 1.0:
-        return None
-    from engine.perf.profile import Profile
     p = Profile(prof.data, prof.source)
-    p.time_scale, p.call_scale = k, kc
+    p.time_scale = float(np.median([c["scale"] for c in split]))
+    p.call_scale = float(np.median([c["call_scale"] for c in split]))
+    return p, p.time_scale, p.call_scale
+
+
+def calibrated(rows, prof, cals, sim=False):
+    """``(rows predicted as sprint predict would after its calibration,
+    kernel scale, per-call scale)``, the profile rescaled by
+    ``rescaled_profile`` over the passes' calibrations; None when the
+    calibrations did not time the parts apart or applied nothing."""
+    got = rescaled_profile(prof, cals)
+    if got is None or got[1:] == (1.0, 1.0):
+        return None
+    p, k, kc = got
     out = []
     for r in rows:
         n_file = row_n_file(r)
         out.append(dict(r, predicted=predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], p, n_file,
                                                sim=sim)))
     return out, k, kc
+
+
+# Where a layer pass's calibration came from (the ``calibration`` of each
+# layer row, said in the report).
+LAYER_CAL_BEFORE = "before the passes"
+LAYER_CAL_FIRST = "the first pass's, after the passes"
+
+
+def layer_calibration(d):
+    """``(calibration, how)`` the layer passes of a saved validation ``d``
+    are rescaled by: the one validate_model.py takes just before it times
+    them (``layer_calibration``), else, in files written before it took one,
+    the first pass's (taken right after the passes); None when there is none."""
+    if d.get("layer_calibration"):
+        return d["layer_calibration"], LAYER_CAL_BEFORE
+    cals = d.get("calibrations") or []
+    return (cals[0], LAYER_CAL_FIRST) if cals else None
+
+
+def calibrate_layers(layers, prof, cal, how=LAYER_CAL_BEFORE):
+    """Give each layer row its ``calibrated`` prediction: its pass priced by
+    ``prof`` rescaled by calibration ``cal`` as sprint predict rescales its
+    per-layer table (``rescaled_profile``), and its ``calibration`` (scales
+    and ``how``). Nothing when ``cal`` did not time its parts apart.
+
+    The calibration's parts are timed on the wall clock (perf_counter), the
+    passes on the thread's CPU time (``layer_times``), the clock of the
+    sweeps the profile was fitted on. The ratio carries over on this host:
+    in the 72 calibrations the validations of sets 8-13 stored, CPU time was
+    0.997-1.000 of wall time, so the host's slow hours show in CPU time as
+    much (the hypervisor's contention is counted as the thread's own time;
+    the one calibration thread is not preempted). On a host where it is
+    preempted the ratio would overstate the passes' slowdown, and
+    ``cpu_s / wall_s`` of the calibration says so."""
+    got = rescaled_profile(prof, [cal]) if cal else None
+    for l in layers:
+        l.pop("calibrated", None)
+        l.pop("calibration", None)
+    if got is None:
+        return
+    p, k, kc = got
+    preds = {}
+    for l in layers:
+        key = (l["model"], l["n_subbatch"])
+        if key not in preds:
+            preds[key] = layer_predictions(l["model"], l["n_subbatch"], p)
+        l["calibrated"] = preds[key].get((l["layer"], l["pass"]), 0.0)
+        l["calibration"] = {"scale": k, "call_scale": kc, "how": how}
 
 
 def measured_mode(rows, layers, prof):

@@ -183,3 +183,89 @@ def test_measured_layers_mode_repredicts_from_the_passes_timed_in_the_run(vm):
     assert prof.layer_measure is None                      # the caller's profile untouched
     assert "measured layer passes (--measure-layers" in vm.format_report([row], layers, None, None, got)
     assert vm.measured_mode([dict(row, n_subbatch=8)], layers, prof) is None
+
+
+def _layer_profile(launch, b):
+    """A synthetic CPU profile with per-layer terms: its per-unit costs fixed,
+    its per-call ones (kernel launches, the terms' ``b``) given."""
+    from engine.perf.profile import Profile
+    prof = Profile.synthetic(backend="cpu", launch=launch)
+    prof.data["layer_terms"] = {k: {"f": 1.3, "b": b} for k in ("conv_fwd", "conv_bwd", "fc_fwd", "fc_bwd")}
+    return prof
+
+
+def _cal(k, p):
+    return {"wall_s": k + p, "cpu_s": k + p, "u": 0.0, "kernel_s": k, "python_s": p, "u_kernel": 0.0,
+            "u_python": 0.0}
+
+
+def _layers(vm, prof, n=4):
+    """Layer rows of tiny at batch ``n``, each measured 1.2x its price by ``prof``."""
+    pred = vm.layer_predictions("tiny", n, prof)
+    return [{"model": "tiny", "n_subbatch": n, "layer": l, "pass": p, "measured": 1.2 * t, "predicted": t,
+             "group": "fitted grid"} for (l, p), t in pred.items()]
+
+
+def test_calibrated_layer_passes_are_the_kernel_and_per_call_scales_applied(vm):
+    """Each layer pass as sprint predict's per-layer table prices it after a
+    calibration: per-unit costs by the kernel scale, per-call costs by the
+    Python one (a calibration that kept its measurement judged against the
+    profile's stored one)."""
+    prof = _layer_profile(1e-5, 4e-5)
+    prof.data["fingerprint"] = {"calibration": _cal(1e-3, 1e-3)}
+    unit = vm.layer_predictions("tiny", 4, _layer_profile(0.0, 0.0))
+    full = vm.layer_predictions("tiny", 4, prof)
+    layers = _layers(vm, prof)
+    # Saved scales x1, x1 against another profile; measured kernels x1.5, Python x2 of this one's.
+    vm.calibrate_layers(layers, prof, {"scale": 1.0, "call_scale": 1.0, "now": _cal(1.5e-3, 2e-3)})
+    for l in layers:
+        key = (l["layer"], l["pass"])
+        want = 1.5 * unit[key] + 2.0 * (full[key] - unit[key])
+        assert full[key] - unit[key] > 0.1 * full[key]          # each pass has a per-call part to scale
+        assert l["calibrated"] == pytest.approx(want, rel=1e-12)
+        assert l["calibration"] == {"scale": pytest.approx(1.5), "call_scale": pytest.approx(2.0),
+                                    "how": vm.LAYER_CAL_BEFORE}
+    assert prof.time_scale == 1.0 and prof.call_scale == 1.0          # the caller's profile untouched
+    text = vm.format_report([], layers)
+    line = [x for x in text.splitlines() if x.strip().startswith("calibrated (what sprint predict prints")][0]
+    errs = sorted(abs(l["calibrated"] / l["measured"] - 1) for l in layers)
+    assert f"median |err| {100 * float(vm.np.median(errs)):.1f} %" in line and "kernels x1.500, per-call x2.000" in line
+    # A calibration that did not time its parts apart: no calibrated price.
+    vm.calibrate_layers(layers, prof, {"scale": 1.3, "call_scale": None})
+    assert not any("calibrated" in l for l in layers) and "calibrated (what" not in vm.format_report([], layers)
+
+
+def test_a_layer_calibration_round_trips_through_rescore(vm, tmp_path, capsys):
+    """The layer passes' calibration a run saved gives the same calibrated
+    prices in --rescore (re-predicted by the run's own profile or not); a
+    file saved before runs kept one uses its first pass's calibration and
+    says so; a file without calibrations prints no calibrated layers."""
+    import json
+    prof = _layer_profile(1e-5, 4e-5)
+    prof.data["fingerprint"] = {"calibration": _cal(1e-3, 1e-3)}
+    path = tmp_path / "p.json"
+    prof.save(path)
+    layers = _layers(vm, prof)
+    cal = {"scale": 1.0, "call_scale": 1.0, "now": _cal(1.2e-3, 1.6e-3)}
+    vm.calibrate_layers(layers, prof, cal)
+    stored = [l["calibrated"] for l in layers]
+    errs = [abs(c / l["measured"] - 1) for c, l in zip(stored, layers)]
+    want = f"median |err| {100 * float(vm.np.median(errs)):.1f} %, mean {100 * float(vm.np.mean(errs)):.1f} %"
+    row = _row("tiny", "fitted grid", [0.0] * 5)
+    row["n_file"] = 8
+    d = {"profile": str(path), "rows": [row], "layers": layers, "failed": [], "layer_calibration": cal,
+         "calibrations": [{"scale": 1.0, "call_scale": 1.0, "now": _cal(3e-3, 3e-3)}]}
+    f = tmp_path / "v.json"
+    f.write_text(json.dumps(d))
+    for extra in ([], ["--repredict", "--profile", str(path), "--no-sim"]):
+        assert vm.main(["--rescore", str(f)] + extra) == 0
+        line = [x for x in capsys.readouterr().out.splitlines() if "calibrated (what sprint predict" in x][0]
+        assert want in line and vm.LAYER_CAL_BEFORE in line and "kernels x1.200, per-call x1.600" in line
+    # Saved before the layer passes had a calibration of their own: the first pass's (x3, x3), said.
+    f.write_text(json.dumps(dict(d, layer_calibration=None)))
+    assert vm.main(["--rescore", str(f)]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if "calibrated (what sprint predict" in x][0]
+    assert vm.LAYER_CAL_FIRST in line and "kernels x3.000, per-call x3.000" in line
+    f.write_text(json.dumps(dict(d, layer_calibration=None, calibrations=[])))
+    assert vm.main(["--rescore", str(f)]) == 0
+    assert "calibrated (what sprint predict" not in capsys.readouterr().out
