@@ -182,3 +182,63 @@ def test_model_prices_a_lone_worker_at_its_cycle_and_a_shared_one_cold():
         got = model.step_costs(net, n_node, n_gpu, 8, prof, ranks_per_host=rph)
         for s in steps:
             assert got[s][0] == pytest.approx(cold[s][0], rel=1e-12)
+
+
+def _vector_runs(c, d, e, tau=TAU, l2=L2):
+    """1 x 1 runner entries of five nets whose vector-sized steps take
+    ``c + passes (d N + e (4 N - L2)+ (1 - exp(-age / tau)))`` at the age of
+    their T_GPU (float64, written out here): FetchWeights one pass,
+    ComputeUpdateVal three (the runner's weight decay)."""
+    out = []
+    for n_param, t_gpu in ((580, 0.0006), (84_000, 0.004), (207_000, 0.002), (1_970_000, 0.007),
+                           (3_250_000, 0.045)):
+        unit = d * n_param + e * max(4.0 * n_param - l2, 0.0) * (1.0 - math.exp(-t_gpu / tau))
+        out.append({"kind": "contention", "source": "runner", "model": f"net{n_param}", "n_subbatch": 4,
+                    "ranks": 1, "workers": 1, "n_param": n_param, "cycle": {"T_GPU": t_gpu},
+                    "worker": {"FetchWeights": c + unit, "ComputeUpdateVal": c + 3 * unit},
+                    "worker_model": {"FetchWeights": 1e-9 * n_param, "ComputeUpdateVal": 3e-9 * n_param},
+                    "worker_slowdown": 1.0})
+    return out
+
+
+def test_vector_steps_fitted_whole_recover_their_coefficients_at_the_runs_age():
+    c, d, e = 5e-6, 3e-10, 8e-11
+    es = _vector_runs(c, d, e)
+    got = runner_step_excess(es, L2, TAU)
+    for step in ("FetchWeights", "ComputeUpdateVal"):
+        assert got[step]["c"] == pytest.approx(c, rel=1e-6)
+        assert got[step]["d"] == pytest.approx(d, rel=1e-6)
+        assert got[step]["e"] == pytest.approx(e, rel=1e-6)
+        assert got[step]["l2_bytes"] == L2
+    # Fitted without the age (every run cold), the big vectors' e misses.
+    cold = runner_step_excess(es, L2, None)["FetchWeights"]
+    assert abs(cold["e"] / e - 1) > 0.05
+    # Without the L2, or with too few nets, the kernels' excess (c, r) as before.
+    assert "d" not in runner_step_excess(es, None, TAU)["FetchWeights"]
+    assert "d" not in runner_step_excess(es[:2], L2, TAU)["FetchWeights"]
+
+
+def test_a_vector_step_fitted_whole_is_priced_by_passes_age_and_slowdown():
+    c, d, e = 5e-6, 3e-10, 8e-11
+    p = Profile.synthetic(backend="cpu")
+    p.data["cache"] = {"l2_bytes": L2}
+    p.data["overhead"] = {"vector_tau": TAU, "runner_steps": dict(
+        runner_step_excess(_vector_runs(c, d, e), L2, TAU), LoadImage={"c": 2e-5, "r": 0.5})}
+    n, beyond = 2_000_000, 8e6 - L2
+    for passes, age, slow in ((1, 0.003, 1.0), (3, 0.003, 1.0), (3, None, 1.7), (1, 0.05, 2.0)):
+        share = 1.0 if age is None else 1.0 - math.exp(-age / TAU)
+        want = slow * (c + passes * (d * n + e * beyond * share))
+        for step in ("FetchWeights", "ComputeUpdateVal"):
+            got = p.runner_step_time(step, kernel=123.0, slow=slow, age=age, n_param=n, passes=passes)
+            assert got == pytest.approx(want, rel=1e-6)     # the kernel's price plays no part
+    # A step stored as the kernels' excess keeps kernel + slow c + r kernel.
+    assert p.runner_step_time("LoadImage", 1e-4, 2.0) == pytest.approx(1e-4 + 2.0 * 2e-5 + 0.5 * 1e-4)
+    # The model: a worker beside another (1 x 2) pays the vector cold, times its slowdown.
+    sp = spec_mod.NetSpec("vec", 32, 1, 3, ((12, 2),), (1024, 10))     # 12.6 MB
+    N = spec_mod.n_params(sp)
+    cs = model.step_costs(sp, 1, 2, 4, p, slowdown=1.5, impl=model.RUNNER_SWEEP_IMPL)
+    unit = d * N + e * max(4.0 * N - L2, 0.0)
+    assert cs["fetch"][0] == pytest.approx(1.5 * (c + unit), rel=1e-6)
+    assert cs["update_val"][0] == pytest.approx(1.5 * (c + 3 * unit), rel=1e-6)
+    assert model.step_costs(sp, 1, 2, 4, p, slowdown=1.5)["update_val"][0] == \
+        pytest.approx(1.5 * (c + unit), rel=1e-6)            # no weight decay: one pass

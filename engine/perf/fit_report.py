@@ -44,8 +44,13 @@ def format_errors(prof: dict) -> str:
         lines.append(f"{'net step (+overhead)':<22}{cell(e.get('fit'))}  {cell(e.get('holdout'))}")
     if ov.get("runner_steps"):
         p = Profile(prof)
+        # A vector-sized step fitted whole (vector_age.fit_vector_step) prints its own terms.
+        whole = lambda k, v: (f"{k} {1e6 * v['c']:.1f} us + {1e12 * v['d']:.0f} ps/param/pass"
+                              f" + {1e12 * v['e']:.0f} ps/byte beyond the L2 by age")
         lines.append("runner excess per call: " + ", ".join(
-            f"{k} {1e6 * c:.1f} us + {100 * r:.0f} % of its kernel"
-            for k, (c, r) in ((k, p.runner_step_terms(k)) for k in ov["runner_steps"])))
+            whole(k, v) if isinstance(v, dict) and "d" in v else
+            "{} {:.1f} us + {:.0f} % of its kernel".format(k, *(f * x for f, x in zip((1e6, 100),
+                                                                                    p.runner_step_terms(k))))
+            for k, v in ov["runner_steps"].items()))
     lines.append("held out of each fit (never fitted): " + "; ".join(f"{k}: {v}" for k, v in HOLDOUT.items()))
     return "\n".join(lines)

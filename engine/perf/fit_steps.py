@@ -17,7 +17,8 @@ from .layer_cost import (INPUT_TERM_KEYS, TERM_COLUMNS, cold_weight_bytes, fc_in
                          l2_weight_bytes, layer_term_keys, streams_in_sweep)
 from .profile import Profile
 from .runner_compute import runner_compute_excess  # noqa: F401  (anchor_contention; tests)
-from .vector_age import VECTOR_STEPS, fit_per_step, vector_share, vector_tau
+from .vector_age import (VECTOR_STEPS, fit_per_step, fit_vector_step, runner_age, vector_passes, vector_share,
+                         vector_tau)
 
 
 # -- per-layer terms ----------------------------------------------------------
@@ -125,7 +126,7 @@ def fit_layer_terms(prof: dict, records, refill_keys=()) -> dict:
 RUNNER_STEPS = ("FetchWeights", "LoadImage", "DeformImage", "ComputeUpdateVal")
 
 
-def runner_step_excess(entries) -> dict:
+def runner_step_excess(entries, l2_bytes=None, tau=None) -> dict:
     """{step: {"c": seconds per call, "r": fraction of the kernel}} that the
     runner spends on its small worker steps beyond the kernels that price
     them, one thread: excess = measured / slowdown - kernel of the runner
@@ -151,6 +152,10 @@ def runner_step_excess(entries) -> dict:
             pts.append((kern * share, e["worker"][k] / slow - kern))
         if not pts:
             continue
+        vec = _vector_step_fit(entries, k, l2_bytes, tau) if k in VECTOR_STEPS else None
+        if vec is not None:
+            out[k] = vec
+            continue
         kern, exc = (np.array(v) for v in zip(*pts))
         # Telling c from r needs kernels of very different sizes (ComputeUpdateVal:
         # 580 against 3.2 M parameters); LoadImage's two nets differ by 30 %,
@@ -161,6 +166,22 @@ def runner_step_excess(entries) -> dict:
             c, r = nnls(np.column_stack([np.ones_like(kern), kern]), exc)[0]
         out[k] = {"c": float(c), "r": float(r)}
     return out
+
+
+def _vector_step_fit(entries, step, l2_bytes, tau):
+    """``{c, d, e, l2_bytes}`` of a vector-sized step from the runner's
+    (1, 1) runs (``vector_age.fit_vector_step``: the step's whole time, not
+    its excess over the kernels), None where the L2 is unknown or the swept
+    vectors are too few or too alike to tell a slope (< 3 nets, < 10x)."""
+    from .model import RUNNER_SWEEP_IMPL      # the runner the sweep ran
+    pts = [(e["n_param"], runner_age(e), vector_passes(step, RUNNER_SWEEP_IMPL.weight_decay),
+            e["worker"][step] / max(e.get("worker_slowdown", 1.0), 1e-9))
+           for e in entries if e.get("source") == "runner" and (e["ranks"], e["workers"]) == (1, 1)
+           and e.get("n_param") and e.get("worker") and step in e["worker"] and runner_age(e)]
+    if not l2_bytes or len(pts) < 3 or max(p[0] for p in pts) < 10 * min(p[0] for p in pts):
+        return None
+    c, d, e = fit_vector_step(*zip(*pts), l2_bytes, tau)
+    return {"c": c, "d": d, "e": e, "l2_bytes": l2_bytes}
 
 
 def anchor_contention(prof: dict) -> None:
@@ -264,7 +285,8 @@ def anchor_contention(prof: dict) -> None:
         if e.get("worker"):
             e["worker_model"] = {k: q.worker.get(k, 0.0) for k in e["worker"]}
             e["worker_slowdown"] = q.slowdown
-    exc = runner_step_excess(prof["contention"]["entries"])
+    exc = runner_step_excess(prof["contention"]["entries"], (prof.get("cache") or {}).get("l2_bytes"),
+                             (prof.get("overhead") or {}).get("vector_tau"))
     if exc:
         prof.setdefault("overhead", {})["runner_steps"] = exc
 

@@ -35,7 +35,7 @@ from .layer_cost import (compute_gradient_terms, kernel_time, layer_kernels,  # 
 from .queueing import (_first_deposit_wait, barrier_factor, barrier_wait, binom_cdf,  # noqa: F401
                        expected_staleness, lock_wait, slice_from_excess, t_barrier, with_slice_wait)
 from .step_times import _idle_at_deposit, _means, _updater_steps, _worker_steps  # noqa: F401
-from .vector_age import worker_cycle
+from .vector_age import vector_passes, worker_cycle
 from .wake_wait import wake_wait
 
 # Training-set sizes used for T_Epoch when the caller does not give N_File.
@@ -178,8 +178,7 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
         already scaled by the slowdown, and so does ``r * kern``."""
         out = {}
         for k, (t, _) in kern.items():
-            c, r = pr.runner_step_terms(k, age, n_param) if cpu else (0.0, 0.0)
-            out[k] = t + slow * c + r * t
+            out[k] = pr.runner_step_time(k, t, slow, age, n_param, vector_passes(k, impl.weight_decay)) if cpu else t
         out["ComputeGradient"] = layers + slow * (pr.per_step(n_param, age)
                                                   + (pr.runner_compute(n_param, age) if cpu else 0.0))
         return out

@@ -286,6 +286,22 @@ class Profile(HostSharing):
         c, r = (v.get("c", 0.0), v.get("r", 0.0)) if isinstance(v, dict) else (v, 0.0)
         return self.call_scale * float(c), float(r) * (self.vector_share(n_param, age) if step in VECTOR_STEPS else 1.0)
 
+    def runner_step_time(self, step, kernel, slow=1.0, age=None, n_param=0, passes=1) -> float:
+        """Seconds of a small worker step in the runner whose kernels take
+        ``kernel`` s (already times the host's ``slow``): a vector-sized step
+        the profile fitted whole is ``slow`` times its price
+        (``vector_age.vector_step_price``: ``c`` per call, ``d`` and ``e`` per
+        unit, ``passes`` over the vector), any other the kernel plus
+        ``runner_step_terms``' ``slow * c + r * kernel``."""
+        v = self.data.get("overhead", {}).get("runner_steps", {}).get(step)
+        if isinstance(v, dict) and "d" in v:
+            from .vector_age import vector_step_price
+            tau = self.data.get("overhead", {}).get("vector_tau")
+            unit = vector_step_price(v, n_param, age, tau, passes) - v["c"]
+            return slow * (self.call_scale * v["c"] + self.time_scale * unit)
+        c, r = self.runner_step_terms(step, age, n_param)
+        return kernel + slow * c + r * kernel
+
     def runner_compute(self, n_param: int, age=None) -> float:
         """Seconds per ComputeGradient the runner spends beyond the modelled
         step (``fit.runner_compute_excess``): ``c + d * n_param``, or with

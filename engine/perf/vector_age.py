@@ -24,6 +24,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from .cache_decay import refill_share
+from .layer_cost import bytes_beyond_l2
 
 
 # The runner's worker steps whose kernels are vector-sized: their share
@@ -49,9 +50,7 @@ def vector_share(n_param, l2_bytes, age, tau) -> float:
     an age or ``tau``."""
     if age is None or not tau or n_param <= 0:
         return 1.0
-    b = 4.0 * n_param
-    inside = min(b, float(l2_bytes or 0))
-    return (inside + (b - inside) * refill_share(age, tau)) / b
+    return 1.0 - bytes_beyond_l2(n_param, float(l2_bytes or 0)) * (1.0 - refill_share(age, tau)) / (4.0 * n_param)
 
 
 def fit_per_step(t, kern, n_par, l2_bytes, tau):
@@ -104,3 +103,42 @@ def worker_cycle(at, alone=True, rounds=60) -> dict:
         if done:
             break
     return got
+
+
+def vector_passes(step, weight_decay) -> int:
+    """Passes over the parameter vector a vector-sized worker step makes:
+    FetchWeights one copy; ComputeUpdateVal ``-eta * grad``, and with weight
+    decay ``eta * wd * w`` and the difference besides (engine/parallel/asgd)."""
+    return 1 + 2 * bool(weight_decay) if step == "ComputeUpdateVal" else 1
+
+
+def vector_step_price(v, n_param, age, tau, passes) -> float:
+    """Seconds of a vector-sized worker step in the runner, one thread:
+    ``c + passes * (d * N_Param + e * (bytes beyond the L2) * refill_share(age))``
+    (``v``: its fitted ``{c, d, e, l2_bytes}``, ``fit_vector_step``); the
+    ``e`` part cold without an age or ``tau``."""
+    share = refill_share(age, tau) if (age is not None and tau) else 1.0
+    beyond = bytes_beyond_l2(n_param, v["l2_bytes"]) if v.get("l2_bytes") else 0.0
+    return v["c"] + passes * (v["d"] * n_param + v["e"] * beyond * share)
+
+
+def fit_vector_step(n_param, age, passes, t, l2_bytes, tau):
+    """``(c, d, e)`` of ``vector_step_price`` from the runner's one-thread
+    times ``t`` of a step on nets of ``n_param`` parameters whose vector was
+    ``age`` s old, by NNLS relative to ``t`` (each net weighs alike: tiny's
+    3 us beside cifar's 1.7 ms).
+
+    Why not the vector kernels' price (``c + kern * (1 + r * share)``, until
+    session 16): the kernels were swept in a loop, a vector under 113 K
+    parameters warm in the L2, but the runner's step comes after the layer
+    passes streamed the net's activations through it. Its FetchWeights and
+    ComputeUpdateVal run at 0.3 and 0.9 ns per parameter from mnist's and
+    digits' 150-210 K down to heldout-four's 35 K, and the one slope ``r``
+    that fitted cifar's 13 MB priced 80-100 K nets 2-3x short and
+    heldout-bigfc's 7.9 MB 40 % long (sets 5-13, 1 x 1)."""
+    n, age, passes, t = (np.asarray(v, float) for v in (n_param, age, passes, t))
+    beyond = np.array([bytes_beyond_l2(x, l2_bytes) if l2_bytes else 0.0 for x in n])
+    share = np.array([refill_share(a, tau) if tau else 1.0 for a in age])
+    a = np.column_stack([np.ones_like(n), passes * n, passes * beyond * share])
+    c, d, e = nnls(a / t[:, None], np.ones_like(t))[0]
+    return float(c), float(d), float(e)
