@@ -474,7 +474,8 @@ def test_a_deposit_that_wakes_the_updater_costs_the_worker_the_measured_wait():
     """Runner entries at 2 x 2 whose FetchWeights ran W per waking deposit
     beyond the model's price: ``wake_wait`` gives a swept net its own W and
     another net the median over the small-vector nets; the prediction's
-    FetchWeights grows by W times its share of deposits that wake the updater."""
+    LoadImage (the step after the deposit) grows by W times its share of
+    deposits that wake the updater."""
     from engine.perf.wake_wait import swept_wake_waits, wake_wait
     W = {"tiny": 2e-3, "digits": 3e-3, "mnist": 5e-3}
     impl = model.RUNNER_SWEEP_IMPL
@@ -501,8 +502,8 @@ def test_a_deposit_that_wakes_the_updater_costs_the_worker_the_measured_wait():
     p = model._predict("cifar", 2, 2, 4, prof, slowdown=2.0, ranks_per_host=2, impl=impl)
     c = model.step_costs("cifar", 2, 2, 4, prof, 2, impl, 2.0)
     assert p.extra["wake_share"] > 0.1
-    assert p.worker["FetchWeights"] - p.p_fetch * c["fetch"][0] == pytest.approx(med * p.extra["wake_share"],
-                                                                                 rel=1e-3)
+    assert p.worker["LoadImage"] - c["load"][0] == pytest.approx(med * p.extra["wake_share"], rel=1e-3)
+    assert p.worker["FetchWeights"] == pytest.approx(p.p_fetch * c["fetch"][0], rel=1e-9)
     # One worker on one rank, or a GPU profile: nothing to wake on a shared core.
     assert wake_wait(prof, 1, 1, "cifar", {"impl": impl}) == 0.0
     assert wake_wait(Profile(dict(prof.data, backend="gpu")), 2, 2, "cifar", {"impl": impl}) == 0.0
