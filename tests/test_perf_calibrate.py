@@ -125,6 +125,27 @@ def test_python_part_drifting_alone_rescales_only_per_call_costs():
     assert chk.scale == pytest.approx(2.0 ** _w(2.0)) and chk.call_scale is None
 
 
+def test_a_part_is_said_only_beyond_its_call_to_call_spread():
+    """Blocks that agree (u 0.5 %) do not make a 3-s calibration repeatable:
+    its Python part scatters by CALL_SPREAD["python"] from call to call. A
+    Python part x1.12 is inside three of those (applied, not said); x1.25
+    is said, with its band; a kernel part x1.12 is beyond its 10 % band."""
+    band = 3 * math.sqrt(2 * 0.005 ** 2 + calibrate.CALL_SPREAD["python"] ** 2)
+    assert 0.12 < band < 0.25
+    stored = dict(FP, calibration=dict(FP["calibration"], **_parts(0.006, 0.004, u=0.005)))
+    here, cal = _now(wall=0.006 + 0.00448)
+    cal.update(_parts(0.006, 0.00448, u=0.005))
+    chk = calibrate.compare(stored, here, cal)
+    assert chk.ok and chk.bands["python"] == pytest.approx(band) and chk.bands["kernel"] == calibrate.MIN_NOISE
+    assert chk.call_scale == pytest.approx(1.12 ** _w(1.12, 2 * 0.005 ** 2)) and chk.call_scale > 1.11
+    cal.update(_parts(0.006, 0.005, u=0.005))
+    chk = calibrate.compare(stored, here, dict(cal, wall_s=0.011))
+    assert not chk.ok and f"per-call Python x1.25 (noise +-{100 * band:.0f} %)" in chk.messages[0]
+    cal.update(_parts(0.00672, 0.004, u=0.005))
+    chk = calibrate.compare(stored, here, dict(cal, wall_s=0.01072))
+    assert not chk.ok and "kernels x1.12 (noise +-10 %)" in chk.messages[0]
+
+
 def test_kernel_part_drifting_alone_rescales_only_per_unit_costs():
     """The mirror of the Python part's test, end to end: a calibration whose
     kernel part ran x1.5 and whose Python part did not rescales a profile so
