@@ -596,3 +596,54 @@ def test_calibration_history_judges_each_run_by_its_own_profile_and_rules():
     chk, rules = cd._rules(cal, now)
     assert rules["by part (now)"] == pytest.approx((chk.scale, chk.call_scale)) and chk.call_scale > 1.4
     assert rules["band 10 %"] == pytest.approx((1.0, 1.5))        # the kernel part's 5 % is inside its band
+
+
+def _bench(name):
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_calibration_transfer_scores_each_rule_against_a_planted_truth():
+    """bench/calibration_transfer.py: runs whose measured T_GPU is exactly
+    K U + P C (K, P the calibration's kernel and Python ratios) have no error
+    by part (shrunk only by the tiny weights' loss) and a known one under the
+    other rules; the spreads are of the logs within each file."""
+    ct = _bench("calibration_transfer")
+    then = dict(FP["calibration"], **_parts(0.006, 0.004, u=0.001))
+    uc = {"a|1|1": (0.002, 0.008), "b|4|1": (0.009, 0.001)}
+    rounds = []
+    for k, p in ((1.1, 1.5), (1.2, 1.4)):
+        cal = dict(wall_s=0.006 * k + 0.004 * p, **_parts(0.006 * k, 0.004 * p, u=0.001))
+        rounds.append({"cal": cal, "runs": {r: k * u + p * c for r, (u, c) in uc.items()}})
+    got = ct.rule_errors(rounds, uc, then)
+    for run, (u, c) in uc.items():
+        assert got[run]["by part (now)"] == pytest.approx([0, 0], abs=2e-3)
+        assert got[run]["none"] == pytest.approx([(u + c) / (k * u + p * c) - 1 for k, p in ((1.1, 1.5), (1.2, 1.4))])
+        assert got[run]["one = kernel"][0] == pytest.approx(1.1 * (u + c) / (1.1 * u + 1.5 * c) - 1)
+        want = (1.2 * u + (1.2 * 1.4) ** 0.5 * c) / (1.2 * u + 1.4 * c) - 1
+        assert got[run]["per-call sqrt(K P)"][1] == pytest.approx(want)
+    recs = [{"file": 0, "v": 1.0}, {"file": 0, "v": math.e ** 0.1}, {"file": 1, "v": 5.0}, {"file": 1, "v": 5 * math.e ** 0.1}]
+    # Within each file the logs differ by 0.1 (sd 0.1 / sqrt 2); the files' levels do not count.
+    assert ct.pooled(recs, lambda r: r["v"]) == pytest.approx(0.1 / math.sqrt(2))
+    assert ct.spread([1.0, math.e ** 0.1]) == pytest.approx(0.1 / math.sqrt(2))
+
+
+def test_calibration_transfer_passes_recovers_a_planted_slope():
+    """--passes: each pass's measured T_GPU moves with its calibration by a
+    planted slope (1: the pass-to-pass scatter is signal, 0: noise)."""
+    ct = _bench("calibration_transfer")
+    rng = np.random.default_rng(3)
+    for slope in (1.0, 0.0):
+        rows = []
+        for i in range(40):
+            parts = [{"kernel": float(np.exp(rng.normal(0, 0.03))), "python": 1.0} for _ in range(3)]
+            m = [float(np.exp(slope * np.log(p["kernel"]))) for p in parts]
+            rows.append({"run": "s", "parts": parts, "U": {"T_GPU": 1.0}, "C": {"T_GPU": 0.0},
+                         "runs": [{"T_GPU": x} for x in m]})
+        got = ct.passes(rows)
+        assert got["s"]["slope"] == pytest.approx(slope, abs=1e-9) and got["all"]["n"] == 120
+        assert got["s"]["sd_applied"] == pytest.approx(0.0 if slope else got["s"]["sd_calibration"], abs=1e-9)
