@@ -475,7 +475,7 @@ def test_a_deposit_that_wakes_the_updater_costs_the_worker_the_measured_wait():
     beyond the model's price: ``wake_wait`` gives a swept net its own W and
     another net the median over the small-vector nets; the prediction's
     LoadImage (the step after the deposit) grows by W times its share of
-    deposits that wake the updater."""
+    deposits that wake the updater; with one worker a node, FetchWeights."""
     from engine.perf.wake_wait import swept_wake_waits, wake_wait
     W = {"tiny": 2e-3, "digits": 3e-3, "mnist": 5e-3}
     impl = model.RUNNER_SWEEP_IMPL
@@ -504,6 +504,13 @@ def test_a_deposit_that_wakes_the_updater_costs_the_worker_the_measured_wait():
     assert p.extra["wake_share"] > 0.1
     assert p.worker["LoadImage"] - c["load"][0] == pytest.approx(med * p.extra["wake_share"], rel=1e-3)
     assert p.worker["FetchWeights"] == pytest.approx(p.p_fetch * c["fetch"][0], rel=1e-9)
+    # A node's only worker waits in its fetch instead.
+    p = model._predict("cifar", 3, 1, 4, prof, slowdown=2.0, wake=1e-3, ranks_per_host=3, impl=impl)
+    c = model.step_costs("cifar", 3, 1, 4, prof, 3, impl, 2.0, wake=1e-3)
+    assert p.extra["wake_share"] > 0.1
+    assert p.worker["FetchWeights"] - p.p_fetch * c["fetch"][0] == pytest.approx(1e-3 * p.extra["wake_share"],
+                                                                                 rel=1e-3)
+    assert p.worker["LoadImage"] == pytest.approx(c["load"][0], rel=1e-9)
     # One worker on one rank, or a GPU profile: nothing to wake on a shared core.
     assert wake_wait(prof, 1, 1, "cifar", {"impl": impl}) == 0.0
     assert wake_wait(Profile(dict(prof.data, backend="gpu")), 2, 2, "cifar", {"impl": impl}) == 0.0

@@ -27,16 +27,19 @@ def _worker_steps(c, n_gpu, t_gpu, t_update):
     # each other worker for its copy when it fetches.
     s["LockWeights"] = lock_wait(m["update_weights"], t_update) + \
         (n_gpu - 1) * p_fetch * lock_wait(m["fetch"], t_gpu)
-    s["FetchWeights"] = p_fetch * m["fetch"]
     # A deposit that wakes the updater on a shared host costs the worker its
-    # core for a while (wake_wait), in the step after the deposit: the woken
-    # updater has not published yet, so the worker skips FetchWeights and
-    # waits in LoadImage. In the runner sweep's 1 x 2, 2 x 2 and 3 x 2 runs
-    # (tiny, digits, mnist, cifar) LoadImage ran 0.07-2.2 ms beyond its
-    # price and FetchWeights about as much short of it, when the wait was
-    # priced on FetchWeights (cpu_test15; their sum, which wake_wait fits, is
-    # the same).
-    s["LoadImage"] = m["load"] + c["_wake_wait"][0] * (_idle_at_deposit(c, n_gpu, t_gpu, t_update) or 0.0)
+    # core for a while (wake_wait). Beside another worker it waits in the
+    # step after the deposit: the woken updater has not published yet, so
+    # the worker skips FetchWeights and waits in LoadImage (runner sweep,
+    # tiny/digits/mnist/cifar at 1 x 2, 2 x 2, 3 x 2: LoadImage 0.07-2.2 ms
+    # beyond its price, FetchWeights about as much short, with the wait on
+    # FetchWeights; cpu_test15). A node's only worker waits in its fetch
+    # (2 x 1, 3 x 1, 4 x 1: FetchWeights 3-19 % short of the price with the
+    # wait but mnist's 3 x 1, LoadImage 0.01-0.23 ms but cifar's 4 x 1).
+    # wake_wait fits their sum.
+    wake = c["_wake_wait"][0] * (_idle_at_deposit(c, n_gpu, t_gpu, t_update) or 0.0)
+    s["FetchWeights"] = p_fetch * m["fetch"] + (wake if n_gpu == 1 else 0.0)
+    s["LoadImage"] = m["load"] + (wake if n_gpu > 1 else 0.0)
     s["DeformImage"] = m["deform"]
     s["ComputeGradient"] = m["compute_gradient"]
     s["ComputeUpdateVal"] = m["update_val"] + m["worker_loop"]
