@@ -474,8 +474,7 @@ def test_a_deposit_that_wakes_the_updater_costs_the_worker_the_measured_wait():
     """Runner entries at 2 x 2 whose FetchWeights ran W per waking deposit
     beyond the model's price: ``wake_wait`` gives a swept net its own W and
     another net the median over the small-vector nets; the prediction's
-    LoadImage (the step after the deposit) grows by W times its share of
-    deposits that wake the updater; with one worker a node, FetchWeights."""
+    FetchWeights grows by W times its share of deposits that wake the updater."""
     from engine.perf.wake_wait import swept_wake_waits, wake_wait
     W = {"tiny": 2e-3, "digits": 3e-3, "mnist": 5e-3}
     impl = model.RUNNER_SWEEP_IMPL
@@ -502,18 +501,48 @@ def test_a_deposit_that_wakes_the_updater_costs_the_worker_the_measured_wait():
     p = model._predict("cifar", 2, 2, 4, prof, slowdown=2.0, ranks_per_host=2, impl=impl)
     c = model.step_costs("cifar", 2, 2, 4, prof, 2, impl, 2.0)
     assert p.extra["wake_share"] > 0.1
-    assert p.worker["LoadImage"] - c["load"][0] == pytest.approx(med * p.extra["wake_share"], rel=1e-3)
-    assert p.worker["FetchWeights"] == pytest.approx(p.p_fetch * c["fetch"][0], rel=1e-9)
-    # A node's only worker waits in its fetch instead.
-    p = model._predict("cifar", 3, 1, 4, prof, slowdown=2.0, wake=1e-3, ranks_per_host=3, impl=impl)
-    c = model.step_costs("cifar", 3, 1, 4, prof, 3, impl, 2.0, wake=1e-3)
-    assert p.extra["wake_share"] > 0.1
-    assert p.worker["FetchWeights"] - p.p_fetch * c["fetch"][0] == pytest.approx(1e-3 * p.extra["wake_share"],
+    assert p.worker["FetchWeights"] - p.p_fetch * c["fetch"][0] == pytest.approx(med * p.extra["wake_share"],
                                                                                  rel=1e-3)
-    assert p.worker["LoadImage"] == pytest.approx(c["load"][0], rel=1e-9)
+    assert p.worker["LoadImage"] == pytest.approx(c["load"][0], rel=1e-9)    # the sweep's wait: all in the fetch
     # One worker on one rank, or a GPU profile: nothing to wake on a shared core.
     assert wake_wait(prof, 1, 1, "cifar", {"impl": impl}) == 0.0
     assert wake_wait(Profile(dict(prof.data, backend="gpu")), 2, 2, "cifar", {"impl": impl}) == 0.0
+
+
+def test_the_wake_wait_splits_between_fetch_and_load_as_the_sweep_did():
+    """Runner entries at 2 x 2 whose wait per waking deposit W fell a known
+    share q in LoadImage, the rest in FetchWeights: ``wake_load_share``
+    gives a swept net its own q, another net the median over the nets whose
+    vectors fit the L2, and the prediction splits its wait so."""
+    from engine.perf.step_times import wake_load_share
+    W, q = {"tiny": 2e-3, "digits": 3e-3, "mnist": 5e-3}, {"tiny": 0.2, "digits": 0.7, "mnist": 0.5}
+    impl = model.RUNNER_SWEEP_IMPL
+    es = [{"model": m, "n_subbatch": n, "ranks": 2, "workers": 2, "rel": 2.0, "host": 1.0, "source": "runner",
+           "solo_wall": 1e-3, "n_param": spec_mod.n_params(spec_mod.get_spec(m))}
+          for m, n in (("tiny", 8), ("digits", 16), ("mnist", 4))]
+    prof = Profile(dict(PROF.data, backend="cpu", cores=2, cache={"l2_bytes": 2 << 20},
+                        contention={"entries": es}))
+    used = set()
+    for e in es:
+        ref = model._predict(e["model"], 2, 2, e["n_subbatch"], prof, slowdown=prof.slowdown(2, 2, e["model"]),
+                             wake=0.0, ranks_per_host=2, impl=impl)
+        w = W[e["model"]] * ref.extra["wake_share"]
+        e["worker"] = {"FetchWeights": ref.worker["FetchWeights"] + (1 - q[e["model"]]) * w,
+                       "LoadImage": ref.worker["LoadImage"] + q[e["model"]] * w}
+        if ref.extra["wake_share"] >= 0.1:
+            used.add(e["model"])
+    assert len(used) >= 2
+    for m in used:
+        assert wake_load_share(prof, 2, 2, m, {"impl": impl}) == pytest.approx(q[m], rel=1e-6)
+    med = float(np.median([q[m] for m in used]))
+    assert wake_load_share(prof, 2, 2, "cifar", {"impl": impl}) == pytest.approx(med, rel=1e-6)
+    assert wake_load_share(prof, 2, 1, "cifar", {"impl": impl}) == 0.0           # not swept: all in the fetch
+    p = model._predict("cifar", 2, 2, 4, prof, slowdown=2.0, ranks_per_host=2, impl=impl)
+    c = model.step_costs("cifar", 2, 2, 4, prof, 2, impl, 2.0)
+    wait = c["_wake_wait"][0] * p.extra["wake_share"]
+    assert wait > 0
+    assert p.worker["LoadImage"] - c["load"][0] == pytest.approx(med * wait, rel=1e-3)
+    assert p.worker["FetchWeights"] - p.p_fetch * c["fetch"][0] == pytest.approx((1 - med) * wait, rel=1e-3)
 
 
 @pytest.mark.parametrize("sa,sd", [(1.0, 0.0), (0.0, 2.0), (1.0, 1.0), (1.0, 3.0), (2.5, 0.7)])

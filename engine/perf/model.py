@@ -34,7 +34,7 @@ from .layer_cost import (compute_gradient_terms, kernel_time, layer_kernels,  # 
                          python_share)
 from .queueing import (_first_deposit_wait, barrier_factor, barrier_wait, binom_cdf,  # noqa: F401
                        expected_staleness, lock_wait, slice_from_excess, t_barrier, with_slice_wait)
-from .step_times import _idle_at_deposit, _means, _updater_steps, _worker_steps  # noqa: F401
+from .step_times import _idle_at_deposit, _means, _updater_steps, _worker_steps, wake_load_share  # noqa: F401
 from .vector_age import vector_passes, worker_cycle
 from .wake_wait import wake_wait
 
@@ -233,6 +233,8 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     c["_cycle_gap"] = (cycle_gap(pr, cpu, ranks_per_host, n_gpu, sp.name), 0.0)
     c["_wake_wait"] = (wake_wait(pr, ranks_per_host, n_gpu, sp.name, {"impl": impl}) if wake is None
                        else float(wake), 0.0)
+    c["_wake_load"] = (wake_load_share(pr, ranks_per_host, n_gpu, sp.name, {"impl": impl})
+                       if c["_wake_wait"][0] > 0 else 0.0, 0.0)
     return c
 
 
