@@ -137,3 +137,54 @@ def test_long_downpour_simulations_and_tune_searches_say_so_first(capsys, monkey
     assert cli.main(["tune", "--model", "tiny", "--target-minibatch", "8", "--max-nodes", "1", "--max-subbatch", "1",
                      "--max-workers", "2", "--no-calibrate"]) in (0, 1)
     assert "2 configurations to price" in capsys.readouterr().err
+
+
+def test_plan_refuses_a_search_beyond_the_memory_before_any_of_its_seconds(capsys, monkeypatch):
+    """`plan --gpus 100000` computed for seconds, then died of a 4 GiB numpy
+    allocation; now the size of its largest cost table is judged first."""
+    _no_calibration(monkeypatch)
+    from engine.perf import layerwise
+
+    def built(*a, **kw):
+        raise AssertionError("the cost tables were built")
+    monkeypatch.setattr(layerwise, "cost_graph", built)
+    assert cli.main(["plan", "--model", "cifar", "--gpus", "100000"]) == 2
+    _one_error(capsys, "on 100,000 devices needs a cost table of", "GiB of memory free here", "(--gpus)")
+
+
+def test_plan_size_is_judged_against_the_memory_free(capsys):
+    from engine.errors import RunError
+    from engine.perf import cli_ranges, layerwise
+    largest, total = cli_ranges.plan_tables("tiny", 64, 2048)
+    nodes = layerwise.graph_nodes("tiny")
+    n = [len(layerwise.configs(v, 64, 2048)) for v in nodes]
+    assert largest == max(a * b * 64 for a, b in zip(n, n[1:])) and total >= largest > 0
+    need = largest * cli_ranges.PLAN_BYTES_PER_ENTRY
+    assert cli_ranges.check_plan_size("tiny", 64, 2048, free=need) == ""
+    with pytest.raises(RunError, match="more than the 0.0 GiB"):
+        cli_ranges.check_plan_size("tiny", 64, 2048, free=need - 1)
+    assert cli_ranges.check_plan_size("tiny", 4000, 128000, free=1 << 60) == ""    # 96 M entries, 19 s
+    warn = cli_ranges.check_plan_size("tiny", 16000, 512000, free=1 << 60)
+    assert warn == ("--gpus 16,000: the layer-wise search's cost tables hold 911,104,000 entries, about 3 min "
+                    "to build at this machine's pace"), warn
+
+
+def test_tune_leaves_out_configurations_whose_first_round_outruns_the_epoch(capsys):
+    """On tiny's 256 samples the tuner chose 1 node x 4 workers x 192
+    (768 samples before every worker stepped once) and searched 256 x 2 x 1."""
+    import json
+    assert cli.main(["tune", "--model", "tiny", "--target-minibatch", "250", "--tolerance", "0.5",
+                     "--max-nodes", "256", "--max-workers", "4", "--top", "2000", "--json", "--no-calibrate"]) == 0
+    cands = json.loads(capsys.readouterr().out)
+    assert cands and any(c["feasible"] for c in cands)
+    assert max(c["n_node"] * c["n_gpu"] * c["n_subbatch"] for c in cands) <= 256
+    assert cli.main(["tune", "--model", "tiny", "--target-minibatch", "250", "--tolerance", "0.5",
+                     "--max-nodes", "256", "--max-workers", "4", "--no-calibrate"]) == 0
+    out = capsys.readouterr().out
+    assert "more left out: N_Node x N_GPU x N_Subbatch more than the epoch's 256 samples" in out, out
+
+
+def test_tune_with_no_configuration_inside_the_epoch_is_one_error(capsys):
+    assert cli.main(["tune", "--model", "tiny", "--target-minibatch", "1", "--n-file", "1", "--workers", "2",
+                     "--max-nodes", "1", "--no-calibrate"]) == 2
+    _one_error(capsys, "more workers x N_Subbatch than the 1 samples", "(--n-file)")

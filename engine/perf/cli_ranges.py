@@ -148,3 +148,57 @@ def check_strategy_values(args):
     slow = getattr(args, "slow_factor", None)
     if slow is not None and not (math.isfinite(slow) and slow >= 1):
         raise RunError(f"must be a finite factor >= 1 (2: half speed), got {slow:g}", "--slow-factor")
+
+
+# The layer-wise search's cost tables (engine.perf.layerwise.edge_costs):
+# for each pair of consecutive layers an array of (configurations of one) x
+# (of the next) x devices entries, about PLAN_BYTES_PER_ENTRY bytes each at
+# its peak (float64 overlaps and increments, int32 extents), built at about
+# PLAN_ENTRIES_PER_S. Build machine: tiny at 4000 devices, 96 M entries
+# (57.6 M in its largest table), 19 s and 1.29 GB; cifar at 1000, 38 M in
+# 4.2 s. Before this check `plan --gpus 100000` computed for seconds, then
+# died asking numpy for 4 GiB and more.
+PLAN_BYTES_PER_ENTRY = 22
+PLAN_ENTRIES_PER_S = 5e6
+
+
+def plan_tables(model, gpus: int, batch: int):
+    """(entries of the largest cost table, entries of all) the layer-wise
+    search of ``model`` on ``gpus`` devices builds (counting configurations
+    only: milliseconds)."""
+    from .layerwise import configs, graph_nodes
+    nodes = graph_nodes(model)
+    n_cfg = [len(configs(v, gpus, batch)) for v in nodes]
+    sizes = [a * b * gpus for a, b in zip(n_cfg, n_cfg[1:])]
+    return max(sizes, default=0), sum(sizes)
+
+
+def available_memory():
+    """Bytes of memory free for a new allocation (Linux's MemAvailable), or
+    None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_plan_size(model, gpus: int, batch: int, free=None) -> str:
+    """Refuse a layer-wise search whose largest cost table does not fit in
+    the memory free (``free`` bytes; this machine's when None); otherwise
+    '' or how long its tables take to build."""
+    largest, total = plan_tables(model, gpus, batch)
+    free = available_memory() if free is None else free
+    need = largest * PLAN_BYTES_PER_ENTRY
+    if free is not None and need > free:
+        raise RunError(f"the layer-wise search on {gpus:,} devices needs a cost table of {largest:,} entries "
+                       f"(configurations of one layer x of the next x devices), about {need / 2**30:,.1f} GiB, "
+                       f"more than the {free / 2**30:,.1f} GiB of memory free here: fewer devices", "--gpus")
+    secs = total / PLAN_ENTRIES_PER_S
+    if not secs > SIMULATION_WARN_S:
+        return ""
+    return (f"--gpus {gpus:,}: the layer-wise search's cost tables hold {total:,} entries, about "
+            f"{secs / 60:.0f} min to build at this machine's pace")

@@ -249,12 +249,15 @@ def format_plan(plan, ev, base, ranked, prof) -> str:
 
 
 def cmd_plan(args) -> int:
-    from .cli_ranges import check_calibration, node_warning
+    from .cli_ranges import check_calibration, check_plan_size, node_warning
     spec_mod.get_spec(args.model)      # a bad --model is refused before the calibration's seconds
     check_calibration(args)
+    # a search too big for this machine's memory is refused before any of its seconds
+    slow = check_plan_size(args.model, args.gpus, args.batch or 32 * args.gpus)
     prof = load_profile(args.profile)
-    if warning := node_warning(args.gpus, prof, "--gpus"):
-        print(f"sprint plan: warning: {warning}", file=sys.stderr)
+    for warning in (node_warning(args.gpus, prof, "--gpus"), slow):
+        if warning:
+            print(f"sprint plan: warning: {warning}", file=sys.stderr)
     # A measured profile is checked against this machine first, as predict,
     # tune and simulate do; a datasheet describes another machine by design.
     if args.calibrate and args.profile not in DATASHEETS:

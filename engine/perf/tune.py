@@ -26,14 +26,21 @@ class Candidate:
 
 def search(spec, profile=None, target: float = None, tolerance: float = 0.05, max_nodes: int = 64,
            workers=(1,), max_subbatch: int = 256, impl=model_mod.ENGINE_IMPL, n_file=None,
-           nodes=None, subbatches=None, ranks_per_host=1, threads=1, refused=None):
+           nodes=None, subbatches=None, ranks_per_host=1, threads=1, refused=None, beyond=None):
     """All candidates of the grid, feasible ones first by T_Epoch, then the
     infeasible by their distance to the target. Configurations the model
     refuses (oversubscribed host sharings the profile never measured) are
     left out and, when ``refused`` is a list, appended to it as
-    (N_Node, N_GPU, N_Subbatch, reason)."""
+    (N_Node, N_GPU, N_Subbatch, reason). So are configurations whose first
+    round of worker steps (N_Node x N_GPU x N_Subbatch samples) is more than
+    the epoch (``beyond``): the epoch ends before every worker took a step,
+    so their T_Epoch is a fraction of one step and their N_Minibatch_avg a
+    steady state never reached (on tiny's 256 samples the tuner chose 1 x 4
+    x 192, and listed 256 x 2 x 1, workers that never step)."""
+    from .cli_ranges import epoch_samples
     from .profile import Profile
     profile = Profile.resolve(profile)
+    total = epoch_samples(spec, n_file)
     if target is None or not target > 0:
         raise ValueError(f"target must be > 0, got {target}")
     if not 0 <= tolerance < 1:
@@ -48,6 +55,10 @@ def search(spec, profile=None, target: float = None, tolerance: float = 0.05, ma
     for g in workers:
         for s in subs:
             for n in nodes:
+                if n * g * s > total:
+                    if beyond is not None:
+                        beyond.append((n, g, s))
+                    continue
                 try:
                     p = model_mod.predict(spec, n, g, s, profile, n_file=n_file, impl=impl,
                                           ranks_per_host=min(ranks_per_host, n), threads=threads)
@@ -63,7 +74,7 @@ def search(spec, profile=None, target: float = None, tolerance: float = 0.05, ma
     return feas + rest
 
 
-def format_candidates(cands, target, tolerance, top=5, refused=()) -> str:
+def format_candidates(cands, target, tolerance, top=5, refused=(), beyond=(), n_file=None) -> str:
     feas = [c for c in cands if c.feasible]
     show = feas[:top] if feas else cands[:top]
     lines = [f"target N_Minibatch_avg = {target:g} +- {100 * tolerance:g} %: "
@@ -74,6 +85,9 @@ def format_candidates(cands, target, tolerance, top=5, refused=()) -> str:
     if refused:
         lines.append(f"{len(refused)} more not priced: oversubscribed host sharing the profile never measured "
                      f"(first: N_Node {refused[0][0]} N_GPU {refused[0][1]})")
+    if beyond:
+        lines.append(f"{len(beyond)} more left out: N_Node x N_GPU x N_Subbatch more than the epoch's "
+                     f"{n_file:,} samples (its workers would not all take one step)")
     head = f"{'':3}{'N_Node':>7}{'N_GPU':>6}{'N_Sub':>6}{'T_Epoch (s)':>14}{'N_Minibatch':>13}" \
            f"{'T_GPU (s)':>12}{'T_Update (s)':>14}{'staleness':>11}"
     if not feas:
