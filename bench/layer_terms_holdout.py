@@ -14,7 +14,7 @@ layer-term fit, not the op sweeps. Times nothing.
 passes (their ``layers`` rows) are priced too, grouped by file prefix (one
 test set); a net with records is priced by the fit without them, the
 others by the fit on all. ``--refill-keys``: the layer-term keys fitted
-with the refill terms (engine/perf/l2_refill.py).
+with the refill terms (engine/perf/l2_refill.py; its REFILL_KEYS by default).
 """
 from __future__ import annotations
 
@@ -30,8 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def holdout_errors(prof: dict, records, refill_keys=()) -> list:
+def holdout_errors(prof: dict, records, refill_keys=None) -> list:
     """[(net, batch, layer, pass, role, relative error)] with each net held out."""
+    from engine.perf.l2_refill import REFILL_KEYS
+    refill_keys = REFILL_KEYS if refill_keys is None else refill_keys
     from engine import spec as spec_mod
     from engine.perf import fit  # noqa: F401  (fit and fit_steps import each other)
     from engine.perf.fit_steps import fit_layer_terms
@@ -63,9 +65,11 @@ def holdout_errors(prof: dict, records, refill_keys=()) -> list:
     return out
 
 
-def validation_errors(prof: dict, records, files, refill_keys=()) -> dict:
+def validation_errors(prof: dict, records, files, refill_keys=None) -> dict:
     """{file group: [relative error]} of the saved runs' measured layer
     passes (``files``), each net held out of the layer-term fit."""
+    from engine.perf.l2_refill import REFILL_KEYS
+    refill_keys = REFILL_KEYS if refill_keys is None else refill_keys
     from bench.validate_runs import layer_predictions
     from engine import spec as spec_mod
     from engine.perf import fit  # noqa: F401  (fit and fit_steps import each other)
@@ -90,11 +94,13 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", required=True)
     ap.add_argument("--records", required=True)
     ap.add_argument("--validations", default="", help="comma list of saved validate_model.py runs")
-    ap.add_argument("--refill-keys", default="", help="comma list of layer-term keys fitted with the refills")
+    ap.add_argument("--refill-keys", default=None,
+                    help="comma list of layer-term keys fitted with the refills (default: l2_refill.REFILL_KEYS; "
+                         "'' for none)")
     a = ap.parse_args(argv)
     prof = json.loads(Path(a.profile).read_text())
     recs = json.loads(Path(a.records).read_text())["records"]
-    keys = tuple(k for k in a.refill_keys.split(",") if k)
+    keys = None if a.refill_keys is None else tuple(k for k in a.refill_keys.split(",") if k)
     errs = holdout_errors(prof, recs, keys)
     if not errs:
         print("layer_terms_holdout: error: no layer_pass records", file=sys.stderr)

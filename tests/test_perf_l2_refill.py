@@ -2,14 +2,14 @@
 byte of weights within the L2 and s per pass, each times the refill share
 of the pass's age, come back from synthetic records with known
 coefficients (plain and gapped steps), price a held-out net exactly, and
-are fitted for no key unless asked."""
+are fitted for the default keys (REFILL_KEYS) unless others are asked."""
 import numpy as np
 import pytest
 
 from engine import spec as spec_mod
 from engine.perf import fit, model
 from engine.perf.cache_decay import pass_ages, refill_share
-from engine.perf.l2_refill import REFILL_CALL_LABEL, REFILL_LABEL, l2_weight_bytes
+from engine.perf.l2_refill import REFILL_CALL_LABEL, REFILL_KEYS, REFILL_LABEL, l2_weight_bytes
 from engine.perf.layer_cost import streams_in_sweep
 from engine.perf.profile import Profile
 from test_perf_layers import F, _truth
@@ -100,18 +100,26 @@ def test_gapped_records_are_aged_by_their_gap():
     assert fit.fit_layer_terms(prof, blind, refill_keys=tuple(R))["fc_bwd"]["error"]["fit"]["max"] > 1e-3
 
 
-def test_refill_off_by_default():
-    """Without refill keys no term gets r or s and no pass is priced a
-    refill row: the profiles fitted before price as they did."""
+def test_refill_only_for_the_default_keys():
+    """By default only ``REFILL_KEYS`` get r or s; with no keys no term gets
+    them and no pass is priced a refill row (the profiles fitted before
+    price as they did). Gapped records (aged) are left out of the terms
+    without the columns that price their age."""
     prof = _prof()
-    lt = fit.fit_layer_terms(prof, _records(prof, gaps=(0.0,)))
+    plain = _records(prof, gaps=(0.0,))
+    lt = fit.fit_layer_terms(prof, plain, refill_keys=())
     assert all(v["r"] == 0.0 and v["s"] == 0.0 for v in lt.values())
     rows = model.compute_gradient_terms(spec_mod.get_spec("digits"), 8, Profile(dict(prof, layer_terms=lt)))
     assert not [r for r in rows if r[2] in (REFILL_LABEL, REFILL_CALL_LABEL)]
     assert l2_weight_bytes(spec_mod.layers(spec_mod.get_spec("digits"))[0], None) == 0.0
-    # Gapped records (aged) are left out of a fit without the terms that price their age.
-    aged = fit.fit_layer_terms(prof, _records(prof))
-    assert {k: (v["f"], v["b"]) for k, v in aged.items()} == {k: (v["f"], v["b"]) for k, v in lt.items()}
+    dflt = fit.fit_layer_terms(prof, plain)
+    assert set(REFILL_KEYS) <= set(R)            # the records' truth has refills for them
+    assert all(dflt[k]["s"] > 0 for k in REFILL_KEYS)
+    assert all(v["r"] == 0.0 and v["s"] == 0.0 for k, v in dflt.items() if k not in REFILL_KEYS)
+    for keys, plain_fit in (((), lt), (REFILL_KEYS, dflt)):
+        aged = fit.fit_layer_terms(prof, _records(prof), refill_keys=keys)
+        assert {k: (v["f"], v["b"]) for k, v in aged.items() if k not in keys} == \
+            {k: (v["f"], v["b"]) for k, v in plain_fit.items() if k not in keys}
 
 
 def test_gapped_layer_pass_sweep_records(monkeypatch):

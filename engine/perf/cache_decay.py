@@ -82,22 +82,41 @@ def pass_ages(t_fwd, t_bwd, t_step) -> dict:
     return {"fwd": t_step - t_fwd - t_bwd, "bwd": t_step - t_bwd}
 
 
+def step_passes(passes, gap=0.0):
+    """``({(layer, pass): seconds}, step seconds)`` of a step made of
+    ``passes`` ((layer, pass, seconds) each) run back to back after an idle
+    ``gap``: what ``aged_share`` reads a pass's age from."""
+    per = {}
+    for layer, pas, t in passes:
+        per[(layer, pas)] = per.get((layer, pas), 0.0) + t
+    return per, gap + sum(per.values())
+
+
+def aged_share(per, step, layer, pas, tau) -> float:
+    """``refill_share`` of pass ``pas`` of ``layer`` at the age a step of
+    ``step`` seconds whose passes took ``per`` (``step_passes``) gives its
+    cold operands (``pass_ages``). The one rule for the fit, on measured
+    passes (``measured_shares``), and the prediction, on priced ones
+    (``layer_cost``)."""
+    ages = pass_ages(per.get((layer, "fwd"), 0.0), per.get((layer, "bwd"), 0.0), step)
+    return refill_share(ages[pas], tau)
+
+
 def measured_shares(recs, taus):
     """``record -> refill_share`` of its layer's cold bytes at the age the
     record's own step gave them (the passes of its net and batch, measured,
-    run back to back); 1 without fitted ``taus``."""
+    run back to back; a gapped record's step has its idle gap before it);
+    1 without fitted ``taus``."""
     if not taus:
         return lambda r: 1.0
-    step, per = {}, {}
+    groups = {}
     for r in recs:
-        # A gapped record's step is its passes and the idle gap before it.
-        key = (r["model"], r["n_subbatch"], r.get("gap", 0.0))
-        step[key] = step.get(key, r.get("gap", 0.0)) + r["t"]
-        per[key + (r["layer"], r["pass"])] = r["t"]
+        groups.setdefault((r["model"], r["n_subbatch"], r.get("gap", 0.0)), []).append((r["layer"], r["pass"], r["t"]))
+    steps = {key: step_passes(v, key[2]) for key, v in groups.items()}
+
     def share(r):
-        key = (r["model"], r["n_subbatch"], r.get("gap", 0.0))
-        ages = pass_ages(per.get(key + (r["layer"], "fwd"), 0.0), per.get(key + (r["layer"], "bwd"), 0.0), step[key])
-        return refill_share(ages[r["pass"]], taus[r["pass"]])
+        per, step = steps[(r["model"], r["n_subbatch"], r.get("gap", 0.0))]
+        return aged_share(per, step, r["layer"], r["pass"], taus[r["pass"]])
     return share
 
 

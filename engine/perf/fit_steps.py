@@ -13,6 +13,7 @@ from engine import spec as spec_mod
 
 from .fit import error_summary, nnls_relative
 from .cache_decay import fit_refill_tau, measured_shares
+from .l2_refill import REFILL_KEYS
 from .layer_cost import (INPUT_TERM_KEYS, TERM_COLUMNS, cold_weight_bytes, fc_input_floats,
                          l2_weight_bytes, layer_term_keys, streams_in_sweep)
 from .profile import Profile
@@ -47,7 +48,7 @@ HOLDOUT = {"sgemm": "non-power-of-2 shapes and the swept nets' own shapes",
            "net step": "every 3rd batch size"}
 
 
-def fit_layer_terms(prof: dict, records, refill_keys=()) -> dict:
+def fit_layer_terms(prof: dict, records, refill_keys=REFILL_KEYS) -> dict:
     """Each layer pass as ``f * (its kernels) + b``, one (f, b) per layer kind
     and pass (conv/fc x fwd/bwd), a net's first convolution and output
     layer apart (``layer_term_keys``), by NNLS on relative residuals.
@@ -59,17 +60,19 @@ def fit_layer_terms(prof: dict, records, refill_keys=()) -> dict:
     (``cold_weight_bytes``; 0 where no fitted layer has such weights);
     ``x`` seconds per float of a hidden FC layer's input (``fc_input_floats``,
     for the keys of ``INPUT_TERM_KEYS``; 0 for the others); ``r`` and ``s``
-    the refills at age of ``l2_refill``, for ``refill_keys`` only (none by
-    default). Without ``w`` cifar's fc layers, 1.5-4x their op sweep in a step, pulled
+    the refills at age of ``l2_refill``, for ``refill_keys`` only
+    (``l2_refill.REFILL_KEYS`` by default). Without ``w`` cifar's fc layers, 1.5-4x their op sweep in a step, pulled
     ``f`` up and every small FC layer 20-40 % slow. ``f`` scales only the FC
     passes whose op sweep ran from the L2 (``streams_in_sweep``; the others
     enter at their swept price: ``l2_only``). Fitted on the ``layer_pass``
-    records of the swept nets (the gapped ones, aged, only with refill_keys);
+    records of the swept nets (the gapped ones, aged, only the passes of refill_keys);
     held out: whole batch sizes (and in bench/validate_model.py whole nets)."""
     p = Profile({k: v for k, v in prof.items() if k not in ("overhead", "layer_terms")})
     l2 = (prof.get("cache") or {}).get("l2_bytes")
     recs = [r for r in records if r.get("kind") == "layer_pass" and r.get("t", 0) > 0 and (refill_keys or not r.get("gap"))]
     taus = fit_refill_tau(records)
+    # Without the decay sweep's taus every share is 1: s would be b again and r a second w.
+    refill_keys = refill_keys if taus else ()
     share = measured_shares(recs, taus)
     cache, rows = {}, {}
     for r in recs:
@@ -87,7 +90,8 @@ def fit_layer_terms(prof: dict, records, refill_keys=()) -> dict:
             except ValueError:        # a kernel this net needs was not swept
                 cache[key] = ({}, {}, {}, {}, {})
         got = cache[key][0].get((r["layer"], r["pass"]))
-        if got is None:
+        # A gapped pass fits only a term with the refill columns (the others have nothing for its age).
+        if got is None or (r.get("gap") and cache[key][2][(r["layer"], r["pass"])][0] not in refill_keys):
             continue
         # (kernels f scales, kernels as swept, TERM_COLUMNS' columns, time, held out); no refill where the sweep streamed
         kf, k1 = (0.0, got[0]) if (streams := cache[key][3][(r["layer"], r["pass"])]) else (got[0], 0.0)

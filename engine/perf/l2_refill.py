@@ -3,7 +3,7 @@ refill columns of a layer term, ``r`` (seconds per byte of the weights the
 op sweep read from the L2) and ``s`` (seconds per pass: its code, buffers
 and Python objects), each times the refill share of the pass's age
 (``cache_decay``). ``fit_steps.fit_layer_terms`` fits them for the keys
-it is given (none by default), ``layer_cost.compute_gradient_terms``
+it is given (``REFILL_KEYS`` by default), ``layer_cost.compute_gradient_terms``
 prices what a profile has.
 
 The op sweeps call each op back to back, its weights and gradient warm. In
@@ -13,17 +13,28 @@ caches empty with age: heldout-k5d's fc1 (88 x 1600, 563 KB of weights,
 batch 19) ran its dW GEMM in 347 us inside the step against 53 us alone,
 its own buffers timed alone ran at the sweep's price (2026-12-01 23:25 UTC,
 one thread). The gapped layer-pass sweep (``sweep_layer_passes``) times
-the passes at the age of a long step. Off by default: how much a pass
-refills changed by 2-3x between the hours of the seen test sets (heldout-w3's
-fc1 backward at batch 11: 172 us in set 9, 530 us at 23:40 UTC), and
-either hour's fit made the other seen sets worse (``python
+the passes at the age of a long step.
+
+Fitted for the hidden FC forwards only (``REFILL_KEYS``). How much a pass
+refills changed by 2-3x between the hours of the seen test sets
+(heldout-w3's fc1 backward at batch 11: 172 us in set 9, 530 us at 23:40
+UTC), and with the backwards or the output layers fitted too, from either
+hour's records, other seen sets came out worse (``python
 bench/layer_terms_holdout.py --refill-keys ... --validations ...``; the
 gapped records of 2026-12-01 23:41 UTC: bench/profiles/cpu_test15L_records.json).
+The hidden FC forwards were priced short on balance (signed median
+-14 % over sets 5-13's 40 such passes with the terms off); from
+cpu_test14's records (no gapped passes) the fit gives them ``s`` alone, 24
+us a pass at full age, and the per-layer median of sets 5-13 (re-predicted)
+went 12.8 -> 12.7 % (calibrated 12.4 -> 11.4 %, lower on every set with a
+calibration).
 """
 from __future__ import annotations
 
 from engine import spec as spec_mod
 
+# The layer-term keys fitted with the refill columns by default (above).
+REFILL_KEYS = ("fc_fwd",)
 # The row labels of the refill terms in ``compute_gradient_terms``.
 REFILL_LABEL, REFILL_CALL_LABEL = "l2-refill", "refill-per-call"
 

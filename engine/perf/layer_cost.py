@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from engine import spec as spec_mod
 
-from .cache_decay import pass_ages, refill_share
+from .cache_decay import aged_share, step_passes
 from .l2_refill import REFILL_CALL_LABEL, REFILL_LABEL, l2_weight_bytes
 from .pool_cost import pool_size
 from .sweep_ops import OP_KINDS
@@ -269,7 +269,7 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False, measur
 def _cold_rows(rows, colds):
     """The ``cold-weights`` and ``l2-refill`` rows (``colds``: (layer, pass,
     label, bytes, full price, tau)): each layer pass's full price (all its
-    bytes from memory) times ``refill_share`` of its age in the step
+    bytes from memory) times ``aged_share``, its refill share at its age in the step
     the rows price, steps run back to back. The ages hold the cold rows
     themselves: a few rounds reach the fixed point (the shares saturate).
     The step is its layer passes, as the fit reads it from the records."""
@@ -277,14 +277,8 @@ def _cold_rows(rows, colds):
         return []
     got = [(name, pas, label, cold, full) for name, pas, label, cold, full, _ in colds]
     for _ in range(50):
-        per = {}
-        for r in rows + got:
-            if r[1] in ("fwd", "bwd"):
-                per[(r[0], r[1])] = per.get((r[0], r[1]), 0.0) + r[4]
-        step = sum(per.values())
-        new = [(name, pas, label, cold,
-                full * refill_share(pass_ages(per.get((name, "fwd"), 0.0), per.get((name, "bwd"), 0.0),
-                                              step)[pas], tau))
+        per, step = step_passes((r[0], r[1], r[4]) for r in rows + got if r[1] in ("fwd", "bwd"))
+        new = [(name, pas, label, cold, full * aged_share(per, step, name, pas, tau))
                for name, pas, label, cold, full, tau in colds]
         done = max(abs(a[4] - b[4]) for a, b in zip(new, got)) <= 1e-12 * step
         got = new
