@@ -545,6 +545,39 @@ def test_the_wake_wait_splits_between_fetch_and_load_as_the_sweep_did():
     assert p.worker["FetchWeights"] - p.p_fetch * c["fetch"][0] == pytest.approx((1 - med) * wait, rel=1e-3)
 
 
+def test_where_no_swept_deposit_wakes_its_updater_the_wait_is_priced_per_cycle(monkeypatch):
+    """Runner entries at 3 x 2 whose FetchWeights + LoadImage ran X a cycle
+    beyond the model's price. Where their runs woke the updater often
+    enough, the per-deposit reading (``wake_wait``) prices it and nothing is
+    added per cycle; where none did (no run reaches ``MIN_WAKE_SHARE``, here
+    raised above 1), ``wake_cycle_wait`` gives a swept net its own X, another
+    small-vector net the median, and the prediction's LoadImage grows by it."""
+    from engine.perf import wake_wait as ww
+    X = {"tiny": 1e-4, "digits": 4e-4, "mnist": 3e-4}
+    impl, kw = model.RUNNER_SWEEP_IMPL, {"impl": model.RUNNER_SWEEP_IMPL}
+    es = [{"model": m, "n_subbatch": n, "ranks": 3, "workers": 2, "rel": 3.0, "host": 1.0, "source": "runner",
+           "solo_wall": 1e-3, "n_param": spec_mod.n_params(spec_mod.get_spec(m))}
+          for m, n in (("tiny", 8), ("digits", 16), ("mnist", 4))]
+    data = dict(PROF.data, backend="cpu", cores=2, cache={"l2_bytes": 2 << 20}, contention={"entries": es})
+    prof = Profile(data)
+    for e in es:
+        ref = model._predict(e["model"], 3, 2, e["n_subbatch"], prof, slowdown=prof.slowdown(3, 2, e["model"]),
+                             wake=0.0, ranks_per_host=3, impl=impl)
+        e["worker"] = {"FetchWeights": ref.worker["FetchWeights"], "LoadImage": ref.worker["LoadImage"] + X[e["model"]]}
+    assert ww.swept_wake_waits(prof, 3, 2, kw) and ww.wake_cycle_wait(prof, 3, 2, "cifar", kw) == 0.0
+    monkeypatch.setattr(ww, "MIN_WAKE_SHARE", 1.01)
+    prof = Profile(data)
+    assert ww.swept_wake_waits(prof, 3, 2, kw) == {} and ww.wake_wait(prof, 3, 2, "lenet", kw) == 0.0
+    assert ww.wake_cycle_wait(prof, 3, 2, "digits", kw) == pytest.approx(X["digits"], rel=1e-6)
+    med = float(np.median(list(X.values())))
+    assert ww.wake_cycle_wait(prof, 3, 2, "cifar", kw, 3_000_000) == pytest.approx(med, rel=1e-6)
+    a = model.step_costs("cifar", 3, 2, 4, prof, 3, impl, 2.0)
+    b = model.step_costs("cifar", 3, 2, 4, prof, 3, impl, 2.0, wake=0.0)
+    assert a["load"][0] - b["load"][0] == pytest.approx(med, rel=1e-6)
+    assert ww.wake_cycle_wait(prof, 1, 1, "cifar", kw) == 0.0
+    assert ww.wake_cycle_wait(Profile(dict(data, backend="gpu")), 3, 2, "cifar", kw) == 0.0
+
+
 @pytest.mark.parametrize("sa,sd", [(1.0, 0.0), (0.0, 2.0), (1.0, 1.0), (1.0, 3.0), (2.5, 0.7)])
 def test_two_independent_causes_of_lateness_compose_in_variance(sa, sd):
     """The wait for the slowest of N nodes, E[max_i X_i] - E[X], when each

@@ -36,7 +36,7 @@ from .queueing import (_first_deposit_wait, barrier_factor, barrier_wait, binom_
                        expected_staleness, lock_wait, slice_from_excess, t_barrier, with_slice_wait)
 from .step_times import _idle_at_deposit, _means, _updater_steps, _worker_steps, wake_load_share  # noqa: F401
 from .vector_age import vector_passes, worker_cycle
-from .wake_wait import wake_wait
+from .wake_wait import wake_cycle_wait, wake_wait
 
 # Training-set sizes used for T_Epoch when the caller does not give N_File.
 N_FILE = {"cnn-a": 1281167, "cnn-b": 1281167, "cnn-c": 1281167, "cifar": 50000,
@@ -183,6 +183,9 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
                                                   + (pr.runner_compute(n_param, age) if cpu else 0.0))
         return out
     w = worker_cycle(at, alone=ranks_per_host * n_gpu == 1)
+    if wake is None and cpu:
+        # The wait after a deposit where the updaters are never idle (wake_wait: per cycle).
+        w["LoadImage"] += wake_cycle_wait(pr, ranks_per_host, n_gpu, sp.name, {"impl": impl}, n_param)
     grad, update_val = (w["ComputeGradient"], pr.cv("sgemm")), (w["ComputeUpdateVal"], kern["ComputeUpdateVal"][1])
     parts = [(w["LoadImage"], kern["LoadImage"][1]), (w["DeformImage"], kern["DeformImage"][1]), grad, update_val]
     sl = n_param / n_node

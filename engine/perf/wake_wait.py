@@ -14,7 +14,16 @@ give each swept net's excess at those two steps over the model's price,
 per deposit that woke the updater in the model of that run. A swept net
 takes its own; another net the median over the swept nets whose vectors
 fit the L2 (cifar's 13 MB fetch copy slows under the sharing for another
-reason, bandwidth, which its slowdown already prices)."""
+reason, bandwidth, which its slowdown already prices).
+
+Where the swept nets' updaters were always busy (3 x 2: every swept
+small-vector net's model had under 0.04 of its deposits wake the
+updater) there is no per-deposit reading, and the wait was priced 0;
+their workers still lost 0.3-0.5 ms a cycle at those two steps, and the
+held-out small-vector nets of sets 5-13 (all seen) 0.49 ms (median of 28
+runs; FetchWeights + LoadImage short by 0.9-3.4 % of T_GPU in every set).
+There a worker pays the swept nets' excess per cycle instead
+(``wake_cycle_wait``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,21 +45,67 @@ def wake_wait(profile, ranks_per_host: int, n_gpu: int, model: str, kw: dict) ->
     return float(np.median(small)) if small else 0.0
 
 
+def wake_cycle_wait(profile, ranks_per_host: int, n_gpu: int, model: str, kw: dict, n_param=None) -> float:
+    """Seconds a worker waits after its deposit per cycle, whatever its
+    updater does, at a sharing where no swept small-vector net's runs woke
+    their updaters often enough to read a wait per waking deposit
+    (``wake_wait`` is 0 there): a swept net its own excess, another the
+    median over the swept nets whose vectors fit the L2 (``n_param``: this
+    net's parameters, toward the others' where its vectors overflow it); 0
+    elsewhere."""
+    if ranks_per_host * n_gpu < 2 or profile.data.get("backend", "cpu") != "cpu":
+        return 0.0
+    if any(not big for _, big in swept_wake_waits(profile, ranks_per_host, n_gpu, kw).values()):
+        return 0.0
+    per = swept_cycle_waits(profile, ranks_per_host, n_gpu, kw)
+    if model in per:
+        return per[model][0]
+    small = [(w, n) for w, big, n in per.values() if not big]
+    big = [(w, n) for w, b, n in per.values() if b]
+    if not small:
+        return 0.0
+    at = float(np.median([w for w, _ in small]))
+    if not big or n_param is None:
+        return at
+    # Nets whose vectors overflow the L2 toward the large swept nets' (cifar's
+    # 0: its fetch is priced by bandwidth), in log N_Param (as the slowdown's
+    # excess, profile_sharing._excess): the held-out ones of sets 9-13 at 3 x 2
+    # ran those steps up to 1.6 ms under their price (median 0.6).
+    wb = profile._big_weight(n_param, [n for _, n in small], [n for _, n in big])
+    return (1.0 - wb) * at + wb * float(np.median([w for w, _ in big]))
+
+
+def _runner_with_steps(e) -> bool:
+    return e.get("source") == "runner" and all(s in (e.get("worker") or {}) for s in WAKE_STEPS)
+
+
+def _excess(profile, e, ref) -> float:
+    """A swept run's FetchWeights and LoadImage beyond the model's price of them."""
+    return sum(e["worker"][s] * profile.time_scale - ref.worker[s] for s in WAKE_STEPS)
+
+
+def swept_cycle_waits(profile, R, n_gpu, kw) -> dict:
+    """{swept net: (seconds of excess per cycle, >= 0, whether its vectors
+    overflow the L2, its N_Param)} from the runner contention entries of
+    this sharing."""
+    from .model import per_swept_run
+    return per_swept_run(profile, R, n_gpu, kw, "_wake_cycle_waits",
+                         lambda e, ref: (max(_excess(profile, e, ref), 0.0), profile._overflows_l2(e.get("n_param")),
+                                         float(e.get("n_param") or 0)),
+                         accept=_runner_with_steps, wake=0.0)
+
+
 def swept_wake_waits(profile, R, n_gpu, kw) -> dict:
     """{swept net: (seconds per waking deposit, whether its vectors overflow
     the L2)} from the runner contention entries of this sharing; kept on the
     profile per sharing (``model.per_swept_run``)."""
     from .model import per_swept_run
 
-    def runner_with_steps(e):
-        return e.get("source") == "runner" and all(s in (e.get("worker") or {}) for s in WAKE_STEPS)
-
     def per_waking_deposit(e, ref):
         share = ref.extra.get("wake_share") or 0.0
         if share < MIN_WAKE_SHARE:
             return None
-        excess = sum(e["worker"][s] * profile.time_scale - ref.worker[s] for s in WAKE_STEPS)
-        return max(excess, 0.0) / share, profile._overflows_l2(e.get("n_param"))
+        return max(_excess(profile, e, ref), 0.0) / share, profile._overflows_l2(e.get("n_param"))
 
     return per_swept_run(profile, R, n_gpu, kw, "_wake_waits", per_waking_deposit,
-                         accept=runner_with_steps, wake=0.0)
+                         accept=_runner_with_steps, wake=0.0)
