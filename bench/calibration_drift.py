@@ -5,7 +5,7 @@
     /work/coord/cpu-exclusive python bench/calibration_drift.py --live 3 --out F.jsonl   # ~1 min
 
 ``--history`` re-predicts every saved validation run of the seen sets
-(the fitted grid of sessions 5-14, test sets 5-12) with this code and the
+(the fitted grid of sessions 5-15, test sets 5-13) with this code and the
 profile the run was judged against, and scores four rules of rescaling by
 the calibration: none; the whole workload's ratio on every time; each
 part's ratio whole beyond the 10 % band (the check before session 13); and
@@ -99,7 +99,8 @@ def _rules(then, now):
     """(k, kc): the scales of per-unit and per-call costs by each rule: none;
     the whole workload's ratio on every time (shrunk by its noise as the
     check does); each part's ratio whole beyond its band (the check before
-    session 13); ``calibrate.compare`` as it is now (by part, shrunk)."""
+    session 13; the band is ``_noise``'s, since session 16 with a
+    calibration's call-to-call spread); ``calibrate.compare`` as it is now (by part, shrunk)."""
     from engine.perf.calibrate import _noise, _weight, compare
     r = now["wall_s"] / then["wall_s"]
     whole = r ** _weight(then, now, r)
@@ -361,8 +362,8 @@ def anchor(profile, records, out):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--history", action="store_true", help="rescore the saved runs (no timing)")
-    ap.add_argument("--runs", default=",".join([f"fitted{i}" for i in (5, 6, 7, 8, 9, 10, 12, 13, 14)]
-                                               + [f"test{i}" for i in range(5, 13)]),
+    ap.add_argument("--runs", default=",".join([f"fitted{i}" for i in (5, 6, 7, 8, 9, 10, 12, 13, 14, 15)]
+                                               + [f"test{i}" for i in range(5, 14)]),
                     help="saved runs of --history (seen sets only)")
     ap.add_argument("--rows", default="calibration_history.jsonl",
                     help="--history: each run's predictions are kept here, so it can go in parts (--runs)")
