@@ -233,11 +233,10 @@ def live(rounds, out):
     import tempfile
     import multiprocessing as mp
     from engine import ops
-    from engine.net import Net
+    from calibration_transfer import net_step, timed as timed_for
     from engine.perf.calibrate import calibration_step
     from engine.perf.sweep_runner import runner_job, runner_step_means, synthetic_npz
     from engine.perf.timing import set_threads
-    from engine.spec import get_spec
     set_threads(1)
     rng = np.random.default_rng(0)
 
@@ -250,25 +249,14 @@ def live(rounds, out):
         d = np.empty_like(s)
         return lambda: np.copyto(d, s)
 
-    def step(name, n):
-        sp = get_spec(name)
-        net = Net(sp, seed=0)
-        x = rng.standard_normal((n,) + sp.input_shape).astype(np.float32)
-        y = rng.integers(0, sp.n_classes, n)
-        return lambda: net.loss_and_grad(x, y)
+    step = lambda name, n: net_step(name, n, rng)
     g192, c4 = gemm(192), copy(4)
     spec = lambda f: str(Path(__file__).resolve().parent / "specs" / f)
     parts = {"kernel": lambda: (g192(), c4()), "python": step("tiny", 8), "cifar4": step("cifar", 4),
              "cifar1": step("cifar", 1), "gemm128": gemm(128), "gemm256": gemm(256), "gemm512": gemm(512),
              "copy32": copy(32), "d4_14": step(spec("heldout_d4.json"), 14), "d8_9": step(spec("heldout_d8.json"), 9)}
 
-    def timed(fn, sec=0.4):
-        fn()
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < sec or n < 3:
-            fn()
-            n += 1
-        return (time.perf_counter() - t0) / n
+    timed = lambda fn, sec=0.4: timed_for(fn, sec)
 
     def helper(conn):             # core 1: runs a part while the parent times it on core 0
         os.sched_setaffinity(0, {1})

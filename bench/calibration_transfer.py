@@ -176,30 +176,36 @@ def passes(rows) -> dict:
     return res
 
 
-def live(rounds, back, out):
+def net_step(name, n, rng):
+    """One one-thread training step of net ``name`` at batch ``n`` on random
+    data, as a call (its time does not depend on the values)."""
     from engine.net import Net
+    from engine.spec import get_spec
+    sp = get_spec(name)
+    net = Net(sp, seed=0)
+    x = rng.standard_normal((n,) + sp.input_shape).astype(np.float32)
+    y = rng.integers(0, sp.n_classes, n)
+    return lambda: net.loss_and_grad(x, y)
+
+
+def timed(fn, sec=0.5):
+    """Seconds per call of ``fn``, warm (one call first), over at least
+    ``sec`` and 3 calls."""
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < sec or n < 3:
+        fn()
+        n += 1
+    return (time.perf_counter() - t0) / n
+
+
+def live(rounds, back, out):
     from engine.perf.calibrate import calibration_step
     from engine.perf.sweep_runner import runner_job, synthetic_npz
     from engine.perf.timing import set_threads
-    from engine.spec import get_spec
     set_threads(1)
     rng = np.random.default_rng(0)
-
-    def step(name, n):
-        sp = get_spec(name)
-        net = Net(sp, seed=0)
-        x = rng.standard_normal((n,) + sp.input_shape).astype(np.float32)
-        y = rng.integers(0, sp.n_classes, n)
-        return lambda: net.loss_and_grad(x, y)
-    steps = {f"{net}|{n}": step(net, n) for net, n in STEPS}
-
-    def timed(fn, sec=0.5):
-        fn()
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < sec or n < 3:
-            fn()
-            n += 1
-        return (time.perf_counter() - t0) / n
+    steps = {f"{net}|{n}": net_step(net, n, rng) for net, n in STEPS}
     stamp = lambda kind, i: {"kind": kind, "i": i, "utc": time.strftime("%H:%M:%S", time.gmtime()),
                              "load": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="calibration-transfer-") as tmp, open(out, "a") as f:
