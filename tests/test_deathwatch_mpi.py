@@ -21,20 +21,31 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT), SPRINT_DEVICE="cpu", OMP_NUM_THREAD
            OPENBLAS_NUM_THREADS="1", MPIEXEC_TIMEOUT="120")
 
 
-def _job(tmp_path, n=2):
+HOSTS = ROOT / "tests" / "mpi" / "hosts.py"
+
+
+def _job(tmp_path, n=2, hosts=None):
     run = tmp_path / "run"
-    p = subprocess.Popen(["mpiexec", "-n", str(n), sys.executable, "-m", "engine.cli", "train", "--parallel", "sync",
+    how = ["-m", "engine.cli"] if hosts is None else [str(HOSTS), ",".join(hosts)]
+    p = subprocess.Popen(["mpiexec", "-n", str(n), sys.executable, *how, "train", "--parallel", "sync",
                           "--epochs", "200", "--out", str(run), "--no-progress"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
-    pids = dict((int(r), int(pid)) for r, pid in re.findall(r"rank (\d+) pid (\d+)", p.stderr.readline()))
+    first = p.stderr.readline()
+    pids = dict((int(r), int(pid)) for r, pid in re.findall(r"rank (\d+) pid (\d+)", first))
+    if hosts is not None:               # the emulation took: the job says its ranks' hosts
+        assert all(f"rank {r} pid {pids.get(r)}@{h}" in first for r, h in enumerate(hosts)), first
     return p, run, pids
 
 
 @pytest.mark.mpi
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")
-@pytest.mark.parametrize("n, victim", [(2, 1), (2, 0), (3, 2)])
-def test_a_rank_killed_outright_is_named_with_the_epoch_kept(tmp_path, n, victim):
-    p, run, pids = _job(tmp_path, n)
+@pytest.mark.parametrize("n, victim, hosts", [
+    (2, 1, None), (2, 0, None), (3, 2, None),
+    # a job across hosts (emulated: the ranks' host names differ), which had no watcher
+    (3, 2, ("localhost", "localhost", "127.0.0.1")), (3, 0, ("localhost", "127.0.0.1", "127.0.0.1")),
+])
+def test_a_rank_killed_outright_is_named_with_the_epoch_kept(tmp_path, n, victim, hosts):
+    p, run, pids = _job(tmp_path, n, hosts)
     try:
         assert len(pids) == n, pids
         for line in p.stdout:
@@ -60,8 +71,8 @@ def test_a_rank_killed_outright_is_named_with_the_epoch_kept(tmp_path, n, victim
     assert load(run)["epoch"] >= epoch
 
 
-def _watcher(size, note=""):
-    """The watcher on a thread, and ``size`` connected ranks (sockets of this process)."""
+def _watcher(size, note="", token=None, connected=None):
+    """The watcher on a thread, and ``size`` (or ``connected``) connected ranks (sockets of this process)."""
     import socket
     import threading
     addr = f"\0sprint-deathwatch-test-{os.getpid()}-{time.monotonic_ns()}"
@@ -69,14 +80,15 @@ def _watcher(size, note=""):
     listener.bind(addr)
     listener.listen(size)
     r, w = os.pipe()
-    th = threading.Thread(target=deathwatch.watch, args=({"size": size, "address": addr, "note": note}, listener, w),
+    job = {"size": size, "address": addr, "note": note, **({"token": token} if token else {})}
+    th = threading.Thread(target=deathwatch.watch, args=(job, listener, w),
                           kwargs={"accept_s": 10.0}, daemon=True)
     th.start()
     ranks = []
-    for i in range(size):
+    for i in range(size if connected is None else connected):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(addr)
-        s.sendall(f"rank {i}\n".encode())
+        s.sendall(f"rank {i}{' ' + token if token else ''}\n".encode())
         ranks.append(s)
     time.sleep(0.3)                      # every rank accepted
 
@@ -85,6 +97,7 @@ def _watcher(size, note=""):
         assert not th.is_alive()
         os.close(w)
         return os.read(r, 10000).decode()
+    said.address = addr
     return ranks, said
 
 
@@ -97,6 +110,22 @@ def test_the_first_rank_gone_is_named_with_what_the_run_keeps():
     for s in ranks[:2]:
         s.close()                        # the launcher's kill of the others
     assert said() == deathwatch._line([2], 3, "; epoch 2 is saved: resume with: X")
+
+
+def test_across_hosts_a_connection_without_the_token_is_no_rank():
+    """A job across hosts listens on TCP, where anyone may connect: only a
+    connection that said 'rank R TOKEN' is a rank's, and only a rank's
+    'quiet' silences the watcher."""
+    import socket
+    ranks, said = _watcher(2, token="t0k", connected=1)
+    stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stranger.connect(said.address)
+    stranger.sendall(b"rank 0 guess\nquiet\nsaved ; forged\n")
+    time.sleep(0.2)
+    stranger.close()                     # closes first: not a rank, says nothing
+    time.sleep(0.2)
+    ranks[0].close()
+    assert said() == deathwatch._line([0], 2, "")
 
 
 def test_a_rank_that_leaves_on_purpose_keeps_it_silent():

@@ -18,6 +18,15 @@ hook, ``say_before_abort``, MPI_Abort, the agreed exit) and the watcher
 stays silent; rank 0 keeps it told what the run keeps (``saved``), which
 the line ends with: '...; epoch 3 is saved: resume with: ...'.
 
+A job across hosts: the ranks on other hosts than rank 0's reach the same
+watcher over TCP (rank 0 shares its address, routed toward each host, and
+a token the watcher wants before it counts a connection as a rank's). A
+rank killed there closes its connection with a FIN that crosses the
+network once; the launcher's kill of the others crosses it at least twice
+(the dead rank's proxy tells mpiexec, mpiexec tells every proxy) and waits
+for three processes to wake, so the first to close still names it. Before,
+such a job had no watcher and ended on mpiexec's banner alone.
+
 (The pidfds of the ranks, tried first, order deaths by the end of their
 teardown, which a big rank finishes after the launcher's victims: under
 load the line named the wrong rank.)
@@ -43,38 +52,104 @@ def _address(places) -> str:
     return f"\0sprint-deathwatch-{pid}-{host}"
 
 
-def start(rank: int, size: int, places, note: str = "") -> bool:
+def start(rank: int, size: int, places, note: str = "", share=None) -> bool:
     """On every rank of a job, once ``places`` ((host, pid) of every rank) is
     known: rank 0 starts the watcher, every rank connects to it. A job across
-    hosts gets none (a connection closing on another host says nothing of
-    the order of deaths). False when this rank has no watcher."""
-    if size <= 1 or len({h for h, _ in places}) != 1 or not sys.platform.startswith("linux"):
+    hosts needs ``share`` (every rank calls it at the same point; it returns
+    rank 0's argument on every rank: a broadcast) to hand the ranks on other
+    hosts the watcher's TCP address; without it that job gets none. False
+    when this rank has no watcher."""
+    hosts = {h for h, _ in places}
+    if size <= 1 or not sys.platform.startswith("linux") or (len(hosts) > 1 and share is None):
         return False
-    addr = _address(places)
+    addr, here = _address(places), places[rank][0]
+    job = {"size": size, "address": addr, "note": note}
+    remote = None                           # (token, {host: (ip, port)}) for a job across hosts
     if rank == 0:
-        import subprocess
-        job = {"size": size, "address": addr, "note": note}
-        try:
-            subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(job)],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
-        except OSError:
+        tcp = _tcp_listener(places) if len(hosts) > 1 else None
+        if tcp is not None:
+            listener, remote = tcp
+            job["token"], job["tcp_fd"] = remote[0], listener.fileno()
+            if not _spawn(job, [listener.fileno()]):
+                remote = None
+            listener.close()                # the watcher holds it now
+        elif len(hosts) == 1 and not _spawn(job, []):
             return False
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)       # not inherited by children
-    deadline = time.monotonic() + CONNECT_S
-    while True:
-        try:
-            sock.connect(addr)
-            sock.sendall(f"rank {rank}\n".encode())
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                sock.close()
-                return False
-            time.sleep(0.01)
+    if len(hosts) > 1:
+        remote = share(remote)              # collective: every rank, watcher or none
+        if remote is None:
+            return False
+    sock = _connect(addr if here == places[0][0] else remote[1].get(here))
+    if sock is None:
+        return False
+    try:
+        sock.sendall(f"rank {rank}{'' if remote is None else ' ' + remote[0]}\n".encode())
+    except OSError:
+        sock.close()
+        return False
     _state["sock"] = sock
     import atexit
     atexit.register(quiet)
     return True
+
+
+def _spawn(job: dict, fds) -> bool:
+    import subprocess
+    try:
+        subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(job)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+                         pass_fds=fds)
+    except OSError:
+        return False
+    return True
+
+
+def _routed_from_here(host: str):
+    """The address of this host on the route toward ``host`` (a UDP socket
+    connected there sends nothing), or None when ``host`` does not resolve."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            u.connect((socket.gethostbyname(host), 9))
+            return u.getsockname()[0]
+    except OSError:
+        return None
+
+
+def _tcp_listener(places):
+    """Rank 0 of a job across hosts: (listening TCP socket, (token, {host:
+    (address, port)})) for the ranks on the other hosts, or None."""
+    import secrets
+    others = sorted({h for h, _ in places} - {places[0][0]})
+    try:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("", 0))
+        listener.listen(len(places))
+    except OSError:
+        return None
+    port = listener.getsockname()[1]
+    where = {h: (ip, port) for h in others if (ip := _routed_from_here(h)) is not None}
+    return listener, (secrets.token_hex(16), where)
+
+
+def _connect(addr):
+    """A connection to the watcher at ``addr`` (an abstract Unix name, or
+    (ip, port)), tried for CONNECT_S while it starts; None if none."""
+    if addr is None:
+        return None
+    family = socket.AF_UNIX if isinstance(addr, str) else socket.AF_INET
+    deadline = time.monotonic() + CONNECT_S
+    while True:
+        sock = socket.socket(family, socket.SOCK_STREAM)        # not inherited by children
+        try:
+            sock.connect(tuple(addr) if family == socket.AF_INET else addr)
+            if family == socket.AF_INET:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except OSError:
+            sock.close()
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
 
 
 def _send(text: str) -> None:
@@ -113,23 +188,34 @@ def _line(dead, size, note) -> str:
 
 def watch(job: dict, listener=None, err=2, accept_s: float = 60.0) -> int:
     """The watcher's loop: until every rank that connected is gone (or none
-    came within ``accept_s``)."""
+    came within ``accept_s``). With ``job["token"]`` (a job across hosts) a
+    connection counts as a rank's only once it said 'rank R TOKEN'."""
+    listeners = []
     if listener is None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(job["address"])
         listener.listen(job["size"])
+    listeners.append(listener)
+    if job.get("tcp_fd") is not None:
+        listeners.append(socket.socket(fileno=job["tcp_fd"]))
+    token = job.get("token")
     poll = select.poll()
-    poll.register(listener, select.POLLIN)
+    for li in listeners:
+        poll.register(li, select.POLLIN)
     conns = {}                              # fd -> [socket, rank or None, pending bytes]
-    note, quiet, said, accepted = job.get("note", ""), False, False, 0
+    note, quiet, said, ranks = job.get("note", ""), False, False, 0
     deadline = time.monotonic() + accept_s
-    while conns or (listener is not None and time.monotonic() < deadline):
-        timeout = None if listener is None else max(0.0, deadline - time.monotonic()) * 1e3
+    while conns or (listeners and time.monotonic() < deadline):
+        timeout = None if not listeners else max(0.0, deadline - time.monotonic()) * 1e3
         events = poll.poll(timeout)
         dead = []
         for fd, _ in events:
-            if listener is not None and fd == listener.fileno():
-                c, _ = listener.accept()
+            li = next((li for li in listeners if li.fileno() == fd), None)
+            if li is not None:
+                try:
+                    c, _ = li.accept()
+                except OSError:
+                    continue
                 c.setblocking(False)
                 conns[c.fileno()] = [c, None, b""]
                 poll.register(c, select.POLLIN)
@@ -152,8 +238,10 @@ def watch(job: dict, listener=None, err=2, accept_s: float = 60.0) -> int:
             *lines, entry[2] = entry[2].split(b"\n")
             for ln in lines:
                 text = ln.decode("utf-8", "replace")
-                if text.startswith("rank "):
-                    entry[1] = int(text[5:])
+                if entry[1] is None:        # its first line says whose it is
+                    r, _, key = text[5:].partition(" ") if text.startswith("rank ") else ("", "", "")
+                    if r.isdigit() and key == (token or ""):
+                        entry[1], ranks = int(r), ranks + 1
                 elif text == "quiet":
                     quiet = True
                 elif text.startswith("saved "):
@@ -168,11 +256,11 @@ def watch(job: dict, listener=None, err=2, accept_s: float = 60.0) -> int:
             said = True                     # only the first closing tells the ranks apart
             if not quiet:
                 os.write(err, _line(dead, job["size"], note).encode())
-        accepted += sum(1 for fd, _ in events if listener is not None and fd == listener.fileno())
-        if listener is not None and (said or accepted >= job["size"]):     # no rank comes any more
-            poll.unregister(listener)
-            listener.close()
-            listener = None
+        if listeners and (said or ranks >= job["size"]):     # no rank comes any more
+            for li in listeners:
+                poll.unregister(li)
+                li.close()
+            listeners = []
     return 0
 
 

@@ -55,7 +55,9 @@ class Watchdog:
         import socket
         self.places = waits.allgather_obj(self.mc, (socket.gethostname(), os.getpid()), pause=0.001)
         from engine.parallel import deathwatch
-        deathwatch.start(self.rank, self.size, self.places)   # a rank killed outright: its line
+        # a rank killed outright: its line (a job across hosts: the watcher's address, from rank 0)
+        deathwatch.start(self.rank, self.size, self.places,
+                         share=lambda obj: waits.bcast_obj(self.mc, obj, pause=0.001))
         self.active = True
         self._th = threading.Thread(target=self._loop, name="sprint-watchdog", daemon=True)
         self._th.start()
