@@ -3,6 +3,7 @@ in engine.train (strategies via engine.session), engine.plot and engine.spec."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -249,10 +250,21 @@ def cmd_train(args) -> int:
         cfg = _as_option_error(lambda: resume_config(args.resume, **given, **common))
     else:
         out = args.out or _new_run_dir(given.get("model", TrainConfig.model))
-        cfg = _as_option_error(lambda: TrainConfig(out=out, **given, **common))
-    if not _registry_strategy(cfg).distributed:
-        _train.refuse_launcher_ranks(cfg)
-    res = _train.train(cfg)
+    from .parallel.launcher import launcher_rank
+    claimed = None if args.resume or args.out or launcher_rank() != 0 else out     # made by _new_run_dir
+    try:
+        if not args.resume:
+            cfg = _as_option_error(lambda: TrainConfig(out=out, **given, **common))
+        if not _registry_strategy(cfg).distributed:
+            _train.refuse_launcher_ranks(cfg)
+        res = _train.train(cfg)
+    except BaseException:
+        # the runs/MODEL-TIMESTAMP folder this command made, still empty: each
+        # mistyped option (--epochs 0, --model nosuch) left one behind
+        if claimed is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(claimed)
+        raise
     if res.get("rank", 0) != 0:
         return 0
     acc = res.get("test_acc")

@@ -48,3 +48,27 @@ def test_report_of_a_parallel_run_stopped_early_says_why_it_has_no_statistics(tm
     (run / "config.json").write_text(json.dumps({"train": {"parallel": None, "epochs": 100}}))
     assert cli.main(["report", str(run)]) == 2
     _one_error(capsys, "a one-process run writes none")
+
+
+def test_report_of_a_finished_one_process_run_says_it_writes_none(tmp_path, capsys):
+    # `sprint train` then `sprint report` of its folder: it said 'this one stopped after 10 epochs of 10;
+    # run it to its end with sprint train --resume' (config.json names the mode "none", not None)
+    import json
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"train": {"parallel": "none", "epochs": 10}}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e}) + "\n" for e in range(1, 11)))
+    assert cli.main(["report", str(run)]) == 2
+    _one_error(capsys, "a one-process run writes none", f"({run})")
+
+
+@pytest.mark.parametrize("argv", [["--epochs", "0"], ["--model", "nosuch"], ["--data", "/nonexistent"],
+                                  ["--lr", "-1"]])
+def test_a_refused_train_leaves_no_empty_run_folder(tmp_path, monkeypatch, capsys, argv):
+    """Each mistyped `sprint train` left an empty runs/MODEL-TIMESTAMP behind."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "kept").mkdir()            # another run's folder stays
+    assert cli.main(["train", *argv, "--no-progress"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["kept"]

@@ -25,7 +25,7 @@ def _why_no_stats(run_dir) -> str:
         mode, planned = train["parallel"], train["epochs"]
     except (OSError, ValueError, KeyError, TypeError):
         return ""
-    if not mode:
+    if not mode or mode == "none":      # one process: it writes none, stopped or not
         return ""
     from engine.errors import counted
     done = 0
