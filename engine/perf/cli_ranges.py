@@ -173,25 +173,13 @@ def plan_tables(model, gpus: int, batch: int):
     return max(sizes, default=0), sum(sizes)
 
 
-def available_memory():
-    """Bytes of memory free for a new allocation (Linux's MemAvailable), or
-    None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def check_plan_size(model, gpus: int, batch: int, free=None) -> str:
     """Refuse a layer-wise search whose largest cost table does not fit in
     the memory free (``free`` bytes; this machine's when None); otherwise
     '' or how long its tables take to build."""
+    from engine.session.setup import available_memory     # MemAvailable, as sprint train's check
     largest, total = plan_tables(model, gpus, batch)
-    free = available_memory() if free is None else free
+    free = available_memory(None) if free is None else free
     need = largest * PLAN_BYTES_PER_ENTRY
     if free is not None and need > free:
         raise RunError(f"the layer-wise search on {gpus:,} devices needs a cost table of {largest:,} entries "
