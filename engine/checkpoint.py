@@ -220,6 +220,22 @@ def load(path) -> dict:
     return _join(meta, arrays, path)
 
 
+def check_params(state: dict, spec, where) -> None:
+    """Refuse a checkpoint whose parameter vector (or the optimizer's
+    momentum beside it) is not its network's length -- cut or edited by hand:
+    the net said 'set_flat: v must have shape (151306,), got (10,)' and ASGD
+    'could not broadcast input array from shape (7,)', neither naming the file."""
+    from engine import spec as spec_mod
+    n = spec_mod.n_params(spec)
+    optim = state.get("optim") if isinstance(state.get("optim"), dict) else {}
+    for what, a in (("parameter", state.get("params")), ("momentum", state.get("momentum")),
+                    ("momentum", optim.get("velocity"))):
+        shape = getattr(a, "shape", None)
+        if (a is not None or what == "parameter") and shape != (n,):
+            raise CheckpointError(f"corrupt checkpoint: its {what} vector has shape {shape}, network {spec.name!r} "
+                                  f"has {n:,} parameters", where)
+
+
 def load_meta(path) -> dict:
     """The JSON values of a checkpoint, arrays left out (cheap for big nets)."""
     path = _resolve(path)

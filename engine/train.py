@@ -75,6 +75,7 @@ def load_checkpoint(path):
         spec = NetSpec.from_dict(state["spec"])
     except (KeyError, TypeError, ValueError) as e:
         raise _ckpt.CheckpointError(f"the checkpoint's network spec is invalid ({e})", path) from None
+    _ckpt.check_params(state, spec, path)
     net = Net(spec)
     net.set_flat(state["params"])
     return net, state

@@ -72,3 +72,29 @@ def test_a_refused_train_leaves_no_empty_run_folder(tmp_path, monkeypatch, capsy
     assert cli.main(["train", *argv, "--no-progress"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["kept"]
+
+
+def _cut(path, key, n=7):
+    import numpy as np
+    arrays = dict(np.load(path))
+    arrays[key] = arrays[key][:n]
+    np.savez(path, **arrays)
+
+
+@pytest.mark.parametrize("key, what", [("params", "parameter"), ("optim.velocity", "momentum")])
+def test_a_checkpoint_cut_by_hand_is_named(tmp_path, capsys, key, what):
+    """A parameter or momentum vector of another length than the net's: the
+    net said 'set_flat: v must have shape (151306,), got (7,)' and the
+    optimizer 'velocity shape (7,) does not match', neither naming the file."""
+    run = tmp_path / "run"
+    assert cli.main(["train", "--epochs", "1", "--out", str(run), "--no-progress", "--quiet"]) == 0
+    capsys.readouterr()
+    _cut(run / "checkpoint.npz", key)
+    line = (f"corrupt checkpoint: its {what} vector has shape (7,), network 'digits' has 151,306 parameters "
+            f"({run / 'checkpoint.npz'})")
+    assert cli.main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) != 0
+    _one_error(capsys, line)
+    if key == "params":
+        for argv in (["eval", str(run)], ["train", "--init-from", str(run), "--out", str(tmp_path / "b")]):
+            assert cli.main(argv) != 0
+            _one_error(capsys, f"corrupt checkpoint: its parameter vector has shape (7,)", f"({run})")

@@ -119,6 +119,9 @@ class Session:
             raise RunError(f"the checkpoint was written for model {name!r}, not {self.spec.name!r}", where)
         if need_params and "params" not in state:
             raise RunError("the checkpoint holds no parameters", where)
+        if need_params:
+            from engine.checkpoint import check_params
+            check_params(state, self.spec, where)
 
     def _on_root(self, fn):
         """fn() on rank 0; its result, or its error, on every rank."""
