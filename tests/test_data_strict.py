@@ -395,3 +395,23 @@ def test_npz_member_declaring_more_than_it_holds_is_refused_before_allocation(tm
     with pytest.raises(ValueError, match=r"^not a readable .npz archive .*x.npy declares shape "
                                          r"\(4194304, 1024, 1024\).* \(\S*big.npz\)$"):
         load_dataset(tmp_path / "big.npz")
+
+
+def test_a_class_folder_without_images_is_warned_of(tmp_path, capsys):
+    """An empty class folder (a typo, images one level deeper) still counted as
+    a class: the net got an output no training image teaches, in silence."""
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        for i in range(4):
+            Image.fromarray(np.full((8, 8), 40 * i + (c == "b"), np.uint8)).save(tmp_path / c / f"{i}.png")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "nested").mkdir()
+    train, test = load_dataset(str(tmp_path), "tree")
+    assert train.n_classes == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"sprint: warning: 1 class folder without an image file: c; the network still gets an output "
+                   f"for each, which no training image teaches ({tmp_path})"], err
+    (tmp_path / "c" / "nested").rmdir()
+    shutil.copy(tmp_path / "a" / "0.png", tmp_path / "c" / "0.png")
+    load_dataset(str(tmp_path), "tree")
+    assert capsys.readouterr().err == ""

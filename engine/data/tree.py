@@ -56,6 +56,14 @@ def load_tree(root: Path, size=None, channels=None, test_fraction=0.2, split_see
         if extra:
             raise RunError(f"classes {extra} are not among the {len(classes)} training classes", d)
         listed.append(_list_tree(found, classes))
+    empty = [c for k, c in enumerate(classes) if not np.any(listed[0][1] == k)]
+    if empty:
+        # the class count (the net's outputs) still counts them: a typo'd or nested folder trained silently
+        from engine.errors import counted
+        from .dataset import warn
+        warn(f"{counted(len(empty), 'class folder')} without an image file: {', '.join(empty[:5])}"
+             + (f" (and {len(empty) - 5} more)" if len(empty) > 5 else "")
+             + f"; the network still gets an output for each, which no training image teaches ({parts[0][0]})")
     first = _first_size(listed[0][0])
     if first is None:
         raise RunError("dataset is empty (no readable image; "
