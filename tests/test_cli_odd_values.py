@@ -98,3 +98,16 @@ def test_a_checkpoint_cut_by_hand_is_named(tmp_path, capsys, key, what):
         for argv in (["eval", str(run)], ["train", "--init-from", str(run), "--out", str(tmp_path / "b")]):
             assert cli.main(argv) != 0
             _one_error(capsys, f"corrupt checkpoint: its parameter vector has shape (7,)", f"({run})")
+
+
+def test_more_threads_than_cores_is_warned_of(tmp_path, capsys, monkeypatch):
+    """--threads 64 on 2 cores trained digits 5x slower than 1 thread, in silence."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert cli.main(["train", "--epochs", "1", "--threads", "2", "--out", str(tmp_path / "r"), "--no-progress",
+                     "--quiet"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["sprint: warning: --threads 2 is more than the 1 core this process may run on: the threads take "
+                   "turns on them, which is slower, not faster (--threads)"], err
+    assert cli.main(["train", "--epochs", "1", "--threads", "1", "--out", str(tmp_path / "s"), "--no-progress",
+                     "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
