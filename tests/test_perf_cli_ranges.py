@@ -188,3 +188,19 @@ def test_tune_with_no_configuration_inside_the_epoch_is_one_error(capsys):
     assert cli.main(["tune", "--model", "tiny", "--target-minibatch", "1", "--n-file", "1", "--workers", "2",
                      "--max-nodes", "1", "--no-calibrate"]) == 2
     _one_error(capsys, "more workers x N_Subbatch than the 1 samples", "(--n-file)")
+
+
+@pytest.mark.parametrize("out, where", [("/proc/sprint-plan.json", "(/proc)"), ("{file}/plan.json", "({file})")])
+def test_plan_refuses_an_unwritable_out_before_its_search(tmp_path, capsys, monkeypatch, out, where):
+    """`plan --out /proc/x.json` searched, then said 'no such file or folder
+    (/proc/x.json)'; under a file it named the plan, not the file in its way."""
+    _no_calibration(monkeypatch)
+    from engine.perf import layerwise
+
+    def built(*a, **kw):
+        raise AssertionError("the cost tables were built")
+    monkeypatch.setattr(layerwise, "cost_graph", built)
+    (tmp_path / "f").write_text("")
+    out, where = out.format(file=tmp_path / "f"), where.format(file=tmp_path / "f")
+    assert cli.main(["plan", "--model", "tiny", "--gpus", "2", "--out", out]) == 2
+    _one_error(capsys, where)

@@ -36,7 +36,7 @@ def _write_json(path, obj):
     atomic_write(path, json.dumps(obj))
 
 
-def _check_outputs(*paths):
+def check_outputs(*paths):
     """Refuse an output that cannot be written before a sweep of minutes, not
     after it (the sweep would be lost)."""
     for path in paths:
@@ -106,7 +106,7 @@ def _update_profile(args, only) -> int:
         raise RunError(f"only {', '.join(ON_TOP)} can be added to an existing profile, not {', '.join(bad)}",
                        "--only")
     prof = Profile.load(args.update)
-    _check_outputs(args.out or args.update, args.records)
+    check_outputs(args.out or args.update, args.records)
     if only and "calibration" in only:
         if len(only) > 1:
             raise RunError("--only calibration is measured alone", "--only")
@@ -161,7 +161,7 @@ def cmd_profile(args) -> int:
     only = [n.strip() for n in args.only.split(",")] if args.only else None
     if args.update:
         return _update_profile(args, only)
-    _check_outputs(args.out or "profile.json", args.records, args.plots and Path(args.plots) / "x.png")
+    check_outputs(args.out or "profile.json", args.records, args.plots and Path(args.plots) / "x.png")
     old = _read_records(args.from_records) if args.from_records else None
     if old is not None and only is None:
         data = old

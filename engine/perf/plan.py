@@ -254,6 +254,9 @@ def cmd_plan(args) -> int:
     check_calibration(args)
     # a search too big for this machine's memory is refused before any of its seconds
     slow = check_plan_size(args.model, args.gpus, args.batch or 32 * args.gpus)
+    if args.out:                       # refused before the search, not after it (as sprint profile's outputs)
+        from .cli_profile import check_outputs
+        check_outputs(args.out)
     prof = load_profile(args.profile)
     for warning in (node_warning(args.gpus, prof, "--gpus"), slow):
         if warning:
