@@ -44,3 +44,14 @@ def test_tune_and_simulate_lines_with_ones():
     head = asgd.format_simulation(sim).splitlines()[0]
     assert head.startswith("tiny: 1 node x 1 worker = 1 simulated GPU, N_Subbatch 8: 5 updates"), head
     assert not _ONE_PLURAL.search(head), head
+
+
+def test_a_data_set_of_one_class_is_counted(tmp_path, capsys):
+    """'bad4/train has 1 classes; give a --model that takes 8x8x1 images of 1 classes'."""
+    import numpy as np
+    from engine import cli
+    np.savez(tmp_path / "one.npz", x=np.zeros((10, 1, 8, 8), np.float32), y=np.zeros(10, np.int64))
+    assert cli.main(["train", "--data", str(tmp_path / "one.npz"), "--out", str(tmp_path / "r"), "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "model digits has 10 outputs but one/train has 1 class; give a --model that takes 8x8x1 images of 1 class " \
+           "(a spec file" in err, err

@@ -100,9 +100,10 @@ def check_sizes(train, test, size, resize, source):
 def model_for(ds) -> str:
     """'give --model cifar (the preset for 32x32x3 images of 10 classes)': the
     presets that take ``ds`` as it is, for a message about a net that does not."""
+    from engine.errors import counted
     from engine.spec import PRESETS
     c, h, w = ds.shape
-    kind = f"{h}x{w}x{c} images of {ds.n_classes} classes"
+    kind = f"{h}x{w}x{c} images of {counted(ds.n_classes, 'class', 'classes')}"
     fit = [n for n, s in PRESETS.items() if (s.m0, s.x0, s.x0, s.n_classes) == (c, h, w, ds.n_classes)]
     if not fit:
         return f"give a --model that takes {kind} (a spec file; no preset does)"

@@ -58,8 +58,8 @@ def prepare_data(cfg, spec):
             raise ValueError(f"model {spec.name} takes {counted(spec.m0, 'channel')} but {ds.name} has "
                              f"{ds.shape[0]}; {model_for(ds)}")
         if ds.n_classes != spec.n_classes:
-            raise ValueError(f"model {spec.name} has {spec.n_classes} outputs but {ds.name} has "
-                             f"{ds.n_classes} classes; {model_for(ds)}")
+            raise ValueError(f"model {spec.name} has {counted(spec.n_classes, 'output')} but {ds.name} has "
+                             f"{counted(ds.n_classes, 'class', 'classes')}; {model_for(ds)}")
     if cfg.crop_pad >= spec.x0:
         # the shifted window would show the net mostly padding (10 % on digits)
         from engine.errors import RunError
