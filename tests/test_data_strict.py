@@ -415,3 +415,17 @@ def test_a_class_folder_without_images_is_warned_of(tmp_path, capsys):
     shutil.copy(tmp_path / "a" / "0.png", tmp_path / "c" / "0.png")
     load_dataset(str(tmp_path), "tree")
     assert capsys.readouterr().err == ""
+
+
+def test_mnist_given_a_file_names_it_and_the_folder_searched(tmp_path):
+    """`--data ok.npz --format mnist` said 'MNIST IDX files missing: [...] (.)'."""
+    from engine.errors import RunError
+    f = tmp_path / "ok.npz"
+    np.savez(f, x=np.zeros((2, 1, 8, 8), np.float32), y=np.zeros(2, np.int64))
+    with pytest.raises(RunError) as e:
+        load_dataset(str(f), "mnist")
+    assert str(e.value) == (f"MNIST IDX files missing: ['train-images', 'train-labels', 'test-images', "
+                            f"'test-labels'] in {tmp_path}, the folder of the file given ({f})"), str(e.value)
+    with pytest.raises(RunError) as e:
+        load_dataset(str(tmp_path), "mnist")
+    assert str(e.value).endswith(f"'test-labels'] ({tmp_path})"), str(e.value)

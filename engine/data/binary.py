@@ -126,7 +126,9 @@ def load_mnist(path: Path, skip_bad=False):
             found.setdefault((part, kind), f)
     missing = [f"{p}-{k}" for p in ("train", "test") for k in ("images", "labels") if (p, k) not in found]
     if missing:
-        raise RunError(f"MNIST IDX files missing: {missing}", d)
+        # a file given (ok.npz --format mnist) is read as its folder's IDX files: say so, not just '(.)'
+        raise RunError(f"MNIST IDX files missing: {missing}" + ("" if path.is_dir() else
+                       f" in {d}, the folder of the file given"), path)
     arrays = {key: read_idx(f) for key, f in found.items()}
     for part in ("train", "test"):
         f, y = found[(part, "labels")], arrays[(part, "labels")]
