@@ -111,3 +111,16 @@ def test_more_threads_than_cores_is_warned_of(tmp_path, capsys, monkeypatch):
     assert cli.main(["train", "--epochs", "1", "--threads", "1", "--out", str(tmp_path / "s"), "--no-progress",
                      "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_resume_of_a_run_stopped_before_its_first_epoch_says_so(tmp_path, capsys):
+    """Ctrl-C before the first epoch ended says 'nothing to resume in DIR';
+    --resume DIR then said 'no such checkpoint file or run folder'."""
+    run = tmp_path / "run"
+    assert cli.main(["train", "--epochs", "1", "--out", str(run), "--no-progress", "--quiet"]) == 0
+    (run / "checkpoint.npz").unlink()               # as a run stopped in its first epoch leaves it
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 2
+    _one_error(capsys, "holds no checkpoint (checkpoint.npz), so nothing to resume (a run stopped before its first "
+               "epoch ended saves none)",
+               f"start it anew with sprint train --out {run} ({run})")

@@ -94,6 +94,11 @@ class Session:
     def _read_resume(self, weights: bool = True) -> dict:
         rd = RunDir(self.cfg.resume)
         config = rd.read_config()
+        if not rd.file(CHECKPOINT).exists():
+            # a run stopped before its first epoch ended ('nothing to resume in DIR'): --resume
+            # said 'no such checkpoint file or run folder' of a folder that is there
+            raise RunError(f"holds no checkpoint ({CHECKPOINT}), so nothing to resume (a run stopped before its "
+                           f"first epoch ended saves none); start it anew with sprint train --out {rd.path}", rd.path)
         state = rd.load_checkpoint(arrays=weights)
         self._check_spec(state, rd.file(CHECKPOINT), need_params=weights)
         want, got = config.get("run_id"), state.get("run_id")
