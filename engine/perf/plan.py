@@ -18,6 +18,7 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 from dataclasses import dataclass, field, asdict
 
 from engine.argtypes import positive_float, positive_int
@@ -254,7 +255,9 @@ def cmd_plan(args) -> int:
     check_calibration(args)
     # a search too big for this machine's memory is refused before any of its seconds
     slow = check_plan_size(args.model, args.gpus, args.batch or 32 * args.gpus)
-    if args.out:                       # refused before the search, not after it (as sprint profile's outputs)
+    if args.out and Path(args.out).parent.is_dir() and not Path(args.out).is_dir():
+        # a folder that takes no file (/proc) is refused before the search, not after it, as sprint
+        # profile's outputs are; a path in the way is named by Plan.save as the user wrote it
         from .cli_profile import check_outputs
         check_outputs(args.out)
     prof = load_profile(args.profile)
