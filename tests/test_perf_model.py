@@ -470,6 +470,16 @@ def test_cycle_gap_rates_the_workers_by_their_whole_cycle():
     assert g.extra["cycle"] == pytest.approx(g.t_gpu)
 
 
+def _runner_entries_2x2():
+    """Runner contention entries of tiny, digits and mnist at 2 x 2 (their
+    worker steps for the test to fill in) and a CPU profile that holds them."""
+    es = [{"model": m, "n_subbatch": n, "ranks": 2, "workers": 2, "rel": 2.0, "host": 1.0, "source": "runner",
+           "solo_wall": 1e-3, "n_param": spec_mod.n_params(spec_mod.get_spec(m))}
+          for m, n in (("tiny", 8), ("digits", 16), ("mnist", 4))]
+    return es, Profile(dict(PROF.data, backend="cpu", cores=2, cache={"l2_bytes": 2 << 20},
+                            contention={"entries": es}))
+
+
 def test_a_deposit_that_wakes_the_updater_costs_the_worker_the_measured_wait():
     """Runner entries at 2 x 2 whose FetchWeights ran W per waking deposit
     beyond the model's price: ``wake_wait`` gives a swept net its own W and
@@ -478,11 +488,7 @@ def test_a_deposit_that_wakes_the_updater_costs_the_worker_the_measured_wait():
     from engine.perf.wake_wait import swept_wake_waits, wake_wait
     W = {"tiny": 2e-3, "digits": 3e-3, "mnist": 5e-3}
     impl = model.RUNNER_SWEEP_IMPL
-    es = [{"model": m, "n_subbatch": n, "ranks": 2, "workers": 2, "rel": 2.0, "host": 1.0, "source": "runner",
-           "solo_wall": 1e-3, "n_param": spec_mod.n_params(spec_mod.get_spec(m))}
-          for m, n in (("tiny", 8), ("digits", 16), ("mnist", 4))]
-    prof = Profile(dict(PROF.data, backend="cpu", cores=2, cache={"l2_bytes": 2 << 20},
-                        contention={"entries": es}))
+    es, prof = _runner_entries_2x2()
     shares = {}
     for e in es:
         ref = model._predict(e["model"], 2, 2, e["n_subbatch"], prof, slowdown=prof.slowdown(2, 2, e["model"]),
@@ -517,11 +523,7 @@ def test_the_wake_wait_splits_between_fetch_and_load_as_the_sweep_did():
     from engine.perf.step_times import wake_load_share
     W, q = {"tiny": 2e-3, "digits": 3e-3, "mnist": 5e-3}, {"tiny": 0.2, "digits": 0.7, "mnist": 0.5}
     impl = model.RUNNER_SWEEP_IMPL
-    es = [{"model": m, "n_subbatch": n, "ranks": 2, "workers": 2, "rel": 2.0, "host": 1.0, "source": "runner",
-           "solo_wall": 1e-3, "n_param": spec_mod.n_params(spec_mod.get_spec(m))}
-          for m, n in (("tiny", 8), ("digits", 16), ("mnist", 4))]
-    prof = Profile(dict(PROF.data, backend="cpu", cores=2, cache={"l2_bytes": 2 << 20},
-                        contention={"entries": es}))
+    es, prof = _runner_entries_2x2()
     used = set()
     for e in es:
         ref = model._predict(e["model"], 2, 2, e["n_subbatch"], prof, slowdown=prof.slowdown(2, 2, e["model"]),
