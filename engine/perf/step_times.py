@@ -118,10 +118,7 @@ def wake_load_share(profile, R, n_gpu, model, kw) -> float:
     sets 5-7 33 / 43 / 67 %. With it all in FetchWeights, 2 x 2's
     LoadImage came out 0.05 ms against 0.57 measured."""
     from .model import per_swept_run
-    from .wake_wait import MIN_WAKE_SHARE, WAKE_STEPS
-
-    def runner_with_steps(e):
-        return e.get("source") == "runner" and all(s in (e.get("worker") or {}) for s in WAKE_STEPS)
+    from .wake_wait import MIN_WAKE_SHARE, _runner_with_steps
 
     def load_share(e, ref):
         if (ref.extra.get("wake_share") or 0.0) < MIN_WAKE_SHARE:
@@ -129,7 +126,7 @@ def wake_load_share(profile, R, n_gpu, model, kw) -> float:
         exc = [max(e["worker"][s] * profile.time_scale - ref.worker[s], 0.0) for s in ("LoadImage", "FetchWeights")]
         return (exc[0] / sum(exc), profile._overflows_l2(e.get("n_param"))) if sum(exc) > 0 else None
 
-    per = per_swept_run(profile, R, n_gpu, kw, "_wake_load_shares", load_share, accept=runner_with_steps, wake=0.0)
+    per = per_swept_run(profile, R, n_gpu, kw, "_wake_load_shares", load_share, accept=_runner_with_steps, wake=0.0)
     if model in per:
         return per[model][0]
     small = [v for v, big in per.values() if not big]
