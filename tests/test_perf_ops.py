@@ -236,6 +236,12 @@ def test_no_sweep_uses_test_set_14():
     _assert_in_no_sweep(("heldout_c3x.json", "heldout_k7f.json"))
 
 
+def test_no_sweep_uses_test_set_15():
+    """Test set 15's nets (bench/specs/heldout_k5p, heldout_c3w; RESULTS
+    section 4, registered 2026-12-02 05:34 UTC) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5p.json", "heldout_c3w.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
