@@ -3,6 +3,8 @@ flat-vector steps, the updaters' share of the cores, the allreduce under
 load, and oversubscription (more busy threads than cores)."""
 from __future__ import annotations
 
+import math
+
 from engine import spec as spec_mod
 from engine.errors import counted
 
@@ -22,9 +24,9 @@ def _allreduce_cost(pr, cpu, n_node, n_gpu, ranks_per_host, model, n_param, slic
     # collective waits for a time slice (and, more ranks than cores, for a
     # descheduled GIL holder): measured per cycle by the runner contention
     # sweep beyond the model (fit_steps.anchor_contention), >= 0.
-    # ``slice_wait`` is its ``(c, beta)`` (``slice_terms``, or a caller's
-    # own); the part that grows with the step (beta * T_GPU) is added where
-    # T_GPU is known (model._updater_steps).
+    # ``slice_wait`` is its ``(c, beta[, t0])`` (``slice_terms``, or a
+    # caller's own); the part that grows with the step is added where
+    # T_GPU is known (step_times._updater_steps).
     wait = max(slice_wait[0], 0.0)
     return load * pr.allreduce_bw(n_node, n_param) + wait
 
@@ -38,11 +40,16 @@ def cycle_gap(pr, cpu, ranks_per_host, n_gpu, model) -> tuple:
 
 
 def slice_terms(pr, cpu, ranks_per_host, n_gpu, model, n_param) -> tuple:
-    """``(c, beta)`` of the updaters' wait for time slices per cycle,
-    ``c + beta * T_GPU`` (``Profile.slice_terms``); (0, 0) off shared CPU hosts."""
+    """``(c, beta, t0)`` of the updaters' wait for time slices per cycle,
+    ``c + beta T / (1 + T / t0)`` at T = T_GPU: with more ranks than cores
+    the curve through the swept nets' waits (``slice_wait.slice_curve``),
+    else (or where too few nets were swept) ``Profile.slice_terms``'s line
+    (t0 infinite); (0, 0, inf) off shared CPU hosts."""
     if not (cpu and ranks_per_host > 1):
-        return 0.0, 0.0
-    return pr.slice_terms(ranks_per_host, n_gpu, model, n_param)
+        return 0.0, 0.0, math.inf
+    from .slice_wait import slice_curve
+    curve = slice_curve(pr, ranks_per_host, n_gpu)
+    return curve if curve is not None else pr.slice_terms(ranks_per_host, n_gpu, model, n_param) + (math.inf,)
 
 
 def _cold(profile, name, footprint=None):

@@ -123,7 +123,7 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     slowdown, N_Param, N_File, the updater's spread). ``wake``: seconds a
     worker waits per deposit that wakes its updater (None: the profile's,
     ``wake_wait``); ``slice_wait``: ``(c, beta)`` of the updaters' wait for
-    time slices (None: the profile's, ``slice_terms``).
+    time slices, or ``(c, beta, t0)`` (None: the profile's, ``slice_terms``).
     """
     for name, v in (("n_node", n_node), ("n_gpu", n_gpu), ("n_subbatch", n_subbatch),
                     ("ranks_per_host", ranks_per_host)):
@@ -230,6 +230,8 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     c["_impl"] = (impl, 0.0)
     # The time-slice wait's part that grows with the step: beta * T_GPU per cycle.
     c["_slice_beta"] = (slice_wait[1] if n_node > 1 else 0.0, 0.0)
+    # ... levelling off past t0 with more ranks than cores (slice_wait.slice_curve).
+    c["_slice_t0"] = (slice_wait[2] if len(slice_wait) > 2 else math.inf, 0.0)
     c["_wait_state"] = ({}, 0.0)
     # A worker's cycle beyond its timed steps, (c, beta) of c + beta T_GPU:
     # deposits, and so the workers' rate, follow the cycle, not T_GPU alone.

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import model as model_mod
+from .slice_wait import growth
 
 
 class _Draw:
@@ -180,7 +181,7 @@ def simulate(spec, n_node: int, n_gpu: int, n_subbatch: int, profile=None, n_upd
         t_gpu = model_mod._predict(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=ranks_per_host,
                                    impl=impl, slowdown=slow).t_gpu
         bw = base["allreduce_bw"]
-        base["allreduce_bw"] = (bw[0] + base["_slice_beta"][0] * t_gpu, bw[1])
+        base["allreduce_bw"] = (bw[0] + growth(base["_slice_beta"][0], base.get("_slice_t0", (math.inf,))[0], t_gpu), bw[1])
     rng = np.random.default_rng(seed)
 
     def mk(name):

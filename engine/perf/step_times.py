@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from .queueing import _first_deposit_wait, barrier_wait, lock_wait, with_slice_wait
+from .slice_wait import growth
 
 
 def _means(c):
@@ -85,7 +86,8 @@ def _updater_steps(c, n_gpu, n_node, t_gpu, t_update):
     # the barrier are both waits for the slowest node: they compose in
     # variance (queueing.with_slice_wait), not as a sum.
     gc, gb = c["_cycle_gap"][0]
-    barrier = with_slice_wait(barrier, c["_slice_beta"][0] * max(t_gpu - gc, 0.0) / (1.0 + gb))
+    barrier = with_slice_wait(barrier, growth(c["_slice_beta"][0], c.get("_slice_t0", (math.inf,))[0],
+                                            max(t_gpu - gc, 0.0) / (1.0 + gb)))
     s["Allreduce"] += barrier
     s = {"WaitGradient": wait, **s}
     return s, barrier, p_ne
