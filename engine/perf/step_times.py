@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from .queueing import _first_deposit_wait, barrier_wait, lock_wait, with_slice_wait
 from .slice_wait import growth
 
@@ -120,7 +118,7 @@ def wake_load_share(profile, R, n_gpu, model, kw) -> float:
     sets 5-7 33 / 43 / 67 %. With it all in FetchWeights, 2 x 2's
     LoadImage came out 0.05 ms against 0.57 measured."""
     from .model import per_swept_run
-    from .wake_wait import MIN_WAKE_SHARE, _runner_with_steps
+    from .wake_wait import MIN_WAKE_SHARE, _runner_with_steps, swept_or_small_median
 
     def load_share(e, ref):
         if (ref.extra.get("wake_share") or 0.0) < MIN_WAKE_SHARE:
@@ -128,8 +126,5 @@ def wake_load_share(profile, R, n_gpu, model, kw) -> float:
         exc = [max(e["worker"][s] * profile.time_scale - ref.worker[s], 0.0) for s in ("LoadImage", "FetchWeights")]
         return (exc[0] / sum(exc), profile._overflows_l2(e.get("n_param"))) if sum(exc) > 0 else None
 
-    per = per_swept_run(profile, R, n_gpu, kw, "_wake_load_shares", load_share, accept=_runner_with_steps, wake=0.0)
-    if model in per:
-        return per[model][0]
-    small = [v for v, big in per.values() if not big]
-    return float(np.median(small)) if small else 0.0
+    return swept_or_small_median(per_swept_run(profile, R, n_gpu, kw, "_wake_load_shares", load_share,
+                                               accept=_runner_with_steps, wake=0.0), model)

@@ -38,11 +38,18 @@ def wake_wait(profile, ranks_per_host: int, n_gpu: int, model: str, kw: dict) ->
     sharing (0 within one worker on one rank, or where not measured)."""
     if ranks_per_host * n_gpu < 2 or profile.data.get("backend", "cpu") != "cpu":
         return 0.0
-    per = swept_wake_waits(profile, ranks_per_host, n_gpu, kw)
+    return swept_or_small_median(swept_wake_waits(profile, ranks_per_host, n_gpu, kw), model)
+
+
+def swept_or_small_median(per, model, default=0.0) -> float:
+    """A swept net's own value in ``per`` ({net: (value, whether its vectors
+    overflow the L2, ...)}), another net's the median over the swept nets
+    whose vectors fit the L2 (``default`` without any): the one rule of
+    ``wake_wait``, ``wake_cycle_wait`` and ``step_times.wake_load_share``."""
     if model in per:
         return per[model][0]
-    small = [w for w, big in per.values() if not big]
-    return float(np.median(small)) if small else 0.0
+    small = [v[0] for v in per.values() if not v[1]]
+    return float(np.median(small)) if small else default
 
 
 def wake_cycle_wait(profile, ranks_per_host: int, n_gpu: int, model: str, kw: dict, n_param=None) -> float:
@@ -58,14 +65,12 @@ def wake_cycle_wait(profile, ranks_per_host: int, n_gpu: int, model: str, kw: di
     if any(not big for _, big in swept_wake_waits(profile, ranks_per_host, n_gpu, kw).values()):
         return 0.0
     per = swept_cycle_waits(profile, ranks_per_host, n_gpu, kw)
-    if model in per:
-        return per[model][0]
+    at = swept_or_small_median(per, model, None)
+    if at is None:
+        return 0.0
     small = [(w, n) for w, big, n in per.values() if not big]
     big = [(w, n) for w, b, n in per.values() if b]
-    if not small:
-        return 0.0
-    at = float(np.median([w for w, _ in small]))
-    if not big or n_param is None:
+    if model in per or not big or n_param is None:
         return at
     # Nets whose vectors overflow the L2 toward the large swept nets' (cifar's
     # 0: its fetch is priced by bandwidth), in log N_Param (as the slowdown's
