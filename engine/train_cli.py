@@ -217,8 +217,11 @@ def cmd_train(args) -> int:
     # first: a strategy may take its own values off a shared flag (pipeline: --schedule 1f1b)
     owns = [(strat, mod.extra_from_args(args)) for strat, mod in registry.cli_modules()]
     given = {k: getattr(args, k) for k in _TRAIN_KEYS if getattr(args, k) is not None}
+    # a resumed run's strategy is its saved one (--stages with --resume of a
+    # pipeline was told "apply to --parallel pipeline only")
+    parallel = given.get("parallel") or (_saved_train_options(args.resume).get("parallel") if args.resume else None)
     for strat, own in owns:
-        if own and given.get("parallel") != strat.name:
+        if own and parallel != strat.name:
             flags = sorted("--pipe-schedule" if k == "schedule" else _flag(k) for k in own)
             raise RunError(f"apply to --parallel {strat.name} only", ", ".join(flags))
         if own:
@@ -245,7 +248,8 @@ def cmd_train(args) -> int:
         extra = {k for k in set(given) - set(RESUME_MAY_CHANGE) if not _same_as_saved(k, given[k], saved)}
         if extra:
             raise RunError(f"--resume continues with the run's saved options; only "
-                           f"{', '.join(_flag(k) for k in RESUME_MAY_CHANGE if hasattr(args, k))} may change",
+                           f"{', '.join(_flag(k) for k in RESUME_MAY_CHANGE if hasattr(args, k))} may change "
+                           f"(to change the others, start a new run from its weights: --init-from {args.resume})",
                            ", ".join(sorted(_changed_flags(extra, given, saved))))
         cfg = _as_option_error(lambda: resume_config(args.resume, **given, **common))
     else:

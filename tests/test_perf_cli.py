@@ -312,3 +312,15 @@ def test_a_bad_model_is_refused_before_the_calibration(argv, monkeypatch, capsys
     assert cli.main(argv + ["--model", "nosuch"]) == 2
     err = capsys.readouterr().err
     assert "sprint: error: model 'nosuch'" in err and ran == []
+
+
+@pytest.mark.parametrize("command", ["predict", "simulate"])
+@pytest.mark.parametrize("name", ["sync", "layerwise"])
+def test_a_strategy_only_plan_prices_points_to_sprint_plan(command, name, capsys):
+    # sync and layerwise train, and `sprint plan` prices them, but predict and
+    # simulate have no cost model of them: argparse said only "invalid choice"
+    assert cli.main([command, "--parallel", name, "--nodes", "2", "--subbatch", "4", "--no-calibrate"]) == 2
+    _one_line(capsys, f"sprint {command} has no cost model of {name} (it takes asgd, pipeline, downpour, "
+                      f"sandblaster): `sprint plan --model MODEL --gpus N` prices {name}", "(--parallel/--strategy)")
+    assert cli.main([command, "--strategy", "nosuch", "--no-calibrate"]) == 2
+    _one_line(capsys, "invalid choice: 'nosuch'")

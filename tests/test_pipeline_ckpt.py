@@ -58,8 +58,9 @@ def test_resume_from_stage_files_equals_the_uninterrupted_run(tmp_path):
     # resuming two stages' files with one stage is refused, naming both
     with pytest.raises(RunError) as e:
         _local(resume=str(spare))
-    assert f"stage files hold --stages 2 --partition {part}; this run has --stages 1 --partition 0:4" \
-        in str(e.value) and e.value.where == str(spare / ck.MANIFEST)
+    assert f"saved as 2 stages (partition {part}, 2 ranks), and this job asks for 1 stage (partition 0:4, " \
+        f"1 rank)" in str(e.value) and e.value.where == str(spare / ck.MANIFEST)
+    assert f"mpiexec -n 2 sprint train --resume {spare};" in str(e.value)
 
 
 def test_a_missing_or_corrupt_stage_file_is_an_error_naming_it(tmp_path):
@@ -86,6 +87,55 @@ def test_a_missing_or_corrupt_stage_file_is_an_error_naming_it(tmp_path):
     (run / ck.MANIFEST).unlink()
     with pytest.raises(RunError, match="no pipeline manifest"):
         _local(resume=str(run), epochs=2)
+
+
+class _Run:
+    def __init__(self, path):
+        self.path = path
+
+    def file(self, name):
+        return self.path / name
+
+
+def test_a_resume_on_another_stage_count_says_how_to_proceed(tmp_path):
+    # what was saved, what is asked, and the two commands that go on from it
+    m = {"stages": 2, "partition": "0:2,2:4", "entries": [{"epoch": 1, "files": ["stage0-e1.npz", "stage1-e1.npz"]}]}
+    with pytest.raises(RunError) as e:
+        ck.check_manifest(_Run(tmp_path), m, 3, "0:1,1:2,2:4", 1, replicas=2)
+    msg = str(e.value)
+    assert "saved as 2 stages (partition 0:2,2:4, 4 ranks)" in msg
+    assert "asks for 3 stages (partition 0:1,1:2,2:4, 6 ranks)" in msg
+    assert f"mpiexec -n 4 sprint train --resume {tmp_path};" in msg
+    assert f"mpiexec -n 6 sprint train --parallel pipeline --init-from {tmp_path} --out NEW_DIR" in msg
+    assert e.value.where == str(tmp_path / ck.MANIFEST)
+    assert ck.check_manifest(_Run(tmp_path), m, 2, "0:2,2:4", 1, replicas=2) is m["entries"][0]
+    # saved --stages 2 (given at the start) on 3 ranks is refused before the manifest, saying the same
+    from engine.parallel.pipeline_run import options
+    cfg = TrainConfig(parallel="pipeline", resume=str(tmp_path), out=str(tmp_path), extra={"stages": 2})
+    with pytest.raises(ValueError) as e:
+        options(cfg, 3)
+    assert "--stages 2 x --replicas 1 needs mpiexec -n 2, not 3 ranks (the run's saved options" in str(e.value)
+    assert f"mpiexec -n 2 sprint train --resume {tmp_path};" in str(e.value)
+    with pytest.raises(ValueError) as e:       # a new run is told only the count (no resume to point to)
+        options(TrainConfig(parallel="pipeline", extra={"stages": 2}), 3)
+    assert str(e.value) == "--stages 2 x --replicas 1 needs mpiexec -n 2, not 3 ranks"
+
+
+def test_resume_with_another_stages_option_points_to_init_from(tmp_path, capsys):
+    # --stages given to the resume of a pipeline run was told "apply to
+    # --parallel pipeline only", though the run is one
+    from engine import cli
+    run = tmp_path / "run"
+    assert cli.main(["train", "--parallel", "pipeline", "--epochs", "1", "--out", str(run), "--no-progress",
+                     "--quiet"]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run), "--stages", "2", "--epochs", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sprint: error: --resume continues with the run's saved options")
+    assert f"start a new run from its weights: --init-from {run}) (--stages)" in err[0], err
+    assert "apply to --parallel pipeline only" not in err[0]
+    assert cli.main(["train", "--resume", str(run), "--max-pending", "2"]) == 2
+    assert "(--max-pending)" in capsys.readouterr().err
 
 
 @mpi

@@ -29,7 +29,7 @@ import re
 import sys
 
 from engine import checkpoint as _ckpt
-from engine.errors import RunError
+from engine.errors import RunError, counted
 
 from .comm import ConfigMismatch
 
@@ -118,14 +118,26 @@ def manifest_partition(manifest, K: int, n_layers: int):
         return None                # check_manifest names both partitions
 
 
-def check_manifest(run, manifest, K: int, partition: str, epoch: int) -> dict:
+def check_manifest(run, manifest, K: int, partition: str, epoch: int, replicas: int = 1) -> dict:
     """The manifest's entry for ``epoch`` (the epoch the session's checkpoint
-    commits), after checking it describes this run's stages."""
+    commits), after checking it describes this run's stages. A run saved on
+    another stage count (resumed by another `mpiexec -n`) is told both ways
+    on: its own rank count, or its weights into a new run on this one."""
     where = run.file(MANIFEST)
-    if manifest.get("stages") != K or manifest.get("partition") != partition:
-        raise RunError(f"the run's stage files hold --stages {manifest.get('stages')} --partition "
-                       f"{manifest.get('partition')}; this run has --stages {K} --partition {partition} "
-                       f"(resume with the saved stages, or start a new run with --init-from)", where)
+    saved_k, saved_p = manifest.get("stages"), manifest.get("partition")
+    if saved_k != K:
+        n_saved = f"{saved_k * replicas}" if isinstance(saved_k, int) else "N"
+        here = K * replicas
+        raise RunError(
+            f"the run was saved as {counted(saved_k, 'stage')} (partition {saved_p}, {n_saved} ranks), and this "
+            f"job asks for {counted(K, 'stage')} (partition {partition}, {counted(here, 'rank')}): a pipeline "
+            f"resumes on the stages its files hold: mpiexec -n {n_saved} sprint train --resume {run.path}; to go "
+            f"on with {counted(K, 'stage')}, start a new run from its weights: mpiexec -n {here} sprint train "
+            f"--parallel pipeline --init-from {run.path} --out NEW_DIR (with the run's --model and data options)",
+            where)
+    if saved_p != partition:
+        raise RunError(f"the run's stage files hold --partition {saved_p}; this run has --partition {partition} "
+                       f"(resume with the saved partition, or start a new run with --init-from {run.path})", where)
     for e in manifest["entries"]:
         if e.get("epoch") == epoch and len(e.get("files", [])) == K:
             return e

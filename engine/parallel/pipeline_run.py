@@ -91,7 +91,13 @@ def options(cfg, n_ranks):
     if K < 1 or D < 1:
         raise ValueError(f"--stages and --replicas must be >= 1 (got {K} and {D})")
     if K * D != n_ranks:
-        raise ValueError(f"--stages {K} x --replicas {D} needs mpiexec -n {K * D}, not {counted(n_ranks, 'rank')}")
+        why = f"--stages {K} x --replicas {D} needs mpiexec -n {K * D}, not {counted(n_ranks, 'rank')}"
+        if cfg.resume:          # the user gave neither: the run saved them
+            why += (f" (the run's saved options: resume it on the ranks it was saved with, mpiexec -n {K * D} "
+                    f"sprint train --resume {cfg.resume}; or start a new run from its weights with --init-from "
+                    f"{cfg.resume})") if "stages" in extra else (
+                    f" (the run saved --replicas {D}: resume it on the ranks it was saved with)")
+        raise ValueError(why)
     M = int(extra.get("microbatches", 4))
     if M < 1 or M > cfg.batch:
         raise ValueError(f"--microbatches must be between 1 and --batch ({cfg.batch}), got {M}")
@@ -159,7 +165,7 @@ def _train(s, cfg, comm):
         if state.get("mode") != "pipeline":
             raise ValueError(f"checkpoint is from a {state.get('mode')!r} run, not a pipeline (--resume)")
         entry = _ck.on_every_rank(comm, lambda: _ck.check_manifest(
-            run, manifest, K, format_partition(parts), int(state["epoch"])))
+            run, manifest, K, format_partition(parts), int(state["epoch"]), D))
         own = _ck.on_every_rank(comm, lambda: _ck.load_stage(run, entry, k, stage, s.run_id, spec.hash()))
         stage.params[...] = be.xp.asarray(own["params"])
         opt.velocity[...] = be.xp.asarray(own["velocity"])

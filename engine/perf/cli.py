@@ -2,6 +2,7 @@
 (``sprint profile`` is engine.perf.cli_profile's)."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -184,9 +185,27 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def _strategy_name(command):
+    """--parallel's type: a strategy that `sprint plan` prices but predict and
+    simulate have no cost-model row for (sync, layerwise) was told only
+    argparse's "invalid choice"; say which command answers for it."""
+    def parse(value):
+        from . import strategies
+        from .plan import STRATEGIES as PLANNED
+        if value not in strategies.names() and value in dict(PLANNED):
+            how = (" and writes its plan with --out PLAN.json for `sprint train --parallel layerwise --plan`"
+                   if value == "layerwise" else "")
+            raise argparse.ArgumentTypeError(
+                f"sprint {command} has no cost model of {value} (it takes {', '.join(strategies.names())}): "
+                f"`sprint plan --model MODEL --gpus N` prices {value} beside every other strategy{how}")
+        return value
+    return parse
+
+
 def _parallel_option(p, command):
     from . import strategies
-    p.add_argument("--parallel", "--strategy", dest="strategy", choices=strategies.names(), default="asgd",
+    p.add_argument("--parallel", "--strategy", dest="strategy", type=_strategy_name(command),
+                   choices=strategies.names(), default="asgd",
                    help="parallel strategy whose cost model " + ("predicts" if command == "predict" else
                                                                  "is simulated") +
                         " (engine.perf.strategies; --strategy is the older name)")
