@@ -198,6 +198,27 @@ def test_a_new_run_into_a_trained_runs_folder_is_refused_and_leaves_it_whole(tmp
     assert train(resume_config(run, epochs=2))["epochs"] == 2
 
 
+def test_a_new_run_into_a_folder_of_other_files_named_like_a_runs_is_refused(tmp_path, reference):
+    # `--out .` in a project folder replaced the project's own config.json
+    data = reference[0]
+    for name, text in (("config.json", '{"name": "my project"}'), ("config.json", "not json"),
+                       ("metrics.jsonl", '{"loss": 1}\n')):
+        run = tmp_path / f"proj-{len(list(tmp_path.iterdir()))}"
+        run.mkdir()
+        (run / name).write_text(text)
+        (run / "notes.txt").write_text("mine")
+        with pytest.raises(RunError, match=f"holds {name} of something else than a sprint run") as e:
+            train(TrainConfig(**_cfg(data, run, epochs=1)))
+        assert e.value.where == str(run)
+        assert (run / name).read_text() == text and sorted(p.name for p in run.iterdir()) == [name, "notes.txt"]
+    # a folder of other files only takes a run beside them
+    run = tmp_path / "other"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    assert train(TrainConfig(**_cfg(data, run, epochs=1)))["epochs"] == 1
+    assert (run / "notes.txt").read_text() == "mine"
+
+
 def test_resuming_a_finished_run_says_there_is_nothing_to_train(tmp_path, reference, capsys):
     data = reference[0]
     run = tmp_path / "run"

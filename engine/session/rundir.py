@@ -70,6 +70,19 @@ class RunDir:
         if self.file(CHECKPOINT).exists():
             raise RunError(f"already holds a trained run ({CHECKPOINT}); continue it with sprint train "
                            f"--resume {self.path}, or choose another --out", self.path)
+        # `--out .` in a project folder replaced its own config.json (and a
+        # metrics.jsonl) without a word: only a run's own files are rewritten
+        theirs = [name for name in (CONFIG, METRICS) if self.file(name).exists()]
+        if theirs and not self._holds_run_config():
+            raise RunError(f"holds {' and '.join(theirs)} of something else than a sprint run, which a run "
+                           f"would replace; choose another --out (a new or empty folder)", self.path)
+
+    def _holds_run_config(self) -> bool:
+        try:
+            d = read_json(self.file(CONFIG))
+        except (OSError, RunError):
+            return False
+        return isinstance(d, dict) and isinstance(d.get("train"), dict)
 
     def clean(self) -> list:
         """Remove temporaries a killed writer left (the folder may not exist yet)."""
