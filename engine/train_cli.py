@@ -355,9 +355,14 @@ def cmd_info(args) -> int:
         if e.where != "--model":
             raise
         raise RunError(e.what, "sprint info MODEL") from None     # a positional here, not --model
+    stages = None
+    if getattr(args, "stages", None):
+        # checked before anything is printed: `info cifar --stages 99` printed
+        # the whole layer table, then its error
+        from .perf.pipeline import info_table
+        stages = info_table(spec, args)
     print(summary_table(spec, args.batch))
     print(f"N_Param = {n_params(spec):,} (SPEC formula: {n_params_formula(spec):,})")
-    if getattr(args, "stages", None):
-        from .perf.pipeline import info_table
-        print(info_table(spec, args))
+    if stages is not None:
+        print(stages)
     return 0

@@ -62,6 +62,24 @@ def test_report_of_a_finished_one_process_run_says_it_writes_none(tmp_path, caps
     _one_error(capsys, "a one-process run writes none", f"({run})")
 
 
+def test_report_of_a_folder_that_is_no_run_says_so(tmp_path, capsys):
+    # an MNIST data folder given to report was told "a one-process run writes none"
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"")
+    assert cli.main(["report", str(tmp_path)]) == 2
+    _one_error(capsys, "not a run folder (no config.json): sprint report takes the --out folder of a parallel run",
+               f"({tmp_path})")
+
+
+def test_info_with_a_bad_stage_count_prints_no_table_before_its_error(capsys):
+    assert cli.main(["info", "cifar", "--stages", "99"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.strip() == \
+        "sprint: error: --stages must be between 1 and the 8 layers of cifar, got 99"
+    assert cli.main(["info", "cifar", "--stages", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("N_Param = 3,248,202") < out.index("stage")
+
+
 @pytest.mark.parametrize("argv", [["--epochs", "0"], ["--model", "nosuch"], ["--data", "/nonexistent"],
                                   ["--lr", "-1"]])
 def test_a_refused_train_leaves_no_empty_run_folder(tmp_path, monkeypatch, capsys, argv):

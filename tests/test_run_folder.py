@@ -241,3 +241,16 @@ def test_a_finished_one_epoch_run_says_one_epoch_not_1_epochs(tmp_path, referenc
     train(resume_config(run, epochs=1, verbose=True))
     out = capsys.readouterr().out
     assert "the run already has 1 epoch (--epochs 1): nothing to train" in out
+
+
+def test_a_trained_runs_folder_refused_under_mpiexec_names_the_mpiexec_resume(tmp_path, monkeypatch):
+    # `mpiexec -n 2 ... train --out runs/s` again was told "sprint train --resume runs/s", one rank's
+    from engine.parallel import launcher
+    from engine.session.rundir import RunDir
+    (tmp_path / "checkpoint.npz").write_bytes(b"")
+    for ranks, said in ((1, f"resume with: sprint train --resume {tmp_path}, or choose another --out"),
+                        (2, f"resume with: mpiexec -n 2 sprint train --resume {tmp_path}, or choose another --out")):
+        monkeypatch.setattr(launcher, "launcher_world_size", lambda: ranks)
+        with pytest.raises(RunError) as e:
+            RunDir(tmp_path).refuse_a_run()
+        assert str(e.value) == f"already holds a trained run (checkpoint.npz); {said} ({tmp_path})"

@@ -42,7 +42,11 @@ def test_plan_out_into_a_missing_folder_makes_it_and_a_bad_out_names_itself(tmp_
     (tmp_path / "afile").write_text("x")
     one_error_line(sprint(*PLAN, "--out", tmp_path / "afile" / "plan.json"),
                    f"not a folder ({tmp_path / 'afile' / 'plan.json'})")
-    one_error_line(sprint(*PLAN, "--out", tmp_path / "new"), f"is a folder, not a file ({tmp_path / 'new'})")
+    # a folder is refused before the search, as a usage error (it was exit 1, after the search)
+    p = sprint(*PLAN, "--out", tmp_path / "new")
+    one_error_line(p, f"is a folder, not a file; --out takes the plan's file name (e.g. plan.json) "
+                      f"({tmp_path / 'new'})")
+    assert p.returncode == 2 and p.stdout == ""
     assert sorted(f.name for f in tmp_path.iterdir()) == ["afile", "new"]
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, asdict
 from engine.argtypes import positive_float, positive_int
 from engine import spec as spec_mod
 from . import calibrate, layerwise as L
-from engine.errors import counted
+from engine.errors import RunError, counted
 
 STRATEGIES = [
     ("sync", "engine.perf.plan:sync_candidates"),
@@ -255,7 +255,10 @@ def cmd_plan(args) -> int:
     check_calibration(args)
     # a search too big for this machine's memory is refused before any of its seconds
     slow = check_plan_size(args.model, args.gpus, args.batch or 32 * args.gpus)
-    if args.out and Path(args.out).parent.is_dir() and not Path(args.out).is_dir():
+    if args.out and Path(args.out).is_dir():
+        # was said after the search, exit 1
+        raise RunError("is a folder, not a file; --out takes the plan's file name (e.g. plan.json)", args.out)
+    if args.out and Path(args.out).parent.is_dir():
         # a folder that takes no file (/proc) is refused before the search, not after it, as sprint
         # profile's outputs are; a path in the way is named by Plan.save as the user wrote it
         from .cli_profile import check_outputs

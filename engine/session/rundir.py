@@ -68,8 +68,11 @@ class RunDir:
         trained epochs is refused (one with a config alone, a run stopped
         before its first epoch ended, holds nothing to lose)."""
         if self.file(CHECKPOINT).exists():
-            raise RunError(f"already holds a trained run ({CHECKPOINT}); continue it with sprint train "
-                           f"--resume {self.path}, or choose another --out", self.path)
+            from engine.errors import resume_with
+            from engine.parallel.launcher import launcher_world_size
+            # under mpiexec, the resume that runs it again on as many ranks
+            raise RunError(f"already holds a trained run ({CHECKPOINT}); "
+                           f"{resume_with(self.path, launcher_world_size())}, or choose another --out", self.path)
         # `--out .` in a project folder replaced its own config.json (and a
         # metrics.jsonl) without a word: only a run's own files are rewritten
         theirs = [name for name in (CONFIG, METRICS) if self.file(name).exists()]

@@ -305,7 +305,10 @@ class Session:
     # ---- endings ---------------------------------------------------------------
     def diverged(self, loss, epoch, step, lr, saved=None) -> Diverged:
         """``saved``: the last checkpointed epoch, where this rank does not
-        write them (a parameter server's replicas)."""
+        write them (a parameter server's replicas). The lr named is the
+        run's --lr: the schedule's rate at that step (`--lr 1e9` diverged
+        "now 6.6e+07", in warmup) is not a value the user gave."""
+        lr = self._lr() if lr is not None else None
         return Diverged(loss, epoch, step, lr, run_dir=str(self.run) if self.run else None,
                         last_epoch=self.saved_epoch if saved is None else saved)
 
