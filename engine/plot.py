@@ -35,7 +35,13 @@ def plot_run(run_dir, out=None) -> list:
         # it would become a folder of that name holding the two PNGs
         from .errors import RunError
         raise RunError("--out is the folder for loss.png and accuracy.png, not a file name", out)
-    out = make_folder(out) if out else run_dir
+    try:
+        out = make_folder(out) if out else run_dir
+    except OSError as e:
+        # said bare, "no such file or folder (/proc/x)" read as if an input were missing
+        from .cli import describe
+        from .errors import RunError
+        raise RunError(f"cannot create the folder for the plots (--out): {describe(e)}", None) from None
     ep = [r["epoch"] for r in recs]
     figs = {
         "loss.png": ("loss", [("train_loss", "train"), ("test_loss", "test")]),

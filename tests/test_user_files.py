@@ -100,7 +100,9 @@ def test_plot_out_that_is_a_file_is_one_line_naming_it(tmp_path):
     metrics.write(run / "metrics.jsonl", [{"epoch": 1, "train_loss": 1.0, "test_loss": 1.1, "train_acc": 0.5,
                                            "test_acc": 0.4}])
     (tmp_path / "afile").write_text("x")
-    one_error_line(sprint("plot", run, "--out", tmp_path / "afile"), f"not a folder ({tmp_path / 'afile'})")
+    # said as the output it is (a bare "no such file or folder (/proc/x)" read as a missing input)
+    assert one_error_line(sprint("plot", run, "--out", tmp_path / "afile")) == \
+        f"sprint: error: cannot create the folder for the plots (--out): not a folder ({tmp_path / 'afile'})"
     one_error_line(sprint("plot", run, "--out", tmp_path / "curves.png"), "the folder for loss.png and accuracy.png",
                    f"({tmp_path / 'curves.png'})")
     assert not (tmp_path / "curves.png").exists()
