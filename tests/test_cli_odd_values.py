@@ -66,8 +66,8 @@ def test_report_of_a_folder_that_is_no_run_says_so(tmp_path, capsys):
     # an MNIST data folder given to report was told "a one-process run writes none"
     (tmp_path / "train-images-idx3-ubyte").write_bytes(b"")
     assert cli.main(["report", str(tmp_path)]) == 2
-    _one_error(capsys, "not a run folder (no config.json): sprint report takes the --out folder of a parallel run",
-               f"({tmp_path})")
+    _one_error(capsys, "not a run folder (no config.json, no statistics file: asgd_stats.json, ", "): sprint report "
+               "takes the --out folder of a parallel run", f"({tmp_path})")
 
 
 def test_info_with_a_bad_stage_count_prints_no_table_before_its_error(capsys):

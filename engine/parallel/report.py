@@ -53,8 +53,8 @@ def load_stats(run_dir) -> dict:
         if not run_dir.is_dir():
             raise MissingFile("no such run directory or statistics file", run_dir)
         if not (run_dir / "config.json").exists():     # was told "a one-process run writes none"
-            raise MissingFile("not a run folder (no config.json): sprint report takes the --out folder of a "
-                              "parallel run, or its statistics file", run_dir)
+            raise MissingFile(f"not a run folder (no config.json, no statistics file: {', '.join(names)}): sprint "
+                              f"report takes the --out folder of a parallel run, or its statistics file", run_dir)
         raise MissingFile(_why_no_stats(run_dir) or f"no statistics of a parallel run ({', '.join(names)}); "
                           f"a one-process run writes none", run_dir)
     try:
