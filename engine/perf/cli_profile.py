@@ -193,7 +193,7 @@ def cmd_profile(args) -> int:
 def register(sub):
     from .sweep import SWEEPS
     p = sub.add_parser("profile", help="sweep the kernels and fit a machine profile (SPEC section 4)")
-    p.add_argument("--quick", action="store_true", help="small grids (about 8 minutes on 2 quiet cores)")
+    p.add_argument("--quick", action="store_true", help="small grids (about 30 minutes on 2 cores; --only picks parts)")
     p.add_argument("--out", default=None, help="profile JSON to write (default profile.json)")
     p.add_argument("--records", default=None, help="also save the raw sweep records here")
     p.add_argument("--from-records", default=None, help="refit saved records instead of sweeping")
