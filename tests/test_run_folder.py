@@ -207,7 +207,7 @@ def test_a_new_run_into_a_folder_of_other_files_named_like_a_runs_is_refused(tmp
         run.mkdir()
         (run / name).write_text(text)
         (run / "notes.txt").write_text("mine")
-        with pytest.raises(RunError, match=f"holds {name} of something else than a sprint run") as e:
+        with pytest.raises(RunError, match=f"holds {name} of something other than a sprint run") as e:
             train(TrainConfig(**_cfg(data, run, epochs=1)))
         assert e.value.where == str(run)
         assert (run / name).read_text() == text and sorted(p.name for p in run.iterdir()) == [name, "notes.txt"]

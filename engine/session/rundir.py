@@ -77,7 +77,7 @@ class RunDir:
         # metrics.jsonl) without a word: only a run's own files are rewritten
         theirs = [name for name in (CONFIG, METRICS) if self.file(name).exists()]
         if theirs and not self._holds_run_config():
-            raise RunError(f"holds {' and '.join(theirs)} of something else than a sprint run, which a run "
+            raise RunError(f"holds {' and '.join(theirs)} of something other than a sprint run, which a run "
                            f"would replace; choose another --out (a new or empty folder)", self.path)
 
     def _holds_run_config(self) -> bool:
