@@ -324,3 +324,15 @@ def test_a_strategy_only_plan_prices_points_to_sprint_plan(command, name, capsys
                       f"sandblaster): `sprint plan --model MODEL --gpus N` prices {name}", "(--parallel/--strategy)")
     assert cli.main([command, "--strategy", "nosuch", "--no-calibrate"]) == 2
     _one_line(capsys, "invalid choice: 'nosuch'")
+
+
+@pytest.mark.parametrize("name", ["sync", "layerwise", "pipeline"])
+def test_tune_of_another_strategy_points_to_sprint_plan(name, capsys):
+    # tune searches ASGD configurations only: `tune --parallel sync` was
+    # refused as "unrecognized arguments"
+    argv = ["tune", "--target-minibatch", "32", "--no-calibrate"]
+    assert cli.main(argv + ["--parallel", name]) == 2
+    _one_line(capsys, f"sprint tune searches asgd configurations only", f"`sprint plan --model MODEL --gpus N` "
+                      f"ranks {name}")
+    assert cli.main(argv + ["--strategy", "nosuch"]) == 2
+    _one_line(capsys, "invalid choice: 'nosuch'")

@@ -202,6 +202,21 @@ def _strategy_name(command):
     return parse
 
 
+def _tune_strategy(value):
+    """tune's --parallel: its search is over ASGD configurations (the target is
+    ASGD's N_Minibatch_avg); `sprint tune --parallel sync` said only
+    "unrecognized arguments", so a strategy another command prices is named."""
+    from . import strategies
+    from .plan import STRATEGIES as PLANNED
+    if value == "asgd":
+        return value
+    if value in strategies.names() or value in dict(PLANNED):
+        raise argparse.ArgumentTypeError(
+            f"sprint tune searches asgd configurations only (its target is ASGD's N_Minibatch_avg): "
+            f"`sprint plan --model MODEL --gpus N` ranks {value} beside every other strategy")
+    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (sprint tune searches asgd)")
+
+
 def _parallel_option(p, command):
     from . import strategies
     p.add_argument("--parallel", "--strategy", dest="strategy", type=_strategy_name(command),
@@ -227,6 +242,8 @@ def register(sub):
     _config_args(p, need_config=False)
     from .asgd import add_cli_arguments as asgd_options
     asgd_options(p)                  # tune searches ASGD configurations: --impl
+    p.add_argument("--parallel", "--strategy", dest="strategy", type=_tune_strategy, default="asgd",
+                   help="asgd, the one strategy tune searches (sprint plan ranks the others)")
     p.add_argument("--target-minibatch", type=positive_float, required=True,
                    help="N_Minibatch_avg to reach (samples per global update)")
     p.add_argument("--tolerance", type=float, default=0.05,
