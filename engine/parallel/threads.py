@@ -24,6 +24,16 @@ def _loaded_libs(fragment: str):
     return sorted(p for p in paths if p.startswith("/"))
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask; os.cpu_count where
+    that cannot be read): the one count of the profile's fingerprint, its
+    fit and sprint train's --threads warning."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def threads_per_worker(workers: int, cores: int | None = None) -> int:
     cores = cores or os.cpu_count() or 1
     return max(1, cores // max(1, workers))

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.parallel.threads import usable_cores
+
 # Fingerprint fields whose difference means "another machine or software":
 # each changes kernel times by itself.
 FINGERPRINT_KEYS = ("cpu_model", "cores", "mem_gib", "python", "numpy", "blas", "backend")
@@ -37,13 +39,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def _mem_gib() -> float:
@@ -86,7 +81,7 @@ def fingerprint() -> dict:
     """What this machine and its software are, in the fields a profile keeps."""
     from engine import backend
     be = backend.get_backend().name
-    return {"cpu_model": _cpu_model(), "cores": _cores(), "mem_gib": _mem_gib(),
+    return {"cpu_model": _cpu_model(), "cores": usable_cores(), "mem_gib": _mem_gib(),
             "python": platform.python_version(), "numpy": np.__version__, "blas": _blas(), "backend": be,
             "host": platform.node()}
 

@@ -23,6 +23,8 @@ import time
 import numpy as np
 from scipy.optimize import nnls
 
+from engine.parallel.threads import usable_cores
+
 from .pool_cost import POOL_KINDS, fit_pool
 from .profile import FORMAT_VERSION, SGEMM_FEATURES, Profile, regime_feature, rule_matches, sgemm_features
 
@@ -277,7 +279,7 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
     """Fit every term present in ``records``; returns the profile dict."""
     prof = {"version": FORMAT_VERSION, "machine": machine or f"{platform.node()} {platform.processor() or platform.machine()}",
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "backend": backend,
-            "cores": int(cores or _cores()), "terms": {}, "n_records": len(records)}
+            "cores": int(cores or usable_cores()), "terms": {}, "n_records": len(records)}
     sg = [r for r in records if r.get("kind") == "sgemm"]
     variants = {}
     for var in sorted({r.get("trans", "nn") for r in sg}):
@@ -368,14 +370,6 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
     if "contention" in prof and "sgemm" in prof:
         anchor_contention(prof)
     return prof
-
-
-def _cores():
-    import os
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 # Whole-step fits live beside the kernel fits they start from; the fit

@@ -23,15 +23,12 @@ def setup_device(cfg):
 def _warn_oversubscribed(threads: int):
     """--threads beyond the cores this process may run on: --threads 64 on 2
     cores trained digits 5x slower than 1 thread, without a word."""
-    import os
     import sys
     from engine.errors import counted
     from engine.parallel.launcher import launcher_rank
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 0
-    if cores and threads > cores and launcher_rank() == 0:
+    from engine.parallel.threads import usable_cores
+    cores = usable_cores()
+    if threads > cores and launcher_rank() == 0:
         print(f"sprint: warning: --threads {threads} is more than the {counted(cores, 'core')} this process may "
               f"run on: the threads take turns on them, which is slower, not faster (--threads)", file=sys.stderr, flush=True)
 
