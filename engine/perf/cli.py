@@ -185,36 +185,25 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def _strategy_name(command):
-    """--parallel's type: a strategy that `sprint plan` prices but predict and
-    simulate have no cost-model row for (sync, layerwise) was told only
-    argparse's "invalid choice"; say which command answers for it."""
+def _strategy_name(command, takes=None, why=None, verb="prices"):
+    """--parallel's type: a strategy that `sprint plan` prices but this
+    command has no row for (predict, simulate: sync, layerwise; tune, which
+    searches ASGD configurations: every other) was told only argparse's
+    "invalid choice" or "unrecognized arguments"; say which command answers
+    for it. ``takes``: the names the command takes (the cost models')."""
     def parse(value):
         from . import strategies
         from .plan import STRATEGIES as PLANNED
-        if value not in strategies.names() and value in dict(PLANNED):
+        names = takes or strategies.names()
+        if value not in names and (value in strategies.names() or value in dict(PLANNED)):
             how = (" and writes its plan with --out PLAN.json for `sprint train --parallel layerwise --plan`"
                    if value == "layerwise" else "")
+            reason = why or f"has no cost model of {value} (it takes {', '.join(names)})"
             raise argparse.ArgumentTypeError(
-                f"sprint {command} has no cost model of {value} (it takes {', '.join(strategies.names())}): "
-                f"`sprint plan --model MODEL --gpus N` prices {value} beside every other strategy{how}")
+                f"sprint {command} {reason}: `sprint plan --model MODEL --gpus N` {verb} {value} beside every "
+                f"other strategy{how}")
         return value
     return parse
-
-
-def _tune_strategy(value):
-    """tune's --parallel: its search is over ASGD configurations (the target is
-    ASGD's N_Minibatch_avg); `sprint tune --parallel sync` said only
-    "unrecognized arguments", so a strategy another command prices is named."""
-    from . import strategies
-    from .plan import STRATEGIES as PLANNED
-    if value == "asgd":
-        return value
-    if value in strategies.names() or value in dict(PLANNED):
-        raise argparse.ArgumentTypeError(
-            f"sprint tune searches asgd configurations only (its target is ASGD's N_Minibatch_avg): "
-            f"`sprint plan --model MODEL --gpus N` ranks {value} beside every other strategy")
-    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (sprint tune searches asgd)")
 
 
 def _parallel_option(p, command):
@@ -242,7 +231,9 @@ def register(sub):
     _config_args(p, need_config=False)
     from .asgd import add_cli_arguments as asgd_options
     asgd_options(p)                  # tune searches ASGD configurations: --impl
-    p.add_argument("--parallel", "--strategy", dest="strategy", type=_tune_strategy, default="asgd",
+    p.add_argument("--parallel", "--strategy", dest="strategy", choices=("asgd",), default="asgd",
+                   type=_strategy_name("tune", ("asgd",), "searches asgd configurations only (its target is "
+                                       "ASGD's N_Minibatch_avg)", "ranks"),
                    help="asgd, the one strategy tune searches (sprint plan ranks the others)")
     p.add_argument("--target-minibatch", type=positive_float, required=True,
                    help="N_Minibatch_avg to reach (samples per global update)")
