@@ -242,6 +242,12 @@ def test_no_sweep_uses_test_set_15():
     _assert_in_no_sweep(("heldout_k5p.json", "heldout_c3w.json"))
 
 
+def test_no_sweep_uses_test_set_16():
+    """Test set 16's nets (bench/specs/heldout_k5q, heldout_c3t; RESULTS
+    section 4, registered 2026-12-02 08:26 UTC) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5q.json", "heldout_c3t.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
