@@ -10,13 +10,13 @@ from engine import spec as spec_mod
 from engine.perf import fit, model
 from engine.perf.cache_decay import pass_ages, refill_share
 from engine.perf.l2_refill import REFILL_CALL_LABEL, REFILL_KEYS, REFILL_LABEL, l2_weight_bytes
-from engine.perf.layer_cost import streams_in_sweep
+from engine.perf.layer_cost import layer_term_keys, streams_in_sweep
 from engine.perf.profile import Profile
 from test_perf_layers import F, _truth
 
 L2 = 4 << 20          # mnist and digits run their fc1 from it in the sweep, cifar (8 MiB) streams
-R = {"fc_fwd": 2e-10, "fc_bwd": 6e-10}
-S = {"fc_fwd": 12e-6, "fc_bwd": 30e-6}
+R = {"fc_fwd": 2e-10, "fc_bwd": 6e-10, "fcout_fwd": 9e-10}
+S = {"fc_fwd": 12e-6, "fc_bwd": 30e-6, "fcout_fwd": 20e-6}
 GRID = np.geomspace(1e-4, 0.3, 241)          # fit_refill_tau's grid: taus on it come back exactly
 TAU = {"fwd": float(GRID[np.argmin(abs(GRID - 0.004))]), "bwd": float(GRID[np.argmin(abs(GRID - 0.003))])}
 
@@ -38,7 +38,7 @@ def _truth_aged(prof, net, n, gap=0.0):
     full = {}
     for (layer, pas) in base:
         i, g = at[layer]
-        key = f"{g.kind}_{pas}" if not (g.kind == "fc" and i == len(geoms) - 1) else None
+        key = layer_term_keys(g.kind, i, len(geoms), pas)[0]
         full[(layer, pas)] = 0.0 if key not in R or streams_in_sweep(g, n, pas, L2) else \
             R[key] * l2_weight_bytes(g, L2) + S[key]
     t = dict(base)
@@ -86,7 +86,8 @@ def test_refill_terms_recovered_and_price_a_held_out_net():
     for k in want:
         assert got[k] == pytest.approx(want[k], rel=1e-5)
     rows = model.compute_gradient_terms(net, 8, priced)
-    assert {r[:2] for r in rows if r[2] in (REFILL_LABEL, REFILL_CALL_LABEL)} == {("fc1", "fwd"), ("fc1", "bwd")}
+    assert {r[:2] for r in rows if r[2] in (REFILL_LABEL, REFILL_CALL_LABEL)} == \
+        {("fc1", "fwd"), ("fc1", "bwd"), ("fc2", "fwd")}
 
 
 def test_gapped_records_are_aged_by_their_gap():

@@ -260,11 +260,11 @@ def test_runner_excess_is_paired_with_the_step_timed_beside_it():
 
 
 def test_fc_passes_whose_sweep_streamed_are_not_scaled_by_f():
-    """An FC pass whose op sweep already read its operands from beyond the
-    L2 (weights, input and output; dW and dX besides backward) is priced at
-    its swept kernels plus b and the cold-weight term: f, fitted on passes
-    whose sweeps ran from the L2, does not scale it. Profiles fitted before
-    (no ``l2_only``) scale every pass."""
+    """An FC pass whose weights overflow the L2 (its op sweep read them from
+    beyond it) is priced at its swept kernels plus b and the cold-weight
+    term: f, fitted on passes whose sweeps ran the weights from the L2,
+    does not scale it. The weights alone count, whatever the batch and the
+    pass. Profiles fitted before (no ``l2_only``) scale every pass."""
     l2 = 1 << 20
     big = spec_mod.layers(spec_mod.NetSpec("big", 16, 3, 3, ((64, 2), (128, 2)), (1024, 10)), 8)
     fc1, conv2 = big[2], big[1]          # fc1: 8192 x 1024, 32 MiB of weights
@@ -273,10 +273,13 @@ def test_fc_passes_whose_sweep_streamed_are_not_scaled_by_f():
     assert not streams_in_sweep(fc1, 8, "fwd", None)            # no L2 size: as before
     small = spec_mod.layers(spec_mod.get_spec("digits"), 8)[2]  # 1024 x 128: 512 KiB
     assert not streams_in_sweep(small, 8, "fwd", l2)
-    # by hand: 4 x (w + x + y) forward, 4 x (2 (w + x) + y) backward against the L2
-    w, x, y = 1024 * 128, 8 * 1024, 8 * 128
-    assert streams_in_sweep(small, 8, "bwd", 4 * (2 * (w + x) + y) - 1)
-    assert not streams_in_sweep(small, 8, "bwd", 4 * (2 * (w + x) + y))
+    # by hand: 4 w bytes against the L2, both passes, any batch (input and
+    # output besides would overflow an L2 of 4 w + 1 at batch 64)
+    w = 1024 * 128
+    for n in (1, 64):
+        for pas in ("fwd", "bwd"):
+            assert streams_in_sweep(small, n, pas, 4 * w - 1)
+            assert not streams_in_sweep(small, n, pas, 4 * w)
     term = {"f": 1.7, "b": 0.0, "l2_only": True}
     assert in_step_factor(term, fc1, 8, "fwd", l2) == 1.0
     assert in_step_factor(term, small, 8, "fwd", l2) == 1.7

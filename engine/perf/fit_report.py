@@ -34,7 +34,11 @@ def format_errors(prof: dict) -> str:
         lines.append(f"{'layer ' + key.replace('_', ' '):<22}{cell(t['error']['fit'])}  {cell(t['error']['holdout'])}"
                      f"  f {t['f']:.2f}, b {1e6 * t['b']:.1f} us"
                      + (f", w {1e3 * t['w'] * 2 ** 20:.2f} ms/MiB beyond the L2" if t.get("w") else "")
-                     + (f", x {1e9 * t['x']:.2f} ns per input float" if t.get("x") else ""))
+                     + (f", x {1e9 * t['x']:.2f} ns per input float" if t.get("x") else "")
+                     # l2_refill: at full age, the share of the pass's age (tau) times these
+                     + (f", refill r {1e3 * t.get('r', 0.0) * 2 ** 20:.2f} ms/MiB in the L2 + s"
+                        f" {1e6 * t.get('s', 0.0):.1f} us (tau {1e3 * t.get('tau', 0.0):.1f} ms)"
+                        if t.get("r") or t.get("s") else ""))
     ov = prof.get("overhead", {})
     if "error" in ov and isinstance(ov["error"], dict):
         e = ov["error"]

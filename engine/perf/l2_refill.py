@@ -15,7 +15,7 @@ its own buffers timed alone ran at the sweep's price (2026-12-01 23:25 UTC,
 one thread). The gapped layer-pass sweep (``sweep_layer_passes``) times
 the passes at the age of a long step.
 
-Fitted for the hidden FC forwards only (``REFILL_KEYS``). How much a pass
+Fitted for the FC forwards, hidden and output (``REFILL_KEYS``). How much a pass
 refills changed by 2-3x between the hours of the seen test sets
 (heldout-w3's fc1 backward at batch 11: 172 us in set 9, 530 us at 23:40
 UTC), and with the backwards or the output layers fitted too, from either
@@ -28,13 +28,22 @@ cpu_test14's records (no gapped passes) the fit gives them ``s`` alone, 24
 us a pass at full age, and the per-layer median of sets 5-13 (re-predicted)
 went 12.8 -> 12.7 % (calibrated 12.4 -> 11.4 %, lower on every set with a
 calibration).
+
+The output layers' forwards since session 18: their weights are a few KB,
+but the step evicts their code and buffers as it does a hidden layer's, the
+more the longer the step: over the layer-pass records of cpu_test17 the
+term without refills priced them from -56 % (heldout-allconv at batch 32,
+cifar at every batch: long steps) to +56 % (heldout-b at batch 1), fit
+median 21 %, and sets 14-15 -23 % (signed median). With ``r`` and ``s``
+the fit median is 14 % and sets 14-15's output forwards -5 %; the backwards
+were tried too and left out (sets 14 and 8 worse).
 """
 from __future__ import annotations
 
 from engine import spec as spec_mod
 
 # The layer-term keys fitted with the refill columns by default (above).
-REFILL_KEYS = ("fc_fwd",)
+REFILL_KEYS = ("fc_fwd", "fcout_fwd")
 # The row labels of the refill terms in ``compute_gradient_terms``.
 REFILL_LABEL, REFILL_CALL_LABEL = "l2-refill", "refill-per-call"
 
