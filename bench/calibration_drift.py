@@ -9,8 +9,8 @@
 profile the run was judged against, and scores four rules of rescaling by
 the calibration: none; the whole workload's ratio on every time; each
 part's ratio whole beyond the 10 % band (the check before session 13); and
-``calibrate.compare`` as it is now (the kernel part's ratio on the per-unit
-costs, the Python part's on the per-call ones, each shrunk by its noise;
+``calibrate.compare`` as it is now (the whole workload's ratio on the
+per-unit costs, the Python part's on the per-call ones, each shrunk by its noise;
 set 5 timed no parts: its whole ratio). Each configuration is scored as
 the validation's headline (the median of its runs against the prediction
 at the median of its passes' scales) and each pass against its own. It
@@ -122,8 +122,8 @@ def history(tags, rows_file):
     per-call parts, with each pass's scales by each rule; appended to
     ``rows_file`` (JSON lines; runs already there are not predicted again)
     and all of that file returned."""
+    from calibration_pairs import split_uc
     from engine.perf.profile import Profile
-    from validate_runs import predicted, row_n_file
     profs = _profiles()
     rows_file = Path(rows_file)
     done = [json.loads(line) for line in rows_file.read_text().splitlines()] if rows_file.exists() else []
@@ -143,16 +143,9 @@ def history(tags, rows_file):
         passes = [_rules(then, _now(c, then)) for c in d["calibrations"]]
         new = []
         for r in d["rows"]:
-            t = {}
-            for kc in (1.0, 2.0):
-                p = Profile(prof.data, prof.source)
-                p.call_scale = kc
-                t[kc] = predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], p, row_n_file(r),
-                                  sim=False)
-            # Every time here is linear in the two scales (to 0.1 % for T_Update, 0.001 % for these).
-            C = {q: t[2.0][q] - t[1.0][q] for q in QTYS}
+            U, C = split_uc(r, prof)
             new.append({"file": os.path.basename(f), "run": m.group(1), "net": r["model"], "profile": name,
-                        "U": {q: t[1.0][q] - C[q] for q in QTYS}, "C": C,
+                        "U": U, "C": C,
                         "meas": {q: r["measured"].get(q) for q in QTYS},
                         "runs": [{q: x.get(q) for q in QTYS} for x in r.get("runs", [])],
                         "parts": [chk.parts for chk, _ in passes], "rules": [ru for _, ru in passes]})

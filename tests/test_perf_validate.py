@@ -149,10 +149,11 @@ def test_a_calibration_is_judged_against_the_profile_it_repredicts_with(vm):
     prof.data["fingerprint"] = {"calibration": cal(1e-3, 1e-3)}
     row = _row("tiny", "fitted grid", [0.0] * 5)
     row["measured"].update(T_Epoch=2.0, N_Minibatch_avg=4.0, T_Update=1.0)
-    # Saved against another profile (scales x1, x1); measured: kernels x1.5, Python x2 of this one's.
+    # Saved against another profile (scales x1, x1); measured: kernels x1.5, Python x2 of this one's
+    # (the whole workload x1.75, which rescales per-unit costs).
     cals = [{"scale": 1.0, "call_scale": 1.0, "now": cal(1.5e-3, 2e-3)}]
     rows, k, kc = vm.calibrated([row], prof, cals)
-    assert (k, kc) == (pytest.approx(1.5), pytest.approx(2.0))
+    assert (k, kc) == (pytest.approx(1.75), pytest.approx(2.0))
     # A calibration saved without its measurement keeps its scales.
     assert vm.calibrated([row], prof, [{"scale": 1.0, "call_scale": 2.0}])[1:] == (1.0, 2.0)
 
@@ -208,28 +209,28 @@ def _layers(vm, prof, n=4):
 
 def test_calibrated_layer_passes_are_the_kernel_and_per_call_scales_applied(vm):
     """Each layer pass as sprint predict's per-layer table prices it after a
-    calibration: per-unit costs by the kernel scale, per-call costs by the
-    Python one (a calibration that kept its measurement judged against the
-    profile's stored one)."""
+    calibration: per-unit costs by the whole workload's scale, per-call costs
+    by the Python part's (a calibration that kept its measurement judged
+    against the profile's stored one)."""
     prof = _layer_profile(1e-5, 4e-5)
     prof.data["fingerprint"] = {"calibration": _cal(1e-3, 1e-3)}
     unit = vm.layer_predictions("tiny", 4, _layer_profile(0.0, 0.0))
     full = vm.layer_predictions("tiny", 4, prof)
     layers = _layers(vm, prof)
-    # Saved scales x1, x1 against another profile; measured kernels x1.5, Python x2 of this one's.
+    # Saved scales x1, x1 against another profile; measured kernels x1.5, Python x2 of this one's (whole x1.75).
     vm.calibrate_layers(layers, prof, {"scale": 1.0, "call_scale": 1.0, "now": _cal(1.5e-3, 2e-3)})
     for l in layers:
         key = (l["layer"], l["pass"])
-        want = 1.5 * unit[key] + 2.0 * (full[key] - unit[key])
+        want = 1.75 * unit[key] + 2.0 * (full[key] - unit[key])
         assert full[key] - unit[key] > 0.1 * full[key]          # each pass has a per-call part to scale
         assert l["calibrated"] == pytest.approx(want, rel=1e-12)
-        assert l["calibration"] == {"scale": pytest.approx(1.5), "call_scale": pytest.approx(2.0),
+        assert l["calibration"] == {"scale": pytest.approx(1.75), "call_scale": pytest.approx(2.0),
                                     "how": vm.LAYER_CAL_BEFORE}
     assert prof.time_scale == 1.0 and prof.call_scale == 1.0          # the caller's profile untouched
     text = vm.format_report([], layers)
     line = [x for x in text.splitlines() if x.strip().startswith("calibrated (what sprint predict prints")][0]
     errs = sorted(abs(l["calibrated"] / l["measured"] - 1) for l in layers)
-    assert f"median |err| {100 * float(vm.np.median(errs)):.1f} %" in line and "kernels x1.500, per-call x2.000" in line
+    assert f"median |err| {100 * float(vm.np.median(errs)):.1f} %" in line and "kernels x1.750, per-call x2.000" in line
     # A calibration that did not time its parts apart: no calibrated price.
     vm.calibrate_layers(layers, prof, {"scale": 1.3, "call_scale": None})
     assert not any("calibrated" in l for l in layers) and "calibrated (what" not in vm.format_report([], layers)
@@ -260,7 +261,7 @@ def test_a_layer_calibration_round_trips_through_rescore(vm, tmp_path, capsys):
     for extra in ([], ["--repredict", "--profile", str(path), "--no-sim"]):
         assert vm.main(["--rescore", str(f)] + extra) == 0
         line = [x for x in capsys.readouterr().out.splitlines() if "calibrated (what sprint predict" in x][0]
-        assert want in line and vm.LAYER_CAL_BEFORE in line and "kernels x1.200, per-call x1.600" in line
+        assert want in line and vm.LAYER_CAL_BEFORE in line and "kernels x1.400, per-call x1.600" in line
     # Saved before the layer passes had a calibration of their own: the first pass's (x3, x3), said.
     f.write_text(json.dumps(dict(d, layer_calibration=None)))
     assert vm.main(["--rescore", str(f)]) == 0

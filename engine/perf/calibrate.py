@@ -4,9 +4,10 @@
 cores, memory, the Python/numpy/BLAS it ran) and the time of a fixed,
 one-thread calibration workload (``calibration_step``). Before
 ``predict``/``tune``/``simulate`` use a profile, ``check`` runs the same
-workload for a couple of seconds and rescales the profile's times by the
-measured ratio of each part, shrunk toward 1 by how far it is to be
-believed (``Profile.time_scale``, ``call_scale``); when the fingerprint
+workload for a couple of seconds and rescales the profile's per-unit times
+by the whole workload's measured ratio and its per-call times by the Python
+part's (``RESCALES``), each shrunk toward 1 by how far it is to be believed
+(``Profile.time_scale``, ``call_scale``); when the fingerprint
 differs, or a part runs slower or faster than the stored time by more than
 the noise, it also says so. A profile without a fingerprint (written
 before this check existed) is reported as unverifiable.
@@ -97,9 +98,10 @@ def _compute_part(rng):
     by 15 %) both tracked: the spread of log(cifar's runner T_GPU / part),
     over the five calls' medians, was 1.6 % with this step and 2.4 % with
     the kernel part (6.3 % unscaled), but over seen heldout-d4's and
-    heldout-d8's one-thread steps 2.7 and 3.9 % against 1.7 and 2.2 %. A
-    profile uses it only where its calibration recorded it
-    (calibration_drift.py --anchor); the shipped one does not."""
+    heldout-d8's one-thread steps 2.7 and 3.9 % against 1.7 and 2.2 %. It
+    is timed where the profile's calibration recorded it and said, but
+    rescales nothing (``RESCALES``): from cpu_test17's records to
+    cpu_test18's it read x0.86 where the nets' times moved x0.82-0.85."""
     from engine.net import Net
     from engine.spec import get_spec
     sp = get_spec("cifar")
@@ -297,20 +299,35 @@ def _weight(then, now, ratio, key="u") -> float:
     return d2 / (d2 + s2) if d2 > 0 else 0.0
 
 
-# Which part's ratio rescales which costs, the first part both calibrations
-# timed: per-unit costs (``scale``) by the compute part, or by the kernel part
-# against a profile calibrated before the compute part existed; per-call
-# costs (``call_scale``) by the Python part.
-RESCALES = {"scale": ("compute", "kernel"), "call_scale": ("python",)}
+# Which ratio rescales which costs, the first one both calibrations timed:
+# per-unit costs (``scale``) by the whole workload's (``wall_s``, the kernel
+# and Python parts run in turn), per-call costs (``call_scale``) by the
+# Python part's. Not by the kernel part alone, nor the compute part: across
+# days the nets' per-unit costs drift between the kernel part and the Python
+# part. cpu_test14's records (12-01) to cpu_test17's (12-02 06:20): kernel
+# part x1.15, Python part x1.44, the records' one-thread net steps x1.33 and
+# seen sets 9, 13, 14, 15 priced by the two profiles x1.33-1.38 apart;
+# cpu_test17 to cpu_test18 (08:52): kernel x0.94, Python x0.80, compute x0.86,
+# net steps x0.80, sets 14, 15 x0.82-0.85. Seen T_GPU, mean |error| summed
+# over the sets, calibrated by the kernel part (the compute part where both
+# have it) -> by the whole workload (bench/calibration_pairs.py, h19C):
+# cpu_test17's records against sets 9-13 (run 12-01) 84.7 -> 58.8, against
+# sets 14 and 15 (same day) 18.1 -> 16.4; cpu_test14's against sets 9-15
+# 57.4 -> 52.6 (sets 12, 13 worse: 5.2 -> 9.0, 6.8 -> 9.4); cpu_test18's
+# against sets 14, 15 21.9 -> 16.7. The compute part is timed and said only.
+RESCALES = {"scale": ("whole",), "call_scale": ("python",)}
 
 
 def _split(then, now, chk):
-    """Each part's ratio, shrunk by its weight (``_weight``), and which
-    rescales what (``RESCALES``). Both calibrations must have timed the
-    kernel and Python parts (profiles swept before they were: one ratio)."""
+    """Each part's ratio and the whole workload's, shrunk by its weight
+    (``_weight``), and which rescales what (``RESCALES``). Both calibrations
+    must have timed the kernel and Python parts (profiles swept before they
+    were: one ratio)."""
     if not all(then.get(k) and now.get(k) for k in ("kernel_s", "python_s")):
         return None
-    scales = {}
+    r = now["wall_s"] / then["wall_s"]
+    chk.weights["whole"] = _weight(then, now, r)
+    scales = {"whole": float(r ** chk.weights["whole"])}
     for k in PARTS:
         if not (then.get(k) and now.get(k)):
             continue
@@ -326,10 +343,9 @@ def compare(stored: dict | None, now: dict | None, calibration: dict | None, sou
     """Compare a profile's ``stored`` fingerprint with this machine's ``now``
     and a fresh ``calibration``. ``scale`` is the calibration ratio shrunk
     toward 1 by its weight (``_weight``); when both calibrations timed their
-    parts (``PARTS``), ``scale`` is the compute part's (the kernel part's
-    against a profile without it) and ``call_scale`` the Python part's, each
-    by its own weight (``RESCALES``). A ratio beyond the noise
-    (``_noise``) is also said, with what it rescales."""
+    parts (``PARTS``), ``call_scale`` is the Python part's, by its own weight
+    (``RESCALES``). A ratio beyond the noise (``_noise``) is also said, with
+    what it rescales."""
     chk = Check()
     if not stored:
         chk.messages.append(f"{source} records no machine fingerprint or calibration (written before "
