@@ -75,7 +75,7 @@ def _layer_calibrated(layers, n_all) -> str:
     span = lambda k: (f"x{min(c[k] for c in cs):.3f}" + ("" if min(c[k] for c in cs) == max(c[k] for c in cs)
                                                           else f"-{max(c[k] for c in cs):.3f}"))
     hows = sorted({c["how"] for c in cs})
-    return (f"calibrated (what sprint predict prints; kernels {span('scale')}, per-call {span('call_scale')}, "
+    return (f"calibrated (what sprint predict prints; per-unit {span('scale')}, per-call {span('call_scale')}, "
             f"calibration {' / '.join(hows)}): median |err| {100 * np.median(e):.1f} %, mean {100 * np.mean(e):.1f} % "
             f"over {len(e)}" + ("" if len(e) == n_all else f" of {n_all} (the others' files have no calibration)")
             + f"; worst {worst['model']}/{worst['n_subbatch']} {worst['layer']} {worst['pass']} "
@@ -113,7 +113,7 @@ def format_report(rows, layers, scale=None, calibrated=None, measured_layers=Non
                 part = [c for r, c in zip(rows, calibrated[0]) if id(r) in keys]
                 got = [(k, summarize(part, k)) for k in QTY]
                 how = calibrated[3] if len(calibrated) > 3 else "median of the passes"
-                out.append(f"  calibrated (kernels x{calibrated[1]:.3f}, per-call x{calibrated[2]:.3f}, {how}), "
+                out.append(f"  calibrated (per-unit x{calibrated[1]:.3f}, per-call x{calibrated[2]:.3f}, {how}), "
                            "mean / median |err|: " + ", ".join(
                                f"{k} {100 * g[1]:.1f} / {100 * g[0]:.1f} %" for k, g in got if g))
             elif scale:

@@ -150,7 +150,7 @@ def saved_calibrated(d):
     """``calibrated()``'s triple from a saved validation whose every row kept
     its calibrated prediction (validate_model.py writes them): each part's
     rows as its own passes' calibration rescaled them, and the median of the
-    parts' (kernel, per-call) scales, with a note saying so when there are
+    parts' (per-unit, per-call) scales, with a note saying so when there are
     several; None for runs saved before they were kept."""
     if not d["rows"] or not all(r.get("calibrated") for r in d["rows"]):
         return None
@@ -194,10 +194,10 @@ def group_of(model, prof) -> str:
 
 
 def rescaled_profile(prof, cals):
-    """``(prof rescaled as sprint predict would after its calibration, kernel
-    scale, per-call scale)``: by the median over ``cals`` of the scales each
-    calibration applied (its kernel part and its Python part apart,
-    ``calibrate.PARTS``); None when no calibration timed the parts apart. A
+    """``(prof rescaled as sprint predict would after its calibration,
+    per-unit scale, per-call scale)``: by the median over ``cals`` of the
+    scales each calibration applied (``calibrate.RESCALES``: the whole
+    workload's ratio and its Python part's); None when no calibration timed the parts apart. A
     calibration that kept its measurement (``now``) is judged against
     ``prof``'s own stored one (``calibrate.compare``, the rule ``check``
     applies): its saved scales are against the profile of the run, which
@@ -219,7 +219,7 @@ def rescaled_profile(prof, cals):
 
 def calibrated(rows, prof, cals, sim=False):
     """``(rows predicted as sprint predict would after its calibration,
-    kernel scale, per-call scale)``, the profile rescaled by
+    per-unit scale, per-call scale)``, the profile rescaled by
     ``rescaled_profile`` over the passes' calibrations; None when the
     calibrations did not time the parts apart or applied nothing."""
     got = rescaled_profile(prof, cals)

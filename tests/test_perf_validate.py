@@ -109,7 +109,7 @@ def test_rescore_reports_the_calibrated_predictions_the_parts_saved(vm, tmp_path
     assert vm.main(["--rescore", both]) == 0
     out = capsys.readouterr().out
     line = [l for l in out.splitlines() if "calibrated (" in l][0]
-    assert "kernels x1.060, per-call x1.300, median of each part's passes" in line
+    assert "per-unit x1.060, per-call x1.300, median of each part's passes" in line
     assert "T_GPU 3.0 / 3.0 %" in line and "every time x" not in out
     del parts[1]["rows"][0]["calibrated"]
     (tmp_path / "b.json").write_text(json.dumps(parts[1]))
@@ -133,7 +133,7 @@ def test_calibrated_rows_rescale_kernels_and_per_call_costs_apart(vm):
     assert rows[0]["predicted"]["T_GPU"] == pytest.approx(want.t_gpu, rel=1e-9)
     assert prof.time_scale == 1.0 and prof.call_scale == 1.0          # the caller's profile untouched
     text = vm.format_report([row], [], None, (rows, k, kc))
-    assert "calibrated (kernels x1.000, per-call x2.000" in text
+    assert "calibrated (per-unit x1.000, per-call x2.000" in text
     # Calibrations of a profile without parts, or that applied nothing: no re-prediction.
     assert vm.calibrated([row], prof, [{"scale": 1.3, "call_scale": None}]) is None
     assert vm.calibrated([row], prof, [{"scale": 1.0, "call_scale": 1.0}]) is None
@@ -230,7 +230,7 @@ def test_calibrated_layer_passes_are_the_kernel_and_per_call_scales_applied(vm):
     text = vm.format_report([], layers)
     line = [x for x in text.splitlines() if x.strip().startswith("calibrated (what sprint predict prints")][0]
     errs = sorted(abs(l["calibrated"] / l["measured"] - 1) for l in layers)
-    assert f"median |err| {100 * float(vm.np.median(errs)):.1f} %" in line and "kernels x1.750, per-call x2.000" in line
+    assert f"median |err| {100 * float(vm.np.median(errs)):.1f} %" in line and "per-unit x1.750, per-call x2.000" in line
     # A calibration that did not time its parts apart: no calibrated price.
     vm.calibrate_layers(layers, prof, {"scale": 1.3, "call_scale": None})
     assert not any("calibrated" in l for l in layers) and "calibrated (what" not in vm.format_report([], layers)
@@ -261,12 +261,12 @@ def test_a_layer_calibration_round_trips_through_rescore(vm, tmp_path, capsys):
     for extra in ([], ["--repredict", "--profile", str(path), "--no-sim"]):
         assert vm.main(["--rescore", str(f)] + extra) == 0
         line = [x for x in capsys.readouterr().out.splitlines() if "calibrated (what sprint predict" in x][0]
-        assert want in line and vm.LAYER_CAL_BEFORE in line and "kernels x1.400, per-call x1.600" in line
+        assert want in line and vm.LAYER_CAL_BEFORE in line and "per-unit x1.400, per-call x1.600" in line
     # Saved before the layer passes had a calibration of their own: the first pass's (x3, x3), said.
     f.write_text(json.dumps(dict(d, layer_calibration=None)))
     assert vm.main(["--rescore", str(f)]) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if "calibrated (what sprint predict" in x][0]
-    assert vm.LAYER_CAL_FIRST in line and "kernels x3.000, per-call x3.000" in line
+    assert vm.LAYER_CAL_FIRST in line and "per-unit x3.000, per-call x3.000" in line
     f.write_text(json.dumps(dict(d, layer_calibration=None, calibrations=[])))
     assert vm.main(["--rescore", str(f)]) == 0
     assert "calibrated (what sprint predict" not in capsys.readouterr().out
