@@ -30,6 +30,33 @@ def test_a_profile_that_cannot_be_written_is_refused_before_the_sweep(capsys, mo
     _one_error(capsys, "cannot write into this folder", "(/proc/self)")
 
 
+def test_profile_without_mpiexec_says_so_once_before_the_sweep_and_how_to_skip_its_sweeps(capsys, monkeypatch,
+                                                                                          tmp_path):
+    """Without mpiexec on PATH each of its sweeps said a raw FileNotFoundError
+    at its turn (three lines each), after the others' minutes."""
+    from engine.errors import RunError
+    from engine.perf import cli_profile, sweep
+    real_which = cli_profile.shutil.which
+    monkeypatch.setattr(cli_profile.shutil, "which", lambda c: None if c == "mpiexec" else real_which(c))
+
+    def swept(*a, **kw):
+        raise RunError("the sweep started")
+    monkeypatch.setattr(sweep, "run_all", swept)
+    assert cli.main(["profile", "--quick"]) == 2
+    _one_error(capsys, "mpiexec is not on PATH, and the sweeps allreduce, contention, runner contention,",
+               "runner contention long, pipeline run under it: ",
+               "install an MPI (MPICH or Open MPI), or skip them with --no-allreduce --no-contention (PATH)")
+    assert cli.main(["profile", "--quick", "--only", "sgemm,allreduce"]) == 2
+    _one_error(capsys, "the sweep allreduce runs under it", "or leave it out of --only (PATH)")
+    shipped = os.path.join(os.path.dirname(cli.__file__), "perf", "default_profile.json")
+    assert cli.main(["profile", "--update", shipped, "--out", str(tmp_path / "p.json")]) == 2
+    _one_error(capsys, "the sweep pipeline runs under it", "refit the section from saved records with --from-records")
+    # what the message says to do is enough (--no-contention also skips the long runner sweep)
+    for argv in (["--no-allreduce", "--no-contention"], ["--only", "sgemm,loop overhead"]):
+        assert cli.main(["profile", "--quick", *argv]) == 2
+        _one_error(capsys, "the sweep started")
+
+
 def test_a_negative_selfcheck_seed_names_its_option(capsys):
     assert cli.main(["selfcheck", "--seed", "-1"]) == 2
     _one_error(capsys, "must be an integer >= 0, got -1", "(--seed)")

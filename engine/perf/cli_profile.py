@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -114,6 +115,7 @@ def _update_profile(args, only) -> int:
     if args.from_records:
         recs = _read_records(args.from_records)["records"]
     else:
+        check_mpiexec(["pipeline"], "refit the section from saved records with --from-records")
         recs = sweep_pipeline(profile=prof, log=lambda m: print(m, file=sys.stderr, flush=True))
         if args.records:
             _write_json(args.records, {"records": recs})
@@ -155,6 +157,18 @@ def _check_skipped(data, only, old):
         raise RunError("none of the sweeps ran (" + "; ".join(new) + ")", "--only")
 
 
+def check_mpiexec(names, how):
+    """Refuse the sweeps that run under mpiexec where it is missing, before
+    the others' minutes (each said a raw FileNotFoundError at its turn)."""
+    from .sweep import NEEDS_MPIEXEC
+    need = [n for n in names if n in NEEDS_MPIEXEC]
+    if need and shutil.which("mpiexec") is None:
+        one = len(need) == 1
+        raise RunError(f"mpiexec is not on PATH, and the sweep{'' if one else 's'} {', '.join(need)} "
+                       f"run{'s' if one else ''} under it: install an MPI (MPICH or Open MPI), or "
+                       + how.format(them="it" if one else "them"), "PATH")
+
+
 def cmd_profile(args) -> int:
     from . import fit, sweep
     from .profile import Profile
@@ -166,6 +180,9 @@ def cmd_profile(args) -> int:
     if old is not None and only is None:
         data = old
     else:
+        from engine import backend
+        check_mpiexec(sweep.selection(backend.get_backend().name, only, not args.no_allreduce, not args.no_contention),
+                      "leave {them} out of --only" if only else "skip {them} with --no-allreduce --no-contention")
         log = (lambda m: print(m, file=sys.stderr, flush=True))
         data = sweep.run_all(quick=args.quick, threads=args.threads, allreduce=not args.no_allreduce,
                              contention=not args.no_contention, log=log, only=only, merge=old)
@@ -199,8 +216,8 @@ def register(sub):
     p.add_argument("--from-records", default=None, help="refit saved records instead of sweeping")
     p.add_argument("--threads", type=positive_int, default=1, help="BLAS/OpenMP threads while sweeping (default 1)")
     p.add_argument("--machine", default=None, help="machine description stored in the profile")
-    p.add_argument("--no-allreduce", action="store_true", help="skip the mpiexec allreduce sweep")
-    p.add_argument("--no-contention", action="store_true", help="skip the core-sharing sweep")
+    p.add_argument("--no-allreduce", action="store_true", help="skip the sweeps of allreduce and the pipeline (mpiexec jobs)")
+    p.add_argument("--no-contention", action="store_true", help="skip the core-sharing sweeps (the loop overhead and the mpiexec jobs of contention)")
     p.add_argument("--only", default=None,
                    help="comma list of sweeps to run (with --from-records: re-run them and keep the "
                         "rest of the saved records): " + ", ".join(SWEEPS))

@@ -83,6 +83,28 @@ SWEEPS = ("sgemm", "layers", "pooling", "fc+softmax", "conv ops", "fc ops", "vec
 
 # Sweeps run only when named in ``only`` (``sprint profile --only``).
 OPT_IN = ("gapped layer passes",)
+# The runner's sweeps: on the cpu backend only (``_steps``).
+CPU_ONLY = ("runner contention", "runner contention mid", "runner contention long")
+# What ``allreduce=False`` (--no-allreduce) and ``contention=False``
+# (--no-contention) leave out: the pipeline's runs need mpiexec too.
+NO_ALLREDUCE = ("allreduce", "pipeline")
+NO_CONTENTION = ("loop overhead", "contention") + CPU_ONLY
+# Sweeps that start mpiexec jobs: ``sprint profile`` refuses them up front
+# where mpiexec is missing, rather than each failing after the others' minutes.
+NEEDS_MPIEXEC = ("allreduce", "pipeline", "contention") + CPU_ONLY
+
+
+def selection(backend_name, only=None, allreduce=True, contention=True) -> list:
+    """The names of the sweeps ``run_all`` runs on this backend."""
+    names = [n for n in SWEEPS if backend_name == "cpu" or n not in CPU_ONLY]
+    if only is not None:
+        bad = [n for n in only if n not in SWEEPS]
+        if bad:
+            raise ValueError(f"unknown sweep(s) {bad}; choose from {', '.join(SWEEPS)}")
+        return [n for n in names if n in only]
+    # Opt-in: their records change no fit unless asked (``l2_refill``: the gapped passes).
+    return [n for n in names if n not in OPT_IN and (allreduce or n not in NO_ALLREDUCE)
+            and (contention or n not in NO_CONTENTION)]
 
 
 def merge_key(r) -> tuple:
@@ -105,20 +127,8 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
     from engine import backend
     be = backend.get_backend()
     steps = _steps(cfg, skipped, be)
-    names = list(steps)
-    if only is not None:
-        bad = [n for n in only if n not in SWEEPS]
-        if bad:
-            raise ValueError(f"unknown sweep(s) {bad}; choose from {', '.join(SWEEPS)}")
-        names = [n for n in names if n in only]
-    else:
-        # Opt-in: their records change no fit unless asked (``l2_refill``: the gapped passes).
-        names = [n for n in names if n not in OPT_IN]
-        if not allreduce:          # the pipeline's runs need mpiexec too
-            names = [n for n in names if n not in ("allreduce", "pipeline")]
-        if not contention:
-            names = [n for n in names if n not in ("loop overhead", "contention", "runner contention",
-                                                   "runner contention mid")]
+    chosen = selection(be.name, only, allreduce, contention)
+    names = [n for n in steps if n in chosen]
     from .calibrate import calibration_step, merge_calibrations, record
     # The machine and its speed, before and after the sweeps: what a later
     # predict checks its own calibration against.
