@@ -146,9 +146,10 @@ def _as_option_error(make):
     except RunError:
         raise
     except ValueError as e:
-        field = str(e).split(" ", 1)[0]
+        field, _, rest = str(e).partition(" ")
         if field in _TRAIN_KEYS or field in ("extra", "resume"):
-            raise RunError(str(e), "--format" if field == "fmt" else _flag(field)) from None
+            # the Python name (weight_decay) in the option's words (weight decay)
+            raise RunError(f"{field.replace('_', ' ')} {rest}", "--format" if field == "fmt" else _flag(field)) from None
         raise
 
 

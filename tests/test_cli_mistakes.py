@@ -3,6 +3,7 @@
 instead of being taken for "unset", trained on silently or left to hang."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -260,10 +261,42 @@ def test_data_the_net_does_not_take_names_the_preset_that_does(tmp_path, capsys)
     out = ["--epochs", "1", "--out", tmp_path / "run"]
     assert one_line(capsys, ["train", "--data", tmp_path / "c.npz", *out]).endswith(
         "images are 32x32 but the network takes 8x8; give --model cifar (the preset for 32x32x3 images of 10 "
-        "classes), or pass --resize (resize=True) to scale them")
+        "classes), or pass --resize to scale them")
     assert one_line(capsys, ["train", "--model", "tiny", *out]) == (
         "sprint: error: model tiny takes 2 channels but digits/train has 1; give --model digits (the preset for "
         "8x8x1 images of 10 classes)")
     one_line(capsys, ["train", "--data", tmp_path / "odd.npz", *out],
              "give a --model that takes 20x20x3 images of 10 classes (a spec file; no preset does), or pass --resize")
+    assert not (tmp_path / "run").exists()
+
+
+def test_data_and_option_mistakes_name_the_cli_options_not_the_python_api(tmp_path, capsys, monkeypatch):
+    """`--data notes.txt` said 'name it with --format (fmt=)', NaN images 'pass
+    --skip-bad (skip_bad=True)', odd-sized images '--resize (resize=True)' and
+    `--weight-decay -1` 'weight_decay must be': the Python spellings of the options."""
+    from PIL import Image
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "empty").mkdir()
+    x = np.random.default_rng(0).random((20, 1, 8, 8)).astype(np.float32)
+    x[3, 0, 1, 1] = np.nan
+    np.savez(tmp_path / "nan.npz", x=x, y=np.arange(20) % 10)
+    for i in range(2):
+        (tmp_path / "tree" / str(i)).mkdir(parents=True)
+        Image.fromarray(np.zeros((12, 12), np.uint8)).save(tmp_path / "tree" / str(i) / "a.png")
+    (tmp_path / "cifar").mkdir()
+    for name in ("data_batch_1.bin", "test_batch.bin"):
+        (tmp_path / "cifar" / name).write_bytes(b"\0" * 100)      # not a whole CIFAR-10 record
+    run = ["--epochs", "1", "--out", tmp_path / "run"]
+    said = [one_line(capsys, ["train", "--data", tmp_path / "notes.txt", *run], "name it with --format, one of"),
+            one_line(capsys, ["train", "--data", tmp_path / "empty", *run], "name it with --format, one of"),
+            one_line(capsys, ["train", "--data", tmp_path / "nan.npz", *run], "pass --skip-bad to leave them out"),
+            one_line(capsys, ["train", "--data", tmp_path / "tree", *run], "pass --resize to scale the images"),
+            one_line(capsys, ["train", "--data", tmp_path / "cifar", *run], "pass --skip-bad to leave the file out"),
+            one_line(capsys, ["train", "--weight-decay", "-1", *run],
+                     "weight decay must be finite and >= 0, got -1.0 (--weight-decay)"),
+            one_line(capsys, ["train", "--scale-jitter", "1", *run], "scale jitter must be in [0, 1), got 1.0 (--scale-jitter)"),
+            one_line(capsys, ["train", "--crop-pad", "8", *run], "a crop padding of 8 pixels must be smaller")]
+    for line in said:
+        assert not re.search(r"\w=|(?<![-\w])(fmt|skip_bad|resize|weight_decay|scale_jitter|crop_pad)\b", line), line
     assert not (tmp_path / "run").exists()

@@ -46,7 +46,7 @@ def check_finite(x, y, where, skip_bad):
     first = int(np.flatnonzero(bad)[0])
     if not skip_bad:
         raise RunError(f"{n} of {len(x)} images hold NaN or Inf (the first is image {first}); "
-                       "pass --skip-bad (skip_bad=True) to leave them out", where)
+                       "pass --skip-bad to leave them out", where)
     warn(f"left out {n} of {len(x)} images holding NaN or Inf (--skip-bad) ({where})")
     return x[~bad], y[~bad], n
 
@@ -193,7 +193,7 @@ def _cifar_records(f, skip_bad):
         if skip_bad:
             return None
         raise RunError(f"{size:,} bytes is not a whole number of {CIFAR_RECORD}-byte CIFAR-10 records "
-                       "(truncated or corrupt); pass --skip-bad (skip_bad=True) to leave the file out", f)
+                       "(truncated or corrupt); pass --skip-bad to leave the file out", f)
     try:
         rec = np.fromfile(f, np.uint8).reshape(-1, CIFAR_RECORD)
     except OSError as e:

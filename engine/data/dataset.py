@@ -151,7 +151,7 @@ class FileDataset:
         for j, im in enumerate(imgs):
             if isinstance(im, SizeMismatch):
                 raise RunError(f"image is {im.size[0]}x{im.size[1]} but the network takes "
-                               f"{self.size}x{self.size}; pass --resize (resize=True) to scale the images",
+                               f"{self.size}x{self.size}; pass --resize to scale the images",
                                self.files[idx[j]])
             if im is None and int(idx[j]) not in self._bad:
                 self._bad[int(idx[j])] = self.files[idx[j]]

@@ -90,10 +90,10 @@ def check_sizes(train, test, size, resize, source):
             # --resize alone was said: to the default digits net (8x8) that meant
             # CIFAR-10 scaled down to 8x8, where a --model was forgotten
             raise ValueError(f"{source} ({ds.name}): images are {h}x{w} but the network takes {size}x{size}; "
-                             f"{model_for(ds)}, or pass --resize (resize=True) to scale them")
+                             f"{model_for(ds)}, or pass --resize to scale them")
     if hw[0] != hw[1]:
         raise RunError(f"test images ({test.name}) are {hw[1][0]}x{hw[1][1]} but training images "
-                       f"({train.name}) are {hw[0][0]}x{hw[0][1]}; pass --resize (resize=True) to scale both "
+                       f"({train.name}) are {hw[0][0]}x{hw[0][1]}; pass --resize to scale both "
                        "to the network's input", source)
 
 
@@ -123,7 +123,7 @@ def detect_format(source) -> str:
             return "mnist"
         if p.suffix == ".bin":
             return "cifar"
-        raise RunError(f"cannot tell the data's format: name it with --format (fmt=), one of "
+        raise RunError(f"cannot tell the data's format: name it with --format, one of "
                        f"{', '.join(FORMATS)}", p)
     if not p.is_dir():
         raise RunError("neither a file nor a directory", p)
@@ -134,7 +134,7 @@ def detect_format(source) -> str:
         return "cifar"
     if any(q.is_dir() for q in p.iterdir()):
         return "tree"
-    raise RunError(f"cannot tell the format of the data in this folder: name it with --format (fmt=), one of "
+    raise RunError(f"cannot tell the format of the data in this folder: name it with --format, one of "
                    f"{', '.join(FORMATS)}", p)
 
 

@@ -98,7 +98,7 @@ def load_tree(root: Path, size=None, channels=None, test_fraction=0.2, split_see
 def _mismatch(path, wh, size, count):
     more = f" (and {count - 1} more images of other sizes)" if count > 1 else ""
     raise RunError(f"image is {wh[0]}x{wh[1]} but the network takes {size}x{size}{more}; "
-                   f"pass --resize (resize=True) to scale the images", path)
+                   f"pass --resize to scale the images", path)
 
 
 def _class_dirs(d: Path, seen, allow_empty=False):
