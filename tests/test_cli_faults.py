@@ -173,6 +173,22 @@ def test_sandblasters_nan_training_loss_is_a_divergence_without_an_lr_to_lower(c
             s.result(None, 2)
 
 
+def test_pipeline_stages_past_the_net_are_said_before_the_ranks_they_would_need(tmp_path, capsys, monkeypatch):
+    """`--stages 9` on the 4-layer digits net asked for mpiexec -n 9, which then
+    said the net is too short; a --partition of the wrong length likewise."""
+    from engine import cli
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    monkeypatch.delenv("SPRINT_DEBUG", raising=False)
+    for argv, said in ((["--stages", "9"], "sprint: error: --stages 9 exceeds the 4 layers of digits"),
+                       (["--stages", "3", "--partition", "0:2,2:4"],
+                        "sprint: error: --partition 0:2,2:4 has 2 stages, --stages says 3")):
+        assert cli.main(["train", "--parallel", "pipeline", *argv, "--out", str(tmp_path / "run")]) == 2
+        assert capsys.readouterr().err.strip() == said
+    # a net long enough: then the ranks
+    assert cli.main(["train", "--parallel", "pipeline", "--stages", "4", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip().endswith("needs mpiexec -n 4, not 1 rank")
+
+
 def test_bad_options_and_files_are_one_line_each(tmp_path):
     one_error_line(sprint("train", "--lr", "inf"), "lr must be finite and > 0, got inf (--lr)")
     one_error_line(sprint("train", "--lr", "nan"), "got nan (--lr)")

@@ -80,8 +80,9 @@ def extra_from_args(args) -> dict:
     return {k: v for k, v in given.items() if v is not None}
 
 
-def options(cfg, n_ranks):
-    """(K, D, schedule, M, predict) from cfg.extra, checked."""
+def options(cfg, n_ranks, spec=None):
+    """(K, D, schedule, M, predict) from cfg.extra, checked (against ``spec``'s
+    layers too, when given)."""
     extra = {k: v for k, v in (cfg.extra or {}).items() if v is not None}
     # a 0 given is an error below, not "unset"
     D = int(extra.get("replicas", 1))
@@ -90,6 +91,9 @@ def options(cfg, n_ranks):
     K = int(extra.get("stages", max(1, n_ranks // max(D, 1))))
     if K < 1 or D < 1:
         raise ValueError(f"--stages and --replicas must be >= 1 (got {K} and {D})")
+    if spec is not None:
+        # the net first: `--stages 9` on a 4-layer net asked for mpiexec -n 9, which then refused it
+        given_partition(cfg, spec, K)
     if K * D != n_ranks:
         why = f"--stages {K} x --replicas {D} needs mpiexec -n {K * D}, not {counted(n_ranks, 'rank')}"
         if cfg.resume:          # the user gave neither: the run saved them
@@ -104,11 +108,10 @@ def options(cfg, n_ranks):
     return K, D, str(extra.get("schedule") or "gpipe"), M, str(extra.get("predict") or "none")
 
 
-def choose_partition(cfg, spec, K, manifest=None):
-    """--partition, else (resuming) the one the stage files hold, else the
-    balanced one."""
+def given_partition(cfg, spec, K):
+    """--partition checked against --stages and the net (None when not
+    given); --stages past the net's layers refused."""
     from engine.spec import layers
-    from .pipeline_ckpt import manifest_partition
     n = len(layers(spec))
     text = (cfg.extra or {}).get("partition")
     if text:
@@ -118,6 +121,18 @@ def choose_partition(cfg, spec, K, manifest=None):
         return parts
     if K > n:
         raise ValueError(f"--stages {K} exceeds the {n} layers of {spec.name}")
+    return None
+
+
+def choose_partition(cfg, spec, K, manifest=None):
+    """--partition, else (resuming) the one the stage files hold, else the
+    balanced one."""
+    from engine.spec import layers
+    from .pipeline_ckpt import manifest_partition
+    parts = given_partition(cfg, spec, K)
+    if parts:
+        return parts
+    n = len(layers(spec))
     saved = manifest_partition(manifest, K, n) if manifest else None
     if saved:
         return saved
@@ -144,7 +159,7 @@ def _train(s, cfg, comm):
     from engine.optim import SGD, make_schedule
     from .runner import ranks_agree_or_refuse
 
-    K, D, schedule, M, predict = options(cfg, comm.size)
+    K, D, schedule, M, predict = options(cfg, comm.size, s.spec)
     be, spec, train_ds, test_ds, deform = s.backend, s.spec, s.train_ds, s.test_ds, s.deform
     ranks_agree_or_refuse(s, comm, cfg)
     run = s.run
