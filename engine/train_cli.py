@@ -340,8 +340,25 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def _info_stages(args):
+    """--stages of `sprint info`, else the number of --partition's ranges; the
+    other pipeline options alone are refused (they were silently ignored)."""
+    from .errors import RunError
+    if getattr(args, "stages", None) is None and getattr(args, "partition", None):
+        args.stages = len(str(args.partition).split(","))     # the ranges say how many
+    given = [f"--{f} {getattr(args, f)}" for f in ("stages", "microbatches", "schedule", "profile")
+             if getattr(args, f, None) is not None]
+    if args.model is None and given:
+        raise RunError(f"{given[0].split()[0]} needs a model to split into stages", "sprint info MODEL")
+    if given and not given[0].startswith("--stages"):
+        raise RunError(f"{given[0].split()[0]} applies to the pipeline table: add --stages K (e.g. sprint info "
+                       f"{args.model} --stages 2 {given[0]})", given[0].split()[0])
+    return getattr(args, "stages", None)
+
+
 def cmd_info(args) -> int:
     from .spec import PRESETS, get_spec, n_params, n_params_formula, summary_table
+    stages = _info_stages(args)
     if args.model is None:
         print("presets (sprint info NAME for the layer table):")
         for name, spec in PRESETS.items():
@@ -356,8 +373,7 @@ def cmd_info(args) -> int:
         if e.where != "--model":
             raise
         raise RunError(e.what, "sprint info MODEL") from None     # a positional here, not --model
-    stages = None
-    if getattr(args, "stages", None):
+    if stages:
         # checked before anything is printed: `info cifar --stages 99` printed
         # the whole layer table, then its error
         from .perf.pipeline import info_table

@@ -107,6 +107,30 @@ def test_info_with_a_bad_stage_count_prints_no_table_before_its_error(capsys):
     assert out.index("N_Param = 3,248,202") < out.index("stage")
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["digits", "--microbatches", "4"], "--microbatches applies to the pipeline table: add --stages K (e.g. sprint "
+                                        "info digits --stages 2 --microbatches 4) (--microbatches)"),
+    (["digits", "--schedule", "1f1b"], "--schedule applies to the pipeline table: add --stages K"),
+    (["digits", "--profile", "p.json"], "--profile applies to the pipeline table: add --stages K"),
+    (["--stages", "2"], "--stages needs a model to split into stages (sprint info MODEL)"),
+    (["digits", "--stages", "3", "--partition", "0:2,2:4"], "--partition has 2 stages, --stages says 3"),
+])
+def test_info_pipeline_options_without_stages_are_refused_not_ignored(capsys, argv, said):
+    """`sprint info digits --microbatches 4` printed the plain layer table, the option silently ignored."""
+    assert cli.main(["info", *argv]) == 2
+    out = capsys.readouterr()
+    err = out.err.strip().splitlines()
+    assert out.out == "" and len(err) == 1 and err[0].startswith("sprint: error: " + said), out.err
+
+
+def test_info_partition_alone_shows_its_stages(capsys):
+    """--partition without --stages was ignored too: its ranges say how many stages."""
+    assert cli.main(["info", "digits", "--partition", "0:1,1:4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    table = out[out.index(next(l for l in out if l.startswith("stage "))) + 1:]
+    assert [l.split()[0] for l in table[:2]] == ["0", "1"] and not table[2].split()[0].isdigit()
+
+
 @pytest.mark.parametrize("argv", [["--epochs", "0"], ["--model", "nosuch"], ["--data", "/nonexistent"],
                                   ["--lr", "-1"]])
 def test_a_refused_train_leaves_no_empty_run_folder(tmp_path, monkeypatch, capsys, argv):

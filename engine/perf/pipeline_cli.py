@@ -94,7 +94,8 @@ def add_info_options(p):
     g.add_argument("--microbatches", type=positive_int, default=None,
                    help="micro-batches per mini-batch (--batch; default min(4, batch))")
     g.add_argument("--partition", default=None, help="layer ranges to show instead of the balanced ones")
-    g.add_argument("--schedule", choices=SCHEDULES, default="gpipe", help="schedule whose bubble is simulated")
+    g.add_argument("--schedule", choices=SCHEDULES, default=None,
+                   help="schedule whose bubble is simulated (default gpipe)")
     g.add_argument("--profile", default=None, help="machine profile JSON (default: the shipped one)")
 
 
@@ -118,7 +119,7 @@ def info_table(spec, args) -> str:
     prof = Profile.load(args.profile)
     if warning := prof.path_warning(spec):      # as predict/simulate/tune/plan say it (engine.perf.cli)
         print(f"sprint info: warning: {warning}", file=sys.stderr)
-    p = predict(sp, stages=K, n_subbatch=args.batch, profile=prof, schedule=args.schedule,
+    p = predict(sp, stages=K, n_subbatch=args.batch, profile=prof, schedule=args.schedule or "gpipe",
                 microbatches=m, partition=parts)
     b = max(1, math.ceil(args.batch / p.microbatches))
     geoms = spec_mod.layers(sp)
