@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import metrics as _metrics
-from .checkpoint import atomic_write, make_folder
+from .checkpoint import atomic_write
 
 
 def save_png(fig, path, dpi="figure") -> Path:
@@ -35,13 +35,11 @@ def plot_run(run_dir, out=None) -> list:
         # it would become a folder of that name holding the two PNGs
         from .errors import RunError
         raise RunError("--out is the folder for loss.png and accuracy.png, not a file name", out)
-    try:
-        out = make_folder(out) if out else run_dir
-    except OSError as e:
-        # said bare, "no such file or folder (/proc/x)" read as if an input were missing
-        from .cli import describe
-        from .errors import RunError
-        raise RunError(f"cannot create the folder for the plots (--out): {describe(e)}", None) from None
+    if out:
+        from .cli import make_out_folder
+        out = make_out_folder(out, "the folder for the plots")
+    else:
+        out = run_dir
     ep = [r["epoch"] for r in recs]
     figs = {
         "loss.png": ("loss", [("train_loss", "train"), ("test_loss", "test")]),

@@ -55,12 +55,8 @@ class RunDir:
         """Create the folder; remove temporaries of writes that a kill cut short."""
         if self.path.exists() and not self.path.is_dir():
             raise RunError("the run directory is a file", self.path)
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            # said bare, "no such file or folder (/proc/x)" read as if an input were missing
-            from engine.cli import describe
-            raise RunError(f"cannot create the run directory (--out): {describe(e)}", None) from None
+        from engine.cli import make_out_folder
+        make_out_folder(self.path, "the run directory")
         return _ckpt.remove_stale_temps(self.path, WRITTEN)
 
     def refuse_a_run(self) -> None:
