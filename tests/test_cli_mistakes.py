@@ -300,3 +300,17 @@ def test_data_and_option_mistakes_name_the_cli_options_not_the_python_api(tmp_pa
     for line in said:
         assert not re.search(r"\w=|(?<![-\w])(fmt|skip_bad|resize|weight_decay|scale_jitter|crop_pad)\b", line), line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_that_trains_nothing_keeps_the_saved_epochs(tmp_path, capsys, monkeypatch):
+    """`train --resume R --epochs 1` of a 2-epoch run trained nothing but saved
+    epochs 1, and the next plain `--resume R` said "(--epochs 1)", an option not given."""
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    run = tmp_path / "run"
+    quiet = ["--no-progress", "--quiet"]
+    assert cli.main(["train", "--epochs", "2", "--out", str(run), *quiet]) == 0
+    assert cli.main(["train", "--resume", str(run), "--epochs", "1", *quiet]) == 0
+    assert json.loads((run / "config.json").read_text())["train"]["epochs"] == 2
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert "the run already has 2 epochs (--epochs 2): nothing to train" in capsys.readouterr().out

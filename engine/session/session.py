@@ -153,7 +153,8 @@ class Session:
         raise_if_ctrl_c()           # one dropped while the run was set up: no epoch begins
         self.history = [r for r in self.history if r.get("epoch", 0) <= start_epoch]
         self.first_new = len(self.history)
-        if self.cfg.resume and start_epoch >= self.cfg.epochs:
+        idle = self.cfg.resume and start_epoch >= self.cfg.epochs
+        if idle:
             self.log(f"the run already has {counted(start_epoch, 'epoch')} (--epochs {self.cfg.epochs}): nothing to "
                      f"train; a larger --epochs continues it")
         self._say_replanned(start_epoch)
@@ -162,8 +163,11 @@ class Session:
 
         def write():
             self.run.prepare()
-            self.run.write_config({"run_id": self.run_id, "train": self.cfg.to_dict(),
-                                   "spec": self.spec.to_dict(), "deform": self.deform.to_dict()})
+            if not idle:
+                # a resume that trains nothing keeps the saved options: `--resume --epochs 1` of a
+                # 2-epoch run saved epochs 1, and the next plain --resume said "(--epochs 1)"
+                self.run.write_config({"run_id": self.run_id, "train": self.cfg.to_dict(),
+                                       "spec": self.spec.to_dict(), "deform": self.deform.to_dict()})
             self.run.write_metrics(self.history)
         self._root_writes(write)
 
