@@ -10,7 +10,10 @@ import json
 import time
 from pathlib import Path
 
-from engine.errors import MissingFile
+from engine.errors import MissingFile, RunError
+
+# the fields of a record that sprint plot draws
+NUMBERS = ("epoch", "train_loss", "test_loss", "train_acc", "test_acc")
 
 
 class Meter:
@@ -71,13 +74,23 @@ def read(path) -> list:
         path = path / "metrics.jsonl"
     if not path.exists():
         raise MissingFile("no metrics.jsonl: not a run folder", path)
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise RunError("not a text file, as a run's metrics are", path) from None
     out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+                rec = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as e:
+                raise RunError(f"line {i} is not JSON ({getattr(e, 'msg', e)})", path) from None
+            # each line one epoch's record: plot said "list indices must be integers" of a list
+            if not isinstance(rec, dict) or type(rec.get("epoch")) is not int or not all(
+                    v is None or type(v) in (int, float) for k, v in rec.items() if k in NUMBERS):
+                raise RunError(f"line {i} is not an epoch's record (a JSON object with an integer \"epoch\" "
+                               f"and numbers for {', '.join(NUMBERS[1:])})", path)
+            out.append(rec)
     return out
 
 

@@ -26,7 +26,12 @@ def plot_run(run_dir, out=None) -> list:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
+    if run_dir.is_file() and run_dir.suffix != ".jsonl":
+        from .errors import RunError
+        raise RunError("sprint plot takes a run folder (or its metrics.jsonl), not this file", run_dir)
     recs = _metrics.read(run_dir)
+    if run_dir.is_file():
+        run_dir = run_dir.parent      # its metrics.jsonl given: the PNGs go beside it, not under the file
     if not recs:
         from .errors import RunError
         # the where in parentheses, as every other error of the CLI says it

@@ -193,3 +193,31 @@ def test_resume_of_a_run_stopped_before_its_first_epoch_says_so(tmp_path, capsys
     _one_error(capsys, "holds no checkpoint (checkpoint.npz), so nothing to resume (a run stopped before its first "
                "epoch ended saves none)",
                f"start it anew with sprint train --out {run} ({run})")
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"\x1f\x8b\x08\x00 binary", "not a text file, as a run's metrics are"),
+    (b'{"epoch": 1, "train_loss": "x"}\n', "line 1 is not an epoch's record"),
+    (b'{"epoch": 1}\n[1, 2]\n', "line 2 is not an epoch's record"),
+    (b'{"epoch": 1}\n{"epoch": 2\n', "line 2 is not JSON"),
+])
+def test_plot_of_a_damaged_metrics_file_names_it(tmp_path, capsys, content, said):
+    """A binary, list or string-valued metrics.jsonl said "'utf-8' codec can't
+    decode", "list indices must be integers" or "can't multiply sequence"."""
+    (tmp_path / "metrics.jsonl").write_bytes(content)
+    assert cli.main(["plot", str(tmp_path)]) == 2
+    _one_error(capsys, said, f"({tmp_path / 'metrics.jsonl'})")
+    assert not (tmp_path / "loss.png").exists()
+
+
+def test_plot_given_a_file_of_the_run(tmp_path, capsys):
+    """`sprint plot runs/a/metrics.jsonl` said 'not a folder (runs/a/metrics.jsonl/loss.png)'."""
+    from engine import metrics
+    metrics.write(tmp_path / "metrics.jsonl", [{"epoch": 1, "train_loss": 1.0, "test_loss": 1.1, "train_acc": 0.5,
+                                                "test_acc": 0.4}])
+    assert cli.main(["plot", str(tmp_path / "metrics.jsonl")]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "loss.png"), str(tmp_path / "accuracy.png")]
+    (tmp_path / "config.json").write_text("{}")
+    assert cli.main(["plot", str(tmp_path / "config.json")]) == 2
+    _one_error(capsys, "sprint plot takes a run folder (or its metrics.jsonl), not this file",
+               f"({tmp_path / 'config.json'})")

@@ -167,7 +167,7 @@ def test_metrics_and_plot_errors(tmp_path):
     metrics.truncate(tmp_path / "metrics.jsonl", 1)
     assert [r["epoch"] for r in metrics.read(tmp_path)] == [1]
     (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\nnot json\n')
-    with pytest.raises(ValueError, match=":2: not JSON"):
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
         metrics.read(tmp_path / "metrics.jsonl")
 
 
