@@ -314,3 +314,18 @@ def test_a_resume_that_trains_nothing_keeps_the_saved_epochs(tmp_path, capsys, m
     capsys.readouterr()
     assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert "the run already has 2 epochs (--epochs 2): nothing to train" in capsys.readouterr().out
+
+
+def test_a_run_whose_spec_file_is_gone_resumes_on_the_net_it_saved(tmp_path, capsys, monkeypatch):
+    """`--resume` of a run trained on net.json, moved since, said "model 'net.json' is neither
+    a preset nor a spec file (--model)", an option not given; config.json holds the net."""
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    monkeypatch.chdir(tmp_path)
+    Path("net.json").write_text(json.dumps({"x0": 8, "m0": 1, "c": 3, "convs": [[6, 2]], "fcs": [10]}))
+    quiet = ["--no-progress", "--quiet"]
+    assert cli.main(["train", "--model", "net.json", "--epochs", "1", "--out", "run", *quiet]) == 0
+    Path("net.json").rename("moved.json")
+    assert cli.main(["train", "--resume", "run", "--epochs", "2", *quiet]) == 0
+    assert "done: 2 epochs" in capsys.readouterr().out
+    assert json.loads(Path("run/config.json").read_text())["train"]["model"]["convs"] == [[6, 2]]
+    assert cli.main(["eval", "run"]) == 0 and capsys.readouterr().out.startswith("net epoch 2 ")

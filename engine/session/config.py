@@ -181,6 +181,13 @@ def resume_config(run_dir, **overrides) -> TrainConfig:
     if not isinstance(d.get("threads"), int) or d["threads"] < 1:
         d["threads"] = None     # runs saved before 0 and negatives were refused ran with auto_threads
     d.update({k: v for k, v in overrides.items() if v is not None})
+    model = d.get("model")
+    if isinstance(model, str) and isinstance(saved.get("spec"), dict) and not os.path.exists(model):
+        from engine.spec import PRESETS
+        if model not in PRESETS:
+            # its spec file moved, or a relative path from another folder: the net the run saved
+            # (said "model 'net.json' is neither a preset nor a spec file (--model)", an option not given)
+            d["model"] = saved["spec"]
     refuse_inputs_not_found_here(d, path, "resume from the folder the run was started in")
     d["resume"] = str(run_dir)
     d["out"] = str(run_dir)
