@@ -273,16 +273,22 @@ def test_profile_refuses_outputs_and_records_before_it_sweeps(tmp_path, capsys, 
 
 
 def test_profile_says_a_sweep_that_cannot_run_and_refuses_when_none_of_only_ran(tmp_path, monkeypatch, capsys):
-    # Without mpiexec on PATH the allreduce sweep cannot run: it used to print
-    # "0 points" and write a profile without that section, exit 0.
+    # A sweep that cannot run here: it used to print "0 points" and write a
+    # profile without that section, exit 0. (mpiexec missing is refused before
+    # any sweep: test_cli_odd_values.py)
+    from engine.perf import cli_profile, sweep
+
+    def broken(cfg):
+        raise RuntimeError("mpiexec ended with rc 1")
+    monkeypatch.setattr(sweep, "sweep_allreduce", broken)
+    monkeypatch.setattr(cli_profile.shutil, "which", lambda c: "/usr/bin/" + c)
     recs = [{"kind": "handover", "x": 1, "t": 1e-6}]
     src = tmp_path / "old.json"
     src.write_text(json.dumps({"records": recs, "meta": {"quick": True}}))
-    monkeypatch.setenv("PATH", str(tmp_path))
     out = tmp_path / "p.json"
     assert cli.main(["profile", "--from-records", str(src), "--only", "allreduce", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "sweep allreduce: skipped" in err and "mpiexec" in err
+    assert "sweep allreduce: skipped" in err and "mpiexec ended with rc 1" in err
     assert "sprint: error:" in err and "none of the sweeps ran" in err and "--only" in err
     assert not out.exists()
     # One of two failing is a warning, and the profile is written.
