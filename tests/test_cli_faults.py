@@ -179,7 +179,8 @@ def test_pipeline_stages_past_the_net_are_said_before_the_ranks_they_would_need(
     from engine import cli
     monkeypatch.setenv("SPRINT_DEVICE", "cpu")
     monkeypatch.delenv("SPRINT_DEBUG", raising=False)
-    for argv, said in ((["--stages", "9"], "sprint: error: --stages 9 exceeds the 4 layers of digits"),
+    for argv, said in ((["--stages", "9"], "sprint: error: --stages must be between 1 and the 4 layers of digits, "
+                                           "got 9"),
                        (["--stages", "3", "--partition", "0:2,2:4"],
                         "sprint: error: --partition 0:2,2:4 has 2 stages, --stages says 3")):
         assert cli.main(["train", "--parallel", "pipeline", *argv, "--out", str(tmp_path / "run")]) == 2

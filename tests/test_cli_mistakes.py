@@ -329,3 +329,16 @@ def test_a_run_whose_spec_file_is_gone_resumes_on_the_net_it_saved(tmp_path, cap
     assert "done: 2 epochs" in capsys.readouterr().out
     assert json.loads(Path("run/config.json").read_text())["train"]["model"]["convs"] == [[6, 2]]
     assert cli.main(["eval", "run"]) == 0 and capsys.readouterr().out.startswith("net epoch 2 ")
+
+
+def test_an_image_tree_for_a_net_of_2_channels_says_what_a_tree_gives(tmp_path, capsys, monkeypatch):
+    """`--model tiny --data TREE` said "channels must be 1 or 3 for an image tree, got 2", naming no file or option."""
+    from PIL import Image
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    for c in ("a", "b"):
+        (tmp_path / "tree" / c).mkdir(parents=True)
+        Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "tree" / c / "0.png")
+    assert one_line(capsys, ["train", "--model", "tiny", "--data", tmp_path / "tree", "--out", tmp_path / "run"]) == (
+        "sprint: error: an image tree is decoded to 1 channel (grey) or 3 (RGB), and the network takes 2: give a "
+        f"--model of 1 or 3 channels ({tmp_path / 'tree'})")
+    assert not (tmp_path / "run").exists()

@@ -22,7 +22,7 @@ def _plan(tmp_path, kind, model, n, batch, name="plan.json"):
 
 
 @pytest.mark.parametrize("case,msg", [
-    ("ranks", "needs 2 devices, the job has 1 rank"),
+    ("ranks", "the plan is for 2 devices, the job has 1 rank: run it with mpiexec -n 2, as sprint plan printed"),
     ("model", "is for model 'tiny'"),
     ("batch", "made for batch 16, the run uses --batch 32"),
     ("missing", "needs --plan PLAN.json"),

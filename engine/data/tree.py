@@ -40,7 +40,9 @@ def load_tree(root: Path, size=None, channels=None, test_fraction=0.2, split_see
     root = Path(root)
     mode = {None: "RGB", 3: "RGB", 1: "L"}.get(channels)
     if mode is None:
-        raise ValueError(f"channels must be 1 or 3 for an image tree, got {channels}")
+        # said "channels must be 1 or 3 for an image tree, got 2" of `--model tiny --data TREE`
+        raise RunError(f"an image tree is decoded to 1 channel (grey) or 3 (RGB), and the network takes "
+                       f"{channels}: give a --model of 1 or 3 channels", root)
     train_dir = next((root / d for d in _TRAIN_DIRS if (root / d).is_dir()), None)
     test_dir = next((root / d for d in _TEST_DIRS if (root / d).is_dir()), None)
     if train_dir is not None and test_dir is None:

@@ -44,6 +44,7 @@ def extra_from_args(args) -> dict:
 
 def load_checked_plan(cfg, n_ranks):
     """The run's plan, refused (one message) unless it fits the net, --batch and the ranks."""
+    from engine.errors import RunError
     from engine.perf.layerwise import Plan, check_plan
     from engine.spec import get_spec
     path = (cfg.extra or {}).get("plan")
@@ -54,13 +55,18 @@ def load_checked_plan(cfg, n_ranks):
         raise MissingFile("no such file for --plan; write one with sprint plan --out", path)
     plan = Plan.load(path)
     try:
-        check_plan(plan, get_spec(cfg.model), ranks=n_ranks, batch=cfg.batch)
+        check_plan(plan, get_spec(cfg.model), batch=cfg.batch)        # the net and batch, then the ranks
     except ValueError as e:
         raise ValueError(f"plan {path}: {e}") from None
+    used = max(math.prod(c) for c in plan.layers.values())
+    if n_ranks < used:
+        # said "conv1: configuration (1, 2, 1, 1) needs 2 devices, the job has 1 rank(s)"
+        raise RunError(f"the plan is for {plan.devices} devices, the job has {counted(n_ranks, 'rank')}: run it "
+                       f"with mpiexec -n {plan.devices}, as sprint plan printed"
+                       + (f", or plan for {n_ranks} (sprint plan --gpus {n_ranks})" if n_ranks > 1 else ""), path)
     if n_ranks > plan.devices:
         # the executor would give the extra ranks no block of any layer: they
         # would only wait in every exchange, which nobody asks for
-        from engine.errors import RunError
         raise RunError(f"the plan is for {plan.devices} devices, the job has {n_ranks} ranks: "
                        f"{_ranks(plan.devices, n_ranks)} would hold no layer; run it with mpiexec -n "
                        f"{plan.devices}, or plan for {n_ranks} (sprint plan --gpus {n_ranks})", path)

@@ -120,7 +120,7 @@ def given_partition(cfg, spec, K):
             raise ValueError(f"--partition {text} has {len(parts)} stages, --stages says {K}")
         return parts
     if K > n:
-        raise ValueError(f"--stages {K} exceeds the {n} layers of {spec.name}")
+        raise ValueError(f"--stages must be between 1 and the {n} layers of {spec.name}, got {K}")   # as info says it
     return None
 
 
