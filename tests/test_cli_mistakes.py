@@ -342,3 +342,10 @@ def test_an_image_tree_for_a_net_of_2_channels_says_what_a_tree_gives(tmp_path, 
         "sprint: error: an image tree is decoded to 1 channel (grey) or 3 (RGB), and the network takes 2: give a "
         f"--model of 1 or 3 channels ({tmp_path / 'tree'})")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_npz_of_one_image_says_it_cannot_be_split(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    np.savez(tmp_path / "one.npz", x=np.zeros((1, 1, 8, 8), np.float32), y=np.zeros(1, np.int64))
+    one_line(capsys, ["train", "--data", tmp_path / "one.npz", "--out", tmp_path / "run"],
+             "1 sample cannot be split into train and test")      # was "1 samples"

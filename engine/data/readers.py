@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import MissingFile, RunError
+from engine.errors import MissingFile, RunError, counted
 
 from .dataset import Dataset
 from .binary import CIFAR_CLASSES, CIFAR_RECORD, load_cifar, load_mnist, load_npz, read_idx  # noqa: F401
@@ -142,7 +142,7 @@ def split_indices(n, test_fraction, seed, name):
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     if n < 2:
-        raise RunError(f"{n} samples cannot be split into train and test", name)
+        raise RunError(f"{counted(n, 'sample')} cannot be split into train and test", name)
     perm = np.random.default_rng(seed).permutation(n)
     n_test = min(max(1, int(round(n * test_fraction))), n - 1)
     return perm[n_test:], perm[:n_test]
