@@ -320,11 +320,13 @@ def cmd_eval(args) -> int:
     skip_bad = args.skip_bad if args.skip_bad is not None else bool(own and run.get("skip_bad"))
     train_ds, test_ds = load_dataset(data, fmt, size=spec.x0, channels=spec.m0,
                                      test_fraction=run.get("test_fraction", 0.2), resize=resize,
-                                     skip_bad=skip_bad)
+                                     skip_bad=skip_bad, suggest_model=False)   # the checkpoint's net: no --model
     ds = test_ds if args.split == "test" else train_ds
     if ds.n_classes != spec.n_classes or ds.shape[0] != spec.m0:
-        raise ValueError(f"checkpoint model {spec.name} ({spec.m0} channels, {spec.n_classes} classes) does not "
-                         f"fit {ds.name} ({ds.shape[0]} channels, {ds.n_classes} classes)")
+        from .errors import RunError, counted
+        raise RunError(f"the checkpoint's model {spec.name} takes {counted(spec.m0, 'channel')} and has "
+                       f"{counted(spec.n_classes, 'output')}, {ds.name} has {counted(ds.shape[0], 'channel')} and "
+                       f"{counted(ds.n_classes, 'class', 'classes')}", "--data" if args.data else None)
     d = dict(state.get("deform") or {})
     deform = DeformConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}) if d else None
     loss, acc = evaluate(net, ds, args.batch, deform)

@@ -349,3 +349,22 @@ def test_an_npz_of_one_image_says_it_cannot_be_split(tmp_path, capsys, monkeypat
     np.savez(tmp_path / "one.npz", x=np.zeros((1, 1, 8, 8), np.float32), y=np.zeros(1, np.int64))
     one_line(capsys, ["train", "--data", tmp_path / "one.npz", "--out", tmp_path / "run"],
              "1 sample cannot be split into train and test")      # was "1 samples"
+
+
+def test_eval_on_data_the_checkpoint_net_does_not_take_suggests_no_model_option(tmp_path, capsys, monkeypatch):
+    """`sprint eval RUN --data c.npz` said 'give --model cifar', an option eval does not have (the
+    checkpoint fixes the net), and with --resize '(1 channels, 10 classes) does not fit', naming nothing."""
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    run = tmp_path / "run"
+    assert cli.main(["train", "--epochs", "1", "--out", str(run), "--no-progress", "--quiet"]) == 0
+    np.savez(tmp_path / "c.npz", x=np.random.default_rng(0).random((20, 3, 32, 32)).astype(np.float32),
+             y=np.arange(20) % 10)
+    said = []
+    for extra in ([], ["--resize"]):
+        assert cli.main(["eval", str(run), "--data", str(tmp_path / "c.npz"), *extra]) == 2
+        note, error = capsys.readouterr().err.strip().splitlines()     # the note that it is not the run's data
+        assert note.startswith("note: evaluating on ") and error.startswith("sprint: error: ")
+        said.append(error)
+    assert said[0].endswith("images are 32x32 but the network takes 8x8; pass --resize to scale them")
+    assert said[1] == ("sprint: error: the checkpoint's model digits takes 1 channel and has 10 outputs, c/test has "
+                       "3 channels and 10 classes (--data)")

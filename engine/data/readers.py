@@ -27,7 +27,7 @@ DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
 
 
 def load_dataset(source="digits", fmt=None, size=None, channels=None, test_fraction=0.2,
-                 split_seed=0, lazy=None, resize=False, skip_bad=False, verbose=False):
+                 split_seed=0, lazy=None, resize=False, skip_bad=False, verbose=False, suggest_model=True):
     """(train, test) Datasets from ``source``.
 
     ``fmt`` is one of FORMATS (guessed from the source when None).  ``size`` is
@@ -39,7 +39,9 @@ def load_dataset(source="digits", fmt=None, size=None, channels=None, test_fract
     which leaves them out with a warning (and, for CIFAR-10, whole truncated
     batch files).  Unreadable files are named in a warning (all of them when
     ``verbose``).  Sources without their own test set are split
-    deterministically (``test_fraction``, ``split_seed``).
+    deterministically (``test_fraction``, ``split_seed``).  ``suggest_model``:
+    a size error names the presets that take the data (not for a network
+    fixed by a checkpoint, as sprint eval's).
     """
     if size is not None and (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1):
         raise ValueError(f"size must be a positive int, got {size!r}")
@@ -53,7 +55,7 @@ def load_dataset(source="digits", fmt=None, size=None, channels=None, test_fract
         raise
     except OSError as e:     # permissions, I/O errors: one message naming what could not be read
         raise RunError(f"cannot read it ({e.strerror or e})", e.filename or source) from None
-    check_sizes(train, test, size, resize, source)
+    check_sizes(train, test, size, resize, source, suggest_model)
     return train, test
 
 
@@ -75,7 +77,7 @@ def _read(source, fmt, size, channels, test_fraction, split_seed, lazy, resize, 
     return load_npz(path, test_fraction, split_seed, skip_bad=skip_bad)
 
 
-def check_sizes(train, test, size, resize, source):
+def check_sizes(train, test, size, resize, source, suggest_model=True):
     """Images must be the network's size (``size``) and the test set the
     training set's, unless ``resize``; resizing needs square images."""
     hw = [tuple(ds.shape[1:]) for ds in (train, test)]
@@ -90,7 +92,8 @@ def check_sizes(train, test, size, resize, source):
             # --resize alone was said: to the default digits net (8x8) that meant
             # CIFAR-10 scaled down to 8x8, where a --model was forgotten
             raise ValueError(f"{source} ({ds.name}): images are {h}x{w} but the network takes {size}x{size}; "
-                             f"{model_for(ds)}, or pass --resize to scale them")
+                             + (f"{model_for(ds)}, or pass --resize" if suggest_model else "pass --resize")
+                             + " to scale them")
     if hw[0] != hw[1]:
         raise RunError(f"test images ({test.name}) are {hw[1][0]}x{hw[1][1]} but training images "
                        f"({train.name}) are {hw[0][0]}x{hw[0][1]}; pass --resize to scale both "
