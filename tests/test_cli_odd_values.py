@@ -221,3 +221,36 @@ def test_plot_given_a_file_of_the_run(tmp_path, capsys):
     assert cli.main(["plot", str(tmp_path / "config.json")]) == 2
     _one_error(capsys, "sprint plot takes a run folder (or its metrics.jsonl), not this file",
                f"({tmp_path / 'config.json'})")
+
+
+def test_ctrl_c_in_the_profile_sweeps_keeps_the_sweeps_done_and_says_how_to_run_the_rest(tmp_path, capsys,
+                                                                                        monkeypatch):
+    """Ctrl-C in `sprint profile` (up to half an hour of sweeps) said 'interrupted' and lost every sweep done."""
+    import json
+    import shlex
+    from engine.perf import calibrate, sweep
+    monkeypatch.setattr(calibrate, "record", lambda: {"calibration": {}})
+    monkeypatch.setattr(calibrate, "calibration_step", lambda *a: {})
+    monkeypatch.setattr(calibrate, "merge_calibrations", lambda cs: {})
+    ctrl_c = {"on": True}
+
+    def layers():
+        if ctrl_c["on"]:
+            raise KeyboardInterrupt
+        return [{"kind": "layer", "t": 2.0}]
+    monkeypatch.setattr(sweep, "_steps", lambda cfg, skipped, be: {
+        "sgemm": lambda: [{"kind": "sgemm", "t": 1.0}], "layers": layers,
+        "pooling": lambda: [{"kind": "pool", "t": 3.0}]})
+    out = tmp_path / "p.json"
+    assert cli.main(["profile", "--quick", "--only", "sgemm,layers,pooling", "--out", str(out)]) == 130
+    keep = tmp_path / "p.records.json"
+    rest = shlex.join(["sprint", "profile", "--quick", "--from-records", str(keep), "--only", "layers,pooling",
+                       "--records", str(keep), "--out", str(out)])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        f"interrupted in sweep layers; the sweeps done are kept in {keep}: run the rest with {rest}"
+    saved = json.loads(keep.read_text())
+    assert [r["kind"] for r in saved["records"]] == ["sgemm"] and saved["meta"]["quick"] and not out.exists()
+    # the rest, merged with them (what that command sweeps before it fits)
+    ctrl_c["on"] = False
+    done = sweep.run_all(only=["layers", "pooling"], merge=saved, log=None)
+    assert sorted(r["kind"] for r in done["records"]) == ["layer", "pool", "sgemm"]

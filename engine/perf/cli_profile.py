@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from engine.argtypes import positive_float, positive_int
-from engine.errors import RunError
+from engine.errors import Interrupted, RunError
 
 from . import calibrate
 
@@ -169,6 +170,29 @@ def check_mpiexec(names, how):
                        + how.format(them="it" if one else "them"), "PATH")
 
 
+class SweepInterrupted(Interrupted):
+    """Ctrl-C during the sweeps: where the ones done are kept and how to go on."""
+
+    def __init__(self, line):
+        KeyboardInterrupt.__init__(self, line)
+
+
+def _keep_interrupted(args, e):
+    """Ctrl-C in a sweep of up to half an hour lost every sweep done: they go to
+    --records (else beside --out) with the command that runs the rest."""
+    partial, left = getattr(e, "partial", None), getattr(e, "left", None)
+    if not partial or not partial.get("records") or not left:
+        return
+    out = args.out or "profile.json"
+    keep = args.records or str(Path(out).with_suffix("")) + ".records.json"
+    _write_json(keep, partial)
+    rest = ["sprint", "profile"] + ["--quick"] * bool(args.quick) + [
+        "--from-records", keep, "--only", ",".join(left), "--records", keep, "--out", out]
+    rest += ["--threads", str(args.threads)] * (args.threads != 1) + ["--machine", args.machine] * bool(args.machine)
+    raise SweepInterrupted(f"interrupted in sweep {left[0]}; the sweeps done are kept in {keep}: run the rest with "
+                           + " ".join(map(shlex.quote, rest))) from None
+
+
 def cmd_profile(args) -> int:
     from . import fit, sweep
     from .profile import Profile
@@ -184,8 +208,12 @@ def cmd_profile(args) -> int:
         check_mpiexec(sweep.selection(backend.get_backend().name, only, not args.no_allreduce, not args.no_contention),
                       "leave {them} out of --only" if only else "skip {them} with --no-allreduce --no-contention")
         log = (lambda m: print(m, file=sys.stderr, flush=True))
-        data = sweep.run_all(quick=args.quick, threads=args.threads, allreduce=not args.no_allreduce,
-                             contention=not args.no_contention, log=log, only=only, merge=old)
+        try:
+            data = sweep.run_all(quick=args.quick, threads=args.threads, allreduce=not args.no_allreduce,
+                                 contention=not args.no_contention, log=log, only=only, merge=old)
+        except KeyboardInterrupt as e:
+            _keep_interrupted(args, e)
+            raise
         if args.records:
             _write_json(args.records, data)
         _check_skipped(data, only, old)

@@ -133,39 +133,52 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
     # The machine and its speed, before and after the sweeps: what a later
     # predict checks its own calibration against.
     fp = record()
-    recs = []
+    recs, done = [], []
     t0 = time.perf_counter()
-    for name in names:
-        t1 = time.perf_counter()
-        try:
-            got = steps[name]()
-        except Exception as e:
-            # a sweep that cannot run here (no mpiexec, a kernel not built) is
-            # listed, said at once, and its records left out rather than faked
-            skipped.append(f"{name}: {type(e).__name__}: {e}")
+
+    def result(ran, after=True):
+        if after:
+            fp["calibration"] = merge_calibrations([fp["calibration"], calibration_step()])
+        meta = {"quick": quick, "threads": threads, "threads_applied": applied, "backend": be.name, "fingerprint": fp,
+                "nets": list(cfg["nets"]), "layer_nets": list(LAYER_NETS),
+                "layer_pass_nets": [n if isinstance(n, str) else n["name"] for n in cfg["layer_pass_nets"]],
+                "clock": CLOCK["name"],
+                "seconds": time.perf_counter() - t0, "repeats": cfg["repeats"], "min_time": cfg["min_time"]}
+        if merge is None:
+            return {"records": recs, "skipped": skipped, "meta": meta}
+        # A re-run sweep replaces its own kinds (the contention sweeps by source,
+        # the runner's by net too: its two sweeps run different nets).
+        fresh = {merge_key(r) for r in recs}
+        kept = [r for r in merge.get("records", []) if merge_key(r) not in fresh]
+        meta = dict(merge.get("meta", {}), **{f"resweep {n}": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                                              for n in ran})
+        # The machine of the latest sweeps is the one the profile must match.
+        meta["fingerprint"] = fp
+        return {"records": kept + recs, "skipped": merge.get("skipped", []) + skipped, "meta": meta}
+
+    try:
+        for name in names:
+            t1 = time.perf_counter()
+            try:
+                got = steps[name]()
+            except Exception as e:
+                # a sweep that cannot run here (no mpiexec, a kernel not built) is
+                # listed, said at once, and its records left out rather than faked
+                skipped.append(f"{name}: {type(e).__name__}: {e}")
+                if log:
+                    log(f"sweep {name}: skipped ({type(e).__name__}: {e})")
+                done.append(name)
+                continue
+            recs += got
+            done.append(name)
             if log:
-                log(f"sweep {name}: skipped ({type(e).__name__}: {e})")
-            continue
-        recs += got
-        if log:
-            log(f"sweep {name}: {len(got)} points in {time.perf_counter() - t1:.1f} s")
-    fp["calibration"] = merge_calibrations([fp["calibration"], calibration_step()])
-    meta = {"quick": quick, "threads": threads, "threads_applied": applied, "backend": be.name, "fingerprint": fp,
-            "nets": list(cfg["nets"]), "layer_nets": list(LAYER_NETS),
-            "layer_pass_nets": [n if isinstance(n, str) else n["name"] for n in cfg["layer_pass_nets"]],
-            "clock": CLOCK["name"],
-            "seconds": time.perf_counter() - t0, "repeats": cfg["repeats"], "min_time": cfg["min_time"]}
-    if merge is None:
-        return {"records": recs, "skipped": skipped, "meta": meta}
-    # A re-run sweep replaces its own kinds (the contention sweeps by source,
-    # the runner's by net too: its two sweeps run different nets).
-    fresh = {merge_key(r) for r in recs}
-    kept = [r for r in merge.get("records", []) if merge_key(r) not in fresh]
-    meta = dict(merge.get("meta", {}), **{f"resweep {n}": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-                                          for n in names})
-    # The machine of the latest sweeps is the one the profile must match.
-    meta["fingerprint"] = fp
-    return {"records": kept + recs, "skipped": merge.get("skipped", []) + skipped, "meta": meta}
+                log(f"sweep {name}: {len(got)} points in {time.perf_counter() - t1:.1f} s")
+    except KeyboardInterrupt as e:
+        # Ctrl-C: the sweeps done are not lost. ``e.partial``: what run_all returns
+        # of them (the interrupted one left out); ``e.left``: the sweeps not done.
+        e.partial, e.left = result(done, after=False), names[len(done):]
+        raise
+    return result(names)
 
 
 def main(argv=None):
