@@ -224,7 +224,9 @@ def cmd_train(args) -> int:
     for strat, own in owns:
         if own and parallel != strat.name:
             flags = sorted("--pipe-schedule" if k == "schedule" else _flag(k) for k in own)
-            raise RunError(f"apply to --parallel {strat.name} only", ", ".join(flags))
+            # worded as predict's (engine.perf.strategies)
+            raise RunError(f"{'applies' if len(flags) == 1 else 'apply'} to --parallel {strat.name} only"
+                           + (f", not to --parallel {parallel}" if parallel else ""), ", ".join(flags))
         if own:
             given["extra"] = {**given.get("extra", {}), **own}
     if args.max_pending is not None:

@@ -368,3 +368,14 @@ def test_eval_on_data_the_checkpoint_net_does_not_take_suggests_no_model_option(
     assert said[0].endswith("images are 32x32 but the network takes 8x8; pass --resize to scale them")
     assert said[1] == ("sprint: error: the checkpoint's model digits takes 1 channel and has 10 outputs, c/test has "
                        "3 channels and 10 classes (--data)")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--stages", "2"], "applies to --parallel pipeline only (--stages)"),
+    (["--stages", "2", "--microbatches", "2"], "apply to --parallel pipeline only (--microbatches, --stages)"),
+    (["--parallel", "asgd", "--servers", "2"], "applies to --parallel downpour only, not to --parallel asgd (--servers)"),
+])
+def test_another_strategys_option_is_worded_as_predicts(capsys, tmp_path, argv, said):
+    """train said "apply to --parallel pipeline only (--stages)" of one option and never which
+    strategy was chosen; predict says "applies to ..., not to --parallel asgd"."""
+    assert one_line(capsys, ["train", *argv, "--out", tmp_path / "run"]) == "sprint: error: " + said

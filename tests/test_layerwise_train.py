@@ -26,7 +26,7 @@ def _plan(tmp_path, kind, model, n, batch, name="plan.json"):
     ("model", "is for model 'tiny'"),
     ("batch", "made for batch 16, the run uses --batch 32"),
     ("missing", "needs --plan PLAN.json"),
-    ("notlayerwise", "apply to --parallel layerwise only (--plan)"),
+    ("notlayerwise", "applies to --parallel layerwise only (--plan)"),
 ])
 def test_bad_plans_are_refused_before_anything_runs(tmp_path, capsys, case, msg):
     args = ["train", "--model", "digits", "--batch", "32", "--epochs", "1", "--no-progress",

@@ -133,7 +133,7 @@ def test_resume_with_another_stages_option_points_to_init_from(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sprint: error: --resume continues with the run's saved options")
     assert f"start a new run from its weights: --init-from {run}) (--stages)" in err[0], err
-    assert "apply to --parallel pipeline only" not in err[0]
+    assert "to --parallel pipeline only" not in err[0]
     assert cli.main(["train", "--resume", str(run), "--max-pending", "2"]) == 2
     assert "(--max-pending)" in capsys.readouterr().err
 

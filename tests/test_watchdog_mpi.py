@@ -80,7 +80,7 @@ def test_a_strategy_row_brings_its_own_cli_options(tmp_path):
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
     p = subprocess.run([sys.executable, "-m", "engine.cli", "train", "--stages", "2"], capture_output=True,
                        text=True, env=ENV, cwd=ROOT, timeout=60)
-    assert p.returncode == 2 and p.stderr.strip() == "sprint: error: apply to --parallel pipeline only (--stages)"
+    assert p.returncode == 2 and p.stderr.strip() == "sprint: error: applies to --parallel pipeline only (--stages)"
 
 
 def test_a_rank_stopped_after_an_epoch_is_one_line_saying_how_to_resume(tmp_path):
