@@ -379,3 +379,12 @@ def test_another_strategys_option_is_worded_as_predicts(capsys, tmp_path, argv, 
     """train said "apply to --parallel pipeline only (--stages)" of one option and never which
     strategy was chosen; predict says "applies to ..., not to --parallel asgd"."""
     assert one_line(capsys, ["train", *argv, "--out", tmp_path / "run"]) == "sprint: error: " + said
+
+
+def test_init_from_a_preset_run_of_another_model_names_the_model_to_give(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    quiet = ["--no-progress", "--quiet", "--epochs", "1"]
+    assert cli.main(["train", "--model", "mnist", "--data", "digits", "--resize", "--out", str(tmp_path / "m"),
+                     "--batch", "128", *quiet]) == 0
+    one_line(capsys, ["train", "--init-from", tmp_path / "m", "--out", tmp_path / "run", *quiet],
+             "the checkpoint was written for model 'mnist', not 'digits'; give --model mnist", f"({tmp_path / 'm'})")

@@ -120,8 +120,12 @@ class Session:
 
     def _check_spec(self, state, where, need_params: bool = True):
         if state.get("spec_hash") != self.spec.hash():
+            from engine.spec import PRESETS
             name = (state.get("spec") or {}).get("name") if isinstance(state.get("spec"), dict) else None
-            raise RunError(f"the checkpoint was written for model {name!r}, not {self.spec.name!r}", where)
+            # --init-from a cifar run without --model started a digits run from it
+            hint = (f"; give --model {name}" if self.cfg.init_from and name in PRESETS
+                    and PRESETS[name].hash() == state.get("spec_hash") else "")
+            raise RunError(f"the checkpoint was written for model {name!r}, not {self.spec.name!r}{hint}", where)
         if need_params and "params" not in state:
             raise RunError("the checkpoint holds no parameters", where)
         if need_params:
