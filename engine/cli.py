@@ -109,16 +109,16 @@ def describe(e: BaseException) -> str:
     return " ".join(line.split())
 
 
-def make_out_folder(folder, what):
-    """``folder`` (and its parents) made for an ``--out``; a failure is one
-    error naming ``what`` could not be created and why: said bare, "no such
-    file or folder (/proc/x)" read as if an input were missing."""
+def make_out_folder(folder, what, option="--out"):
+    """``folder`` (and its parents) made for an output option; a failure is
+    one error naming ``what`` could not be created and why: said bare, "no
+    such file or folder (/proc/x)" read as if an input were missing."""
     from engine.checkpoint import make_folder
     from engine.errors import RunError
     try:
         return make_folder(folder)
     except OSError as e:
-        raise RunError(f"cannot create {what} (--out): {describe(e)}", None) from None
+        raise RunError(f"cannot create {what} ({option}): {describe(e)}", None) from None
 
 
 def is_usage_error(e: BaseException) -> bool:

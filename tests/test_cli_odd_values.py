@@ -254,3 +254,19 @@ def test_ctrl_c_in_the_profile_sweeps_keeps_the_sweeps_done_and_says_how_to_run_
     ctrl_c["on"] = False
     done = sweep.run_all(only=["layers", "pooling"], merge=saved, log=None)
     assert sorted(r["kind"] for r in done["records"]) == ["layer", "pool", "sgemm"]
+
+
+def test_report_png_that_cannot_be_written_is_said_as_plot_out_is(tmp_path, capsys, monkeypatch):
+    """`report RUN --png runs/a/loss.png/x.png` said 'not a folder (.../x.png)', the file in the way unnamed."""
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    run = tmp_path / "run"
+    assert cli.main(["train", "--parallel", "asgd", "--epochs", "1", "--out", str(run), "--no-progress",
+                     "--quiet"]) == 0
+    (tmp_path / "afile").write_text("x")
+    capsys.readouterr()
+    assert cli.main(["report", str(run), "--png", str(tmp_path / "afile" / "r.png")]) == 2
+    _one_error(capsys, "cannot create the folder for the plot (--png): not a folder", f"({tmp_path / 'afile'})")
+    assert cli.main(["report", str(run), "--png", str(tmp_path)]) == 2
+    _one_error(capsys, "is a folder, not a file; --png takes the plot's file name", f"({tmp_path})")
+    assert cli.main(["report", str(run), "--png", str(tmp_path / "new" / "r.png")]) == 0
+    assert (tmp_path / "new" / "r.png").stat().st_size > 0

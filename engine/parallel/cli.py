@@ -30,5 +30,12 @@ def _report(args) -> int:
     if not args.no_png:
         base = Path(args.run_dir)
         png = Path(args.png) if args.png else (base if base.is_dir() else base.parent) / "parallel_report.png"
+        if args.png:
+            # as plot --out's: said "not a folder (.../x.png)" of a file in the way above it
+            from engine.cli import make_out_folder
+            from engine.errors import RunError
+            if png.is_dir():
+                raise RunError("is a folder, not a file; --png takes the plot's file name (e.g. report.png)", png)
+            make_out_folder(png.parent, "the folder for the plot", "--png")
         print(f"plot: {plot_distributions(st, png)}")
     return 0
