@@ -270,3 +270,26 @@ def test_report_png_that_cannot_be_written_is_said_as_plot_out_is(tmp_path, caps
     _one_error(capsys, "is a folder, not a file; --png takes the plot's file name", f"({tmp_path})")
     assert cli.main(["report", str(run), "--png", str(tmp_path / "new" / "r.png")]) == 0
     assert (tmp_path / "new" / "r.png").stat().st_size > 0
+
+
+def test_profile_options_name_themselves(tmp_path, capsys, monkeypatch):
+    """`--only nosuch` said "unknown sweep(s) ['nosuch']" naming no option, `--only "handover,"` refused
+    a sweep '', a missing --from-records said "no such file or folder", --plots FILE "not a folder"."""
+    from engine.errors import RunError
+    from engine.perf import sweep
+    asked = {}
+
+    def swept(**kw):
+        asked.update(kw)
+        raise RunError("the sweep started")
+    monkeypatch.setattr(sweep, "run_all", swept)
+    assert cli.main(["profile", "--quick", "--only", "nosuch,handover"]) == 2
+    _one_error(capsys, "unknown sweep 'nosuch'; choose from sgemm, layers,", "(--only)")
+    assert cli.main(["profile", "--quick", "--only", "handover,", "--out", str(tmp_path / "p.json")]) == 2
+    _one_error(capsys, "the sweep started")
+    assert asked["only"] == ["handover"]
+    assert cli.main(["profile", "--from-records", str(tmp_path / "none.json")]) == 2
+    _one_error(capsys, "no such file for --from-records (`sprint profile --records FILE` writes one)")
+    (tmp_path / "f").write_text("x")
+    assert cli.main(["profile", "--quick", "--plots", str(tmp_path / "f")]) == 2
+    _one_error(capsys, f"--plots takes a folder for the PNGs, not a file ({tmp_path / 'f'})")

@@ -21,6 +21,9 @@ from . import calibrate
 
 def _read_records(path):
     """Saved sweep records (``--records``), or one error line naming the file."""
+    if not Path(path).exists():
+        from engine.errors import MissingFile
+        raise MissingFile("no such file for --from-records (`sprint profile --records FILE` writes one)", path)
     try:
         data = json.loads(Path(path).read_text())
     except UnicodeDecodeError:
@@ -196,17 +199,23 @@ def _keep_interrupted(args, e):
 def cmd_profile(args) -> int:
     from . import fit, sweep
     from .profile import Profile
-    only = [n.strip() for n in args.only.split(",")] if args.only else None
+    # a trailing comma (--only "conv ops,") was an unknown sweep ''
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     if args.update:
         return _update_profile(args, only)
+    if args.plots and Path(args.plots).exists() and not Path(args.plots).is_dir():
+        raise RunError("--plots takes a folder for the PNGs, not a file", args.plots)
     check_outputs(args.out or "profile.json", args.records, args.plots and Path(args.plots) / "x.png")
     old = _read_records(args.from_records) if args.from_records else None
     if old is not None and only is None:
         data = old
     else:
         from engine import backend
-        check_mpiexec(sweep.selection(backend.get_backend().name, only, not args.no_allreduce, not args.no_contention),
-                      "leave {them} out of --only" if only else "skip {them} with --no-allreduce --no-contention")
+        try:
+            names = sweep.selection(backend.get_backend().name, only, not args.no_allreduce, not args.no_contention)
+        except ValueError as e:
+            raise RunError(str(e), "--only") from None
+        check_mpiexec(names, "leave {them} out of --only" if only else "skip {them} with --no-allreduce --no-contention")
         log = (lambda m: print(m, file=sys.stderr, flush=True))
         try:
             data = sweep.run_all(quick=args.quick, threads=args.threads, allreduce=not args.no_allreduce,

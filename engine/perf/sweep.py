@@ -100,7 +100,8 @@ def selection(backend_name, only=None, allreduce=True, contention=True) -> list:
     if only is not None:
         bad = [n for n in only if n not in SWEEPS]
         if bad:
-            raise ValueError(f"unknown sweep(s) {bad}; choose from {', '.join(SWEEPS)}")
+            raise ValueError(f"unknown sweep{'s' * (len(bad) > 1)} {', '.join(map(repr, bad))}; choose from "
+                             + ", ".join(SWEEPS))
         return [n for n in names if n in only]
     # Opt-in: their records change no fit unless asked (``l2_refill``: the gapped passes).
     return [n for n in names if n not in OPT_IN and (allreduce or n not in NO_ALLREDUCE)
