@@ -149,7 +149,8 @@ def _as_option_error(make):
         field, _, rest = str(e).partition(" ")
         if field in _TRAIN_KEYS or field in ("extra", "resume"):
             # the Python name (weight_decay) in the option's words (weight decay)
-            raise RunError(f"{field.replace('_', ' ')} {rest}", "--format" if field == "fmt" else _flag(field)) from None
+            raise RunError(f"{field.replace('_', ' ')} {rest}",
+                           "--format" if field == "fmt" else _flag(field)) from None
         raise
 
 

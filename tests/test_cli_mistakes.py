@@ -295,7 +295,8 @@ def test_data_and_option_mistakes_name_the_cli_options_not_the_python_api(tmp_pa
             one_line(capsys, ["train", "--data", tmp_path / "cifar", *run], "pass --skip-bad to leave the file out"),
             one_line(capsys, ["train", "--weight-decay", "-1", *run],
                      "weight decay must be finite and >= 0, got -1.0 (--weight-decay)"),
-            one_line(capsys, ["train", "--scale-jitter", "1", *run], "scale jitter must be in [0, 1), got 1.0 (--scale-jitter)"),
+            one_line(capsys, ["train", "--scale-jitter", "1", *run],
+                     "scale jitter must be in [0, 1), got 1.0 (--scale-jitter)"),
             one_line(capsys, ["train", "--crop-pad", "8", *run], "a crop padding of 8 pixels must be smaller")]
     for line in said:
         assert not re.search(r"\w=|(?<![-\w])(fmt|skip_bad|resize|weight_decay|scale_jitter|crop_pad)\b", line), line
@@ -373,7 +374,8 @@ def test_eval_on_data_the_checkpoint_net_does_not_take_suggests_no_model_option(
 @pytest.mark.parametrize("argv, said", [
     (["--stages", "2"], "applies to --parallel pipeline only (--stages)"),
     (["--stages", "2", "--microbatches", "2"], "apply to --parallel pipeline only (--microbatches, --stages)"),
-    (["--parallel", "asgd", "--servers", "2"], "applies to --parallel downpour only, not to --parallel asgd (--servers)"),
+    (["--parallel", "asgd", "--servers", "2"],
+     "applies to --parallel downpour only, not to --parallel asgd (--servers)"),
 ])
 def test_another_strategys_option_is_worded_as_predicts(capsys, tmp_path, argv, said):
     """train said "apply to --parallel pipeline only (--stages)" of one option and never which

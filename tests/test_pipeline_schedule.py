@@ -119,7 +119,8 @@ def test_micro_sizes_follow_split_micro(n, b, m):
                              "are constant, step and cosine (--schedule)"),
     (["--parallel", "pipeline", "--schedule", "1f1b", "--pipe-schedule", "gpipe"],
      "two pipeline schedules: --schedule 1f1b and --pipe-schedule gpipe (--schedule)"),
-    (["--parallel", "asgd", "--pipe-schedule", "1f1b"], "applies to --parallel pipeline only, not to --parallel asgd (--pipe-schedule)"),
+    (["--parallel", "asgd", "--pipe-schedule", "1f1b"],
+     "applies to --parallel pipeline only, not to --parallel asgd (--pipe-schedule)"),
 ])
 def test_schedule_takes_the_pipeline_names_only_with_a_pipeline(argv, msg, tmp_path, capsys):
     from engine.cli import main

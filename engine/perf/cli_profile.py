@@ -215,7 +215,8 @@ def cmd_profile(args) -> int:
             names = sweep.selection(backend.get_backend().name, only, not args.no_allreduce, not args.no_contention)
         except ValueError as e:
             raise RunError(str(e), "--only") from None
-        check_mpiexec(names, "leave {them} out of --only" if only else "skip {them} with --no-allreduce --no-contention")
+        check_mpiexec(names, "leave {them} out of --only" if only
+                      else "skip {them} with --no-allreduce --no-contention")
         log = (lambda m: print(m, file=sys.stderr, flush=True))
         try:
             data = sweep.run_all(quick=args.quick, threads=args.threads, allreduce=not args.no_allreduce,
@@ -253,8 +254,10 @@ def register(sub):
     p.add_argument("--from-records", default=None, help="refit saved records instead of sweeping")
     p.add_argument("--threads", type=positive_int, default=1, help="BLAS/OpenMP threads while sweeping (default 1)")
     p.add_argument("--machine", default=None, help="machine description stored in the profile")
-    p.add_argument("--no-allreduce", action="store_true", help="skip the sweeps of allreduce and the pipeline (mpiexec jobs)")
-    p.add_argument("--no-contention", action="store_true", help="skip the core-sharing sweeps (the loop overhead and the mpiexec jobs of contention)")
+    p.add_argument("--no-allreduce", action="store_true",
+                   help="skip the sweeps of allreduce and the pipeline (mpiexec jobs)")
+    p.add_argument("--no-contention", action="store_true",
+                   help="skip the core-sharing sweeps (the loop overhead and the mpiexec jobs of contention)")
     p.add_argument("--only", default=None,
                    help="comma list of sweeps to run (with --from-records: re-run them and keep the "
                         "rest of the saved records): " + ", ".join(SWEEPS))

@@ -60,7 +60,8 @@ def prepare_data(cfg, spec):
     if cfg.crop_pad >= spec.x0:
         # the shifted window would show the net mostly padding (10 % on digits)
         from engine.errors import RunError
-        raise RunError(f"a crop padding of {cfg.crop_pad} pixels must be smaller than the network's {spec.x0}x{spec.x0} input",
+        raise RunError(f"a crop padding of {cfg.crop_pad} pixels must be smaller than the network's "
+                       f"{spec.x0}x{spec.x0} input",
                        "--crop-pad")
     j = cfg.scale_jitter
     deform = DeformConfig(crop_pad=cfg.crop_pad, flip=cfg.flip, scale=(1 - j, 1 + j),
