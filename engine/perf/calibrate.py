@@ -318,16 +318,14 @@ def _weight(then, now, ratio, key="u") -> float:
 RESCALES = {"scale": ("whole",), "call_scale": ("python",)}
 
 
-def _split(then, now, chk):
-    """Each part's ratio and the whole workload's, shrunk by its weight
-    (``_weight``), and which rescales what (``RESCALES``). Both calibrations
-    must have timed the kernel and Python parts (profiles swept before they
-    were: one ratio)."""
+def _split(then, now, chk, whole):
+    """Each part's ratio, shrunk by its weight (``_weight``), beside the whole
+    workload's (``whole``, shrunk as ``compare`` did), and which rescales what
+    (``RESCALES``). Both calibrations must have timed the kernel and Python
+    parts (profiles swept before they were: one ratio)."""
     if not all(then.get(k) and now.get(k) for k in ("kernel_s", "python_s")):
         return None
-    r = now["wall_s"] / then["wall_s"]
-    chk.weights["whole"] = _weight(then, now, r)
-    scales = {"whole": float(r ** chk.weights["whole"])}
+    scales = {"whole": whole}
     for k in PARTS:
         if not (then.get(k) and now.get(k)):
             continue
@@ -363,14 +361,15 @@ def compare(stored: dict | None, now: dict | None, calibration: dict | None, sou
         ratio = calibration["wall_s"] / then["wall_s"]
         chk.noise = _noise(then, calibration)
         chk.ratio = float(ratio)
-        split = _split(then, calibration, chk)
+        chk.weights["whole"] = _weight(then, calibration, ratio)
+        whole = float(ratio ** chk.weights["whole"])
+        split = _split(then, calibration, chk, whole)
         if split is not None:
             chk.scale, chk.call_scale = split["scale"], split["call_scale"]
             chk.bands = {t: _noise(then, calibration, "u_" + t) for t in chk.parts}
             said = any(abs(r - 1.0) > chk.bands[t] for t, r in chk.parts.items())
         else:
-            chk.weights["whole"] = _weight(then, calibration, ratio)
-            chk.scale = float(ratio ** chk.weights["whole"])
+            chk.scale = whole
             said = abs(ratio - 1.0) > chk.noise
         if said:
             cpu = calibration.get("cpu_s", 0) / then["cpu_s"] if then.get("cpu_s") else None
