@@ -219,9 +219,10 @@ def cmd_train(args) -> int:
     # first: a strategy may take its own values off a shared flag (pipeline: --schedule 1f1b)
     owns = [(strat, mod.extra_from_args(args)) for strat, mod in registry.cli_modules()]
     given = {k: getattr(args, k) for k in _TRAIN_KEYS if getattr(args, k) is not None}
+    saved = _saved_train_options(args.resume) if args.resume else {}
     # a resumed run's strategy is its saved one (--stages with --resume of a
     # pipeline was told "apply to --parallel pipeline only")
-    parallel = given.get("parallel") or (_saved_train_options(args.resume).get("parallel") if args.resume else None)
+    parallel = given.get("parallel") or saved.get("parallel")
     for strat, own in owns:
         if own and parallel != strat.name:
             flags = sorted("--pipe-schedule" if k == "schedule" else _flag(k) for k in own)
@@ -246,7 +247,6 @@ def cmd_train(args) -> int:
             # it was ignored: the run went on in its own folder
             raise RunError(f"--resume continues the run in its own folder ({args.resume}); --out names another",
                            "--out")
-        saved = _saved_train_options(args.resume)
         # an option given again with the run's own value changes nothing (under
         # mpiexec one naturally repeats --parallel): only a different value is refused
         extra = {k for k in set(given) - set(RESUME_MAY_CHANGE) if not _same_as_saved(k, given[k], saved)}
@@ -378,13 +378,14 @@ def cmd_info(args) -> int:
         if e.where != "--model":
             raise
         raise RunError(e.what, "sprint info MODEL") from None     # a positional here, not --model
+    table = None
     if stages:
         # checked before anything is printed: `info cifar --stages 99` printed
         # the whole layer table, then its error
         from .perf.pipeline import info_table
-        stages = info_table(spec, args)
+        table = info_table(spec, args)
     print(summary_table(spec, args.batch))
     print(f"N_Param = {n_params(spec):,} (SPEC formula: {n_params_formula(spec):,})")
-    if stages is not None:
-        print(stages)
+    if table is not None:
+        print(table)
     return 0
