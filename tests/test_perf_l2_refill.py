@@ -39,7 +39,7 @@ def _truth_aged(prof, net, n, gap=0.0):
     for (layer, pas) in base:
         i, g = at[layer]
         key = layer_term_keys(g.kind, i, len(geoms), pas)[0]
-        full[(layer, pas)] = 0.0 if key not in R or streams_in_sweep(g, n, pas, L2) else \
+        full[(layer, pas)] = 0.0 if key not in R or streams_in_sweep(g, L2) else \
             R[key] * l2_weight_bytes(g, L2) + S[key]
     t = dict(base)
     for _ in range(300):

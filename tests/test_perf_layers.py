@@ -29,7 +29,7 @@ def _truth(prof, net, n, terms=None, x=None):
     out = {}
     for k, (ks, kind) in sums.items():
         key = next(c for c in layer_term_keys(kind, at[k[0]], len(geoms), k[1]) if c in terms)
-        streams = streams_in_sweep(geoms[at[k[0]]], n, k[1], l2)
+        streams = streams_in_sweep(geoms[at[k[0]]], l2)
         out[k] = (1.0 if streams else F[key]) * ks + B[key] \
             + (x or {}).get(key, 0.0) * fc_input_floats(geoms[at[k[0]]], n)
     return out
@@ -268,23 +268,21 @@ def test_fc_passes_whose_sweep_streamed_are_not_scaled_by_f():
     l2 = 1 << 20
     big = spec_mod.layers(spec_mod.NetSpec("big", 16, 3, 3, ((64, 2), (128, 2)), (1024, 10)), 8)
     fc1, conv2 = big[2], big[1]          # fc1: 8192 x 1024, 32 MiB of weights
-    assert streams_in_sweep(fc1, 8, "fwd", l2) and streams_in_sweep(fc1, 8, "bwd", l2)
-    assert not streams_in_sweep(conv2, 8, "fwd", l2)            # convolutions keep f
-    assert not streams_in_sweep(fc1, 8, "fwd", None)            # no L2 size: as before
+    assert streams_in_sweep(fc1, l2)
+    assert not streams_in_sweep(conv2, l2)          # convolutions keep f
+    assert not streams_in_sweep(fc1, None)          # no L2 size: as before
     small = spec_mod.layers(spec_mod.get_spec("digits"), 8)[2]  # 1024 x 128: 512 KiB
-    assert not streams_in_sweep(small, 8, "fwd", l2)
-    # by hand: 4 w bytes against the L2, both passes, any batch (input and
-    # output besides would overflow an L2 of 4 w + 1 at batch 64)
+    assert not streams_in_sweep(small, l2)
+    # by hand: 4 w bytes against the L2, for both passes and any batch (input
+    # and output besides would overflow an L2 of 4 w + 1 at batch 64)
     w = 1024 * 128
-    for n in (1, 64):
-        for pas in ("fwd", "bwd"):
-            assert streams_in_sweep(small, n, pas, 4 * w - 1)
-            assert not streams_in_sweep(small, n, pas, 4 * w)
+    assert streams_in_sweep(small, 4 * w - 1)
+    assert not streams_in_sweep(small, 4 * w)
     term = {"f": 1.7, "b": 0.0, "l2_only": True}
-    assert in_step_factor(term, fc1, 8, "fwd", l2) == 1.0
-    assert in_step_factor(term, small, 8, "fwd", l2) == 1.7
-    assert in_step_factor({"f": 1.7, "b": 0.0}, fc1, 8, "fwd", l2) == 1.7
-    assert in_step_factor(None, fc1, 8, "fwd", l2, default=1.2) == 1.2
+    assert in_step_factor(term, fc1, l2) == 1.0
+    assert in_step_factor(term, small, l2) == 1.7
+    assert in_step_factor({"f": 1.7, "b": 0.0}, fc1, l2) == 1.7
+    assert in_step_factor(None, fc1, l2, default=1.2) == 1.2
     # fitted: f comes back from the passes that fit, and a streaming pass is
     # priced unscaled (cifar's fc1, 8 MiB, streams; tiny's and mnist's do not)
     prof = Profile.synthetic(backend="cpu").data

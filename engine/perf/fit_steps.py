@@ -84,8 +84,7 @@ def fit_layer_terms(prof: dict, records, refill_keys=REFILL_KEYS) -> dict:
                 xin = {g.name: fc_input_floats(g, r["n_subbatch"]) for g in gs}
                 keys = {(g.name, pas): layer_term_keys(g.kind, i, len(gs), pas)
                         for i, g in enumerate(gs) for pas in ("fwd", "bwd")}
-                streams = {(g.name, pas): streams_in_sweep(g, r["n_subbatch"], pas, l2)
-                           for g in gs for pas in ("fwd", "bwd")}
+                streams = {(g.name, pas): streams_in_sweep(g, l2) for g in gs for pas in ("fwd", "bwd")}
                 cache[key] = (_kernel_sums(p, sp, r["n_subbatch"]), cold, keys, streams, xin)
             except ValueError:        # a kernel this net needs was not swept
                 cache[key] = ({}, {}, {}, {}, {})

@@ -68,9 +68,9 @@ def fc_input_floats(g, n) -> float:
     return float(n * spec_mod._prod(g.in_shape)) if g.kind == "fc" else 0.0
 
 
-def streams_in_sweep(g, n, pas, l2_bytes) -> bool:
-    """Whether FC layer ``g``'s weights overflow one core's L2 (``n`` and
-    ``pas`` do not matter since session 18; kept for the callers): the
+def streams_in_sweep(g, l2_bytes) -> bool:
+    """Whether FC layer ``g``'s weights overflow one core's L2 (either pass,
+    any batch: the batch and the pass stopped mattering in session 18): the
     in-step factor ``f`` of the layer terms is what a step adds to an op
     its sweep ran with the weights in the L2 (the step streams the other
     layers' data between two calls); a sweep whose weights came from beyond
@@ -95,13 +95,13 @@ def streams_in_sweep(g, n, pas, l2_bytes) -> bool:
     return 4 * spec_mod._prod(g.w_shape) > l2_bytes
 
 
-def in_step_factor(term, g, n, pas, l2_bytes, default=1.0) -> float:
+def in_step_factor(term, g, l2_bytes, default=1.0) -> float:
     """The factor on a layer pass's kernels: its term's ``f`` (``default``
     without one), 1 for a pass whose sweep streamed (``streams_in_sweep``)
     where the term was fitted that way."""
     if not term:
         return default
-    return 1.0 if term.get("l2_only") and streams_in_sweep(g, n, pas, l2_bytes) else term["f"]
+    return 1.0 if term.get("l2_only") and streams_in_sweep(g, l2_bytes) else term["f"]
 
 
 def layer_term_keys(kind, i, n_layers, pas) -> tuple:
@@ -250,7 +250,7 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False, measur
         for pas, kern, size in layer_kernels(g, n_subbatch, i == 0, i == len(geoms) - 1, ops):
             t = kernel_time(profile, kern, size)
             term = layer_term(lt, g.kind, i, len(geoms), pas)
-            rows.append((g.name, pas, kern, size, in_step_factor(term, g, n_subbatch, pas, l2, factor) * t))
+            rows.append((g.name, pas, kern, size, in_step_factor(term, g, l2, factor) * t))
         if kernels_only:
             continue
         if lt:
@@ -262,7 +262,7 @@ def compute_gradient_terms(spec, n_subbatch, profile, kernels_only=False, measur
                 if term and term.get("w", 0.0) > 0 and cold > 0:
                     colds.append((g.name, pas, "cold-weights", cold, profile.time_scale * term["w"] * cold,
                                   term.get("tau")))
-                refills = term and not streams_in_sweep(g, n_subbatch, pas, l2)
+                refills = term and not streams_in_sweep(g, l2)
                 if refills and term.get("r", 0.0) > 0 and warm > 0:
                     colds.append((g.name, pas, REFILL_LABEL, warm, profile.time_scale * term["r"] * warm,
                                   term.get("tau")))
