@@ -44,6 +44,23 @@ def test_default_profile_ships_and_predicts(capsys):
     assert prof.data["machine"] and prof.data["date"]
 
 
+def test_no_predicted_step_time_is_negative(capsys):
+    """The shipped profile (cpu_test18's copy) priced UpdateMomentum of digits
+    on 2 nodes at -12.3 us (a fitted piece of `sub` below zero in its gap,
+    fit_linear_pieces); --json and the simulation carried it too."""
+    from pathlib import Path
+    prof = Path(__file__).resolve().parents[1] / "bench" / "profiles" / "cpu_test18.json"
+    argv = ["--model", "digits", "--nodes", "2", "--workers", "2", "--subbatch", "16", "--no-calibrate",
+            "--profile", str(prof)]
+    assert cli.main(["predict", *argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    steps = {**got["worker"], **got["updater"]}
+    assert steps and all(v >= 0 for v in steps.values()), steps
+    assert cli.main(["predict", *argv]) == 0
+    rows = [l.split() for l in capsys.readouterr().out.splitlines() if l.startswith("  Update")]
+    assert rows and not any(r[1].startswith("-") for r in rows), rows
+
+
 def test_tune_picks_the_fastest_feasible_configuration():
     # A target the grid can reach: the minibatch of one of its configurations.
     target, tol = model.predict("cifar", 16, 1, 8, PROF, impl=model.SEED_IMPL).n_minibatch_avg, 0.05

@@ -117,6 +117,27 @@ def test_piecewise_linear_term_finds_the_cache_edge():
     assert len(fit.fit_linear_pieces(x, 3e-9 * x + 2e-6)) == 1
 
 
+def test_a_fitted_piece_is_never_priced_below_zero():
+    """A piece past the first is fitted to its own records (fit_linear_pieces)
+    but priced from the cut, the geometric mean of the sizes either side; in
+    that gap its line may cross zero. The shipped profile's `sub` did, and
+    `sprint predict --model digits --nodes 2 --workers 2 --subbatch 16`
+    printed UpdateMomentum -12 us: the price is floored at zero."""
+    from pathlib import Path
+    prof = Profile.load(Path(__file__).resolve().parents[1] / "bench" / "profiles" / "cpu_test18.json")
+    sub = prof.terms["sub"]["pieces"]
+    assert sub[0]["upper"] < 75_653 and sub[1]["a"] * 75_653 + sub[1]["b"] < 0     # digits' slice on 2 nodes
+    assert prof.term("sub", 75_653) == 0.0
+    assert prof.term("sub", 1 << 20) == pytest.approx(sub[1]["a"] * (1 << 20) + sub[1]["b"])
+    assert prof.term("sub", 1000) == pytest.approx(sub[0]["a"] * 1000 + sub[0]["b"])
+    # a calibration's per-call scale above its per-unit one takes a positive line below zero too
+    line = Profile({"terms": {"v": {"a": 1e-10, "b": 0.0, "pieces": [
+        {"upper": 1e4, "a": 1e-10, "b": 1e-7}, {"upper": None, "a": 4e-10, "b": -4e-6}]}}})
+    assert line.term("v", 1.1e4) > 0
+    line.time_scale, line.call_scale = 1.0, 1.2
+    assert line.term("v", 1.1e4) == 0.0 and line.term("v", 1e6) > 0
+
+
 def test_sgemm_grid_covers_outer_products():
     """k = 1 (an FC dW at batch 1) is its own BLAS regime: the grids sweep it."""
     from engine.perf import sweep

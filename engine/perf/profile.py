@@ -154,7 +154,14 @@ class Profile(HostSharing):
             return k * (t["a"] * x + t["c"] * x2) + kc * t["b"]
         for piece in t.get("pieces", ()):
             if piece["upper"] is None or x <= piece["upper"]:
-                return k * piece["a"] * x + kc * piece["b"]
+                # A piece past the first is fitted to its own records, a negative intercept
+                # allowed (fit_linear_pieces), and priced from the cut below them: in that gap
+                # its line may cross zero (the shipped sub between its cut at 49,152 elements
+                # and 79,300: UpdateMomentum of digits on 2 nodes at -12 us), as may a line
+                # whose per-call part a calibration scales more than its per-unit part. A time
+                # is never negative. (Holding the fit above zero at the cut instead moved the
+                # cut of axpy in most saved record sets and halved its price at 24-32 K.)
+                return max(0.0, k * piece["a"] * x + kc * piece["b"])
         return k * t["a"] * x + kc * t["b"]
 
     def cv(self, name) -> float:
