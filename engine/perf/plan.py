@@ -65,9 +65,13 @@ DATASHEETS = {"h200": h200_datasheet}
 
 def load_profile(name_or_path=None):
     """A datasheet profile by name (``h200``), a profile file, or the shipped one."""
-    from .profile import Profile
+    from .profile import Profile, profile_choices
     if name_or_path in DATASHEETS:
         return DATASHEETS[name_or_path]()
+    if name_or_path is not None and not Path(name_or_path).exists():
+        from engine.errors import MissingFile
+        raise MissingFile(f"no profile file or datasheet named {name_or_path}; "
+                          f"{profile_choices(name_or_path, sorted(DATASHEETS))}", "--profile")
     return Profile.load(name_or_path)
 
 

@@ -52,6 +52,32 @@ def rule_matches(rule, m, n, k):
 # The profile format this code writes (fit.fit_profile) and reads.
 FORMAT_VERSION = 1
 
+# The profiles a source checkout keeps (bench/profiles; an installed package has none).
+CHECKOUT_PROFILES = Path(__file__).resolve().parents[2] / "bench" / "profiles"
+
+
+def profile_choices(given, datasheets=()) -> str:
+    """What --profile takes, for the error of a ``given`` one that is no
+    file: ``datasheets`` by name, the checkout's profile files (the one
+    named like ``given`` first), or none for the shipped default_profile.json."""
+    here = CHECKOUT_PROFILES
+    files = sorted(f.name for f in here.glob("*.json") if not f.name.endswith("_records.json")) \
+        if here.is_dir() else []
+    try:
+        shown = here.relative_to(Path.cwd())
+    except ValueError:
+        shown = here
+    near = [f for f in (Path(str(given)).name, f"{Path(str(given)).name}.json") if f in files]
+    said = [f"a datasheet by name ({', '.join(datasheets)})"] if datasheets else []
+    if near:
+        said.append(f"a profile file such as {shown / near[0]}")
+    elif files:
+        said.append(f"a profile file (the {len(files)} of this checkout are in {shown}/)")
+    else:
+        said.append("a profile file (`sprint profile` writes one)")
+    return f"--profile takes {', '.join(said)}, or nothing for the shipped default_profile.json"
+
+
 class Profile(HostSharing):
     def __init__(self, data: dict, source: str = "<dict>"):
         if not isinstance(data, dict):
@@ -93,7 +119,7 @@ class Profile(HostSharing):
         from engine.errors import MissingFile, RunError
         p = Path(path)
         if not p.exists():
-            raise MissingFile("profile does not exist", p)
+            raise MissingFile(f"profile does not exist; {profile_choices(path)}", p)
         try:
             data = json.loads(p.read_text())
         except UnicodeDecodeError:

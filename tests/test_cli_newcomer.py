@@ -1,0 +1,39 @@
+"""What a newcomer met in the first hour (session 19): errors that named no
+option or gave no way on, one option checked in three places with three
+texts, and a thread budget counted from cores the process may not use."""
+import json
+import os
+
+import pytest
+
+from engine import cli
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch):
+    monkeypatch.delenv("SPRINT_DEBUG", raising=False)     # tracebacks would join the one line
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+
+
+def one_line(capsys, argv, code=2):
+    assert cli.main([str(a) for a in argv]) == code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sprint: error: "), lines
+    return lines[0]
+
+
+def test_a_profile_name_that_is_no_file_lists_what_profile_takes(capsys):
+    """`sprint plan --profile h100` said "profile does not exist (h100)": not
+    which names it takes (the h200 datasheet) nor where the profiles are."""
+    line = one_line(capsys, ["plan", "--model", "digits", "--gpus", "2", "--profile", "h100", "--no-calibrate"])
+    assert line.startswith("sprint: error: no profile file or datasheet named h100; --profile takes a datasheet "
+                           "by name (h200), a profile file (the "), line
+    assert "bench/profiles/), or nothing for the shipped default_profile.json (--profile)" in line, line
+    # a checkout's profile named without its folder: that file is offered
+    line = one_line(capsys, ["plan", "--model", "digits", "--gpus", "2", "--profile", "cpu_test17"])
+    assert "a profile file such as bench/profiles/cpu_test17.json" in line, line
+    # predict takes files only: the same list without the datasheets, the path as given
+    line = one_line(capsys, ["predict", "--model", "tiny", "--nodes", "1", "--subbatch", "1", "--profile", "h100"])
+    assert line.startswith("sprint: error: profile does not exist; --profile takes a profile file (the "), line
+    assert line.endswith("default_profile.json (h100)") and "datasheet" not in line, line
+
