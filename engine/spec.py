@@ -205,7 +205,10 @@ def get_spec(name_or_path) -> NetSpec:
             d.setdefault("name", path.stem)
         return NetSpec.from_dict(d)
     except ValueError as e:
-        raise ValueError(f"spec file {path}: {e}") from None
+        from engine.errors import RunError
+        # the option too, as for a name that is no file: `--model runs/` said
+        # "spec file runs: is a directory, not a spec file", naming none
+        raise RunError(f"spec file {path}: {e}", "--model") from None
 
 
 def _reject_constant(name):

@@ -37,3 +37,19 @@ def test_a_profile_name_that_is_no_file_lists_what_profile_takes(capsys):
     assert line.startswith("sprint: error: profile does not exist; --profile takes a profile file (the "), line
     assert line.endswith("default_profile.json (h100)") and "datasheet" not in line, line
 
+
+@pytest.mark.parametrize("command", [["train"], ["predict", "--nodes", "1", "--subbatch", "1"],
+                                     ["plan", "--gpus", "2"]])
+def test_a_spec_path_that_is_a_folder_names_the_option(capsys, tmp_path, command):
+    """`sprint train --model runs/` said "spec file runs: is a directory, not a spec file", no option."""
+    line = one_line(capsys, [command[0], "--model", tmp_path, *command[1:]])
+    assert line == f"sprint: error: spec file {tmp_path}: is a directory, not a spec file (--model)"
+    bad = tmp_path / "net.json"
+    bad.write_text('{"x0": 8,')
+    assert one_line(capsys, [command[0], "--model", bad, *command[1:]]).endswith("(--model)")
+
+
+def test_info_names_its_positional_for_a_spec_folder(capsys, tmp_path):
+    assert one_line(capsys, ["info", tmp_path]).endswith("is a directory, not a spec file (sprint info MODEL)")
+
+
