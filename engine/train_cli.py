@@ -307,11 +307,18 @@ def cmd_eval(args) -> int:
     net, state = load_checkpoint(args.checkpoint)
     spec = net.spec
     run = _run_config(args.checkpoint) or {}
-    if run and args.data is None:
+    if run:
         from pathlib import Path
-        from .session.config import refuse_inputs_not_found_here
+        from .data.readers import check_test_fraction
         from .session.rundir import CONFIG
         folder = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else Path(args.checkpoint).parent
+        try:
+            check_test_fraction(run.get("test_fraction", 0.2))
+        except ValueError as e:
+            from .errors import RunError
+            raise RunError(f"the run's {e}", folder / CONFIG) from None     # said with no file
+    if run and args.data is None:
+        from .session.config import refuse_inputs_not_found_here
         refuse_inputs_not_found_here(run, folder / CONFIG, "give --data, or run from the folder the run was "
                                      "started in", names=("data",))     # eval needs no plan
     data = args.data or run.get("data", "digits")

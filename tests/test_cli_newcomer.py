@@ -53,3 +53,31 @@ def test_info_names_its_positional_for_a_spec_folder(capsys, tmp_path):
     assert one_line(capsys, ["info", tmp_path]).endswith("is a directory, not a spec file (sprint info MODEL)")
 
 
+@pytest.mark.parametrize("value", [0, 1, 1.5, -0.2, float("nan"), "0.3", True])
+def test_a_bad_test_fraction_is_refused_when_set_naming_key_and_value(value):
+    """test_fraction=0 was taken, and refused ("test_fraction must be in (0, 1), got 0")
+    only once a source without a test set was read; one with a test set ignored it."""
+    from engine.session.config import TrainConfig
+    with pytest.raises(ValueError, match=r"^test_fraction must be (a number )?in \(0, 1\), got "):
+        TrainConfig(test_fraction=value)
+    from engine.data.readers import split_indices
+    with pytest.raises(ValueError, match=r"^test_fraction must be a number in \(0, 1\), got "):
+        split_indices(10, value, 0, "x")
+
+
+def test_a_runs_saved_test_fraction_is_named_in_its_config(tmp_path, capsys):
+    """`sprint eval RUN` of a run whose config.json holds test_fraction 2 said
+    "test_fraction must be in (0, 1), got 2" naming no file; --resume likewise."""
+    run = tmp_path / "run"
+    assert cli.main(["train", "--epochs", "1", "--out", str(run), "--no-progress", "--quiet"]) == 0
+    capsys.readouterr()
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["train"]["test_fraction"] = 2
+    (run / "config.json").write_text(json.dumps(cfg))
+    assert one_line(capsys, ["eval", run]) == \
+        f"sprint: error: the run's test_fraction must be a number in (0, 1), got 2 ({run / 'config.json'})"
+    line = one_line(capsys, ["train", "--resume", run, "--epochs", "2", "--no-progress", "--quiet"])
+    assert line == ("sprint: error: saved options are invalid: test_fraction must be in (0, 1), got 2 "
+                    f"({run / 'config.json'})")
+
+

@@ -141,9 +141,15 @@ def detect_format(source) -> str:
                    f"{', '.join(FORMATS)}", p)
 
 
+def check_test_fraction(v) -> None:
+    """The share of a source without a test set kept for testing (TrainConfig's
+    test_fraction, a run's config.json): a number in (0, 1)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not 0 < v < 1:
+        raise ValueError(f"test_fraction must be a number in (0, 1), got {v!r}")
+
+
 def split_indices(n, test_fraction, seed, name):
-    if not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    check_test_fraction(test_fraction)
     if n < 2:
         raise RunError(f"{counted(n, 'sample')} cannot be split into train and test", name)
     perm = np.random.default_rng(seed).permutation(n)

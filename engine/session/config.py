@@ -93,6 +93,10 @@ class TrainConfig:
         _number("momentum", self.momentum, lambda v: 0 <= v < 1, "in [0, 1)")
         _number("weight_decay", self.weight_decay, lambda v: v >= 0, "finite and >= 0")
         _number("warmup", self.warmup, lambda v: v >= 0, "finite and >= 0")
+        # checked here, not when a source without a test set is split: test_fraction=2
+        # was taken for a source that has one, and refused for one that has none only
+        # once its data were read
+        _number("test_fraction", self.test_fraction, lambda v: 0 < v < 1, "in (0, 1)")
         # heartbeats go out up to once a second: a shorter timeout ends healthy jobs
         _number("timeout", self.timeout, lambda v: v >= 1, "finite and >= 1 (seconds)")
         if self.schedule not in ("constant", "step", "cosine"):
