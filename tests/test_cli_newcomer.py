@@ -81,3 +81,14 @@ def test_a_runs_saved_test_fraction_is_named_in_its_config(tmp_path, capsys):
                     f"({run / 'config.json'})")
 
 
+def test_threads_per_worker_counts_the_cores_this_process_may_use(monkeypatch):
+    """It split os.cpu_count, the host's cores, where the rest of the engine
+    (the profile's cores, sprint train's --threads warning) counts the affinity mask."""
+    from engine.parallel.threads import threads_per_worker, usable_cores
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert usable_cores() == 4
+    assert threads_per_worker(2) == 2 and threads_per_worker(8) == 1
+    assert threads_per_worker(2, cores=16) == 8            # a budget given (--threads) is the budget
+
+

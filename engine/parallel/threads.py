@@ -35,7 +35,10 @@ def usable_cores() -> int:
 
 
 def threads_per_worker(workers: int, cores: int | None = None) -> int:
-    cores = cores or os.cpu_count() or 1
+    """Each worker's share of ``cores`` (default the cores this process may
+    run on, ``usable_cores``: os.cpu_count counted the host's, so workers
+    under taskset or a container's CPU set each took more than their share)."""
+    cores = cores or usable_cores()
     return max(1, cores // max(1, workers))
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.parallel.threads import usable_cores
 from .sweep_runner import mpiexec_env
 
 # (net, K, schedule), one epoch of the embedded digits, batch 32, M = 4
@@ -114,7 +115,7 @@ def sweep_pipeline(cfg=None, profile=None, cores=None, log=None) -> list:
     from .calibrate import calibration_step
     if shutil.which("mpiexec") is None:
         raise RuntimeError("mpiexec is not on PATH")
-    cores = cores or (os.cpu_count() or 1)
+    cores = cores or usable_cores()
     recs = [dict(measure_p2p(), kind="pipeline_p2p")]
     cal = calibration_step(2.0)
     configs = FIT_CONFIGS + (SHARED_CONFIGS if max(k for _, k, _ in SHARED_CONFIGS) > cores else ())
