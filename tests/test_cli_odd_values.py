@@ -113,7 +113,7 @@ def test_info_with_a_bad_stage_count_prints_no_table_before_its_error(capsys):
     (["digits", "--schedule", "1f1b"], "--schedule applies to the pipeline table: add --stages K"),
     (["digits", "--profile", "p.json"], "--profile applies to the pipeline table: add --stages K"),
     (["--stages", "2"], "--stages needs a model to split into stages (sprint info MODEL)"),
-    (["digits", "--stages", "3", "--partition", "0:2,2:4"], "--partition has 2 stages, --stages says 3"),
+    (["digits", "--stages", "3", "--partition", "0:2,2:4"], "--partition 0:2,2:4 has 2 stages, --stages says 3"),
 ])
 def test_info_pipeline_options_without_stages_are_refused_not_ignored(capsys, argv, said):
     """`sprint info digits --microbatches 4` printed the plain layer table, the option silently ignored."""

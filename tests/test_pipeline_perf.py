@@ -89,7 +89,7 @@ def test_prediction_and_info_table(capsys):
     out = capsys.readouterr().out
     assert "partition 0:2,2:5,5:8" in out and "the ideal bubble of GPipe and 1F1B, (K-1)/(M+K-1) = " in out and "activations MB" in out
     assert main(["info", "cifar", "--stages", "3", "--partition", "0:2,2:8"]) != 0
-    assert "--partition has 2 stages, --stages says 3" in capsys.readouterr().err
+    assert "--partition 0:2,2:8 has 2 stages, --stages says 3" in capsys.readouterr().err
 
 
 def test_info_stages_says_when_the_profile_misprices_the_layers_once(monkeypatch, capsys):

@@ -29,7 +29,7 @@ from . import comm as _comm
 from .abort import run_guarded
 from . import pipeline_ckpt as _ck
 from .pipeline import TRACE_KEEP, StageDiverged, StageExecutor, micro_sizes, split_micro, _host
-from .stage import Stage, even_partition, format_partition, parse_partition
+from .stage import Stage, even_partition, format_partition, stage_ranges
 
 STATS = "pipeline_stats.json"
 
@@ -110,18 +110,9 @@ def options(cfg, n_ranks, spec=None):
 
 def given_partition(cfg, spec, K):
     """--partition checked against --stages and the net (None when not
-    given); --stages past the net's layers refused."""
+    given); --stages past the net's layers refused (stage_ranges)."""
     from engine.spec import layers
-    n = len(layers(spec))
-    text = (cfg.extra or {}).get("partition")
-    if text:
-        parts = parse_partition(text, n)
-        if len(parts) != K:
-            raise ValueError(f"--partition {text} has {len(parts)} stages, --stages says {K}")
-        return parts
-    if K > n:
-        raise ValueError(f"--stages must be between 1 and the {n} layers of {spec.name}, got {K}")   # as info says it
-    return None
+    return stage_ranges((cfg.extra or {}).get("partition"), K, len(layers(spec)), spec.name)
 
 
 def choose_partition(cfg, spec, K, manifest=None):

@@ -51,6 +51,20 @@ def check_partition(parts, n_layers: int) -> None:
                          f"(the network has {n_layers} layers)")
 
 
+def stage_ranges(text, stages: int, n_layers: int, net: str):
+    """The one check of --stages and --partition (sprint train, predict,
+    simulate and info): K = ``stages`` no more than the net's ``n_layers``,
+    and the ranges of --partition ``text`` (None when not given) K of them."""
+    if not 1 <= stages <= n_layers:
+        raise ValueError(f"--stages must be between 1 and the {n_layers} layers of {net}, got {stages}")
+    if not text:
+        return None
+    parts = parse_partition(text, n_layers)
+    if len(parts) != stages:
+        raise ValueError(f"--partition {text} has {len(parts)} stages, --stages says {stages}")
+    return parts
+
+
 def format_partition(parts) -> str:
     return ",".join(f"{lo}:{hi}" for lo, hi in parts)
 

@@ -48,7 +48,7 @@ def add_simulate_arguments(p):
 def cli_kwargs(args) -> dict:
     """predict/simulate keywords from the parsed options, checked; ``n_node``
     (K x D) replaces --nodes, which may then be left out."""
-    from engine.parallel.stage import parse_partition
+    from engine.parallel.stage import stage_ranges
     K, D, M = args.stages, args.replicas, args.microbatches
     if getattr(args, "workers", 1) != 1:
         raise RunError("a pipeline stage is one worker: use --replicas for data-parallel copies", "--workers")
@@ -70,10 +70,9 @@ def cli_kwargs(args) -> dict:
                        "--predict")
     kw = dict(n_node=K * D, stages=K, replicas=D, microbatches=M, schedule=args.pipe_schedule,
               predict_mode=args.predict_mode, overlap=float(args.overlap))
-    if args.partition:
-        parts = parse_partition(args.partition, len(spec_mod.layers(spec_mod.get_spec(args.model))))
-        if len(parts) != K:
-            raise RunError(f"has {len(parts)} stages, --stages says {K}", "--partition")
+    sp = spec_mod.get_spec(args.model)
+    parts = stage_ranges(args.partition, K, len(spec_mod.layers(sp)), sp.name)
+    if parts:
         kw["partition"] = parts
     if getattr(args, "executor", None):
         from .pipeline import Executor
@@ -102,20 +101,16 @@ def add_info_options(p):
 def info_table(spec, args) -> str:
     """Each stage's layers, predicted time and memory, and the bubble."""
     from engine.parallel import pipeline_schedule as S
-    from engine.parallel.stage import parse_partition
+    from engine.parallel.stage import stage_ranges
     from .pipeline import format_prediction, predict
     from .profile import Profile
     sp = spec_mod.get_spec(spec)
     n = len(spec_mod.layers(sp))
     K = int(args.stages)
-    if not 1 <= K <= n:
-        raise ValueError(f"--stages must be between 1 and the {n} layers of {sp.name}, got {K}")
+    parts = stage_ranges(args.partition, K, n, sp.name)
     m = args.microbatches or min(4, args.batch)
     if not 1 <= m <= args.batch:
         raise ValueError(f"--microbatches must be between 1 and --batch ({args.batch}), got {m}")
-    parts = parse_partition(args.partition, n) if args.partition else None
-    if parts is not None and len(parts) != K:
-        raise ValueError(f"--partition has {len(parts)} stages, --stages says {K}")
     prof = Profile.load(args.profile)
     if warning := prof.path_warning(spec):      # as predict/simulate/tune/plan say it (engine.perf.cli)
         print(f"sprint info: warning: {warning}", file=sys.stderr)
