@@ -12,9 +12,10 @@ from engine.perf.sweep import QUICK
 from engine.perf.sweep_ops import (OP_FEATURES, OP_KINDS, conv_op_shapes, fc_op_shapes, op_features, op_path)
 
 # Known costs: a per-call Python cost, GEMM flops, packing and the extra dX terms.
-# Beyond WIDE taps (9x9 and 11x11 kernels) packing costs more per element.
+# Beyond WIDE taps (9x9 and 11x11 kernels) packing costs more per element;
+# up to them the forward's packer costs per column and tap for its tap table.
 WIDE = 49
-TRUE = {"conv_fwd": {"1": 20e-6, "mnk": 2e-11, "nk": 1e-9, "nk_wide": 4e-10},
+TRUE = {"conv_fwd": {"1": 20e-6, "mnk": 2e-11, "nk": 1e-9, "nk_wide": 4e-10, "tap_table": 3e-9},
         "conv_bwd_dw": {"1": 30e-6, "mnk": 2.5e-11, "nk": 1.2e-9, "m": 1e-7},
         "conv_bwd": {"1": 40e-6, "mnk": 5e-11, "nk": 1.2e-9, "pack_dy": 8e-10, "dx_out": 5e-10,
                      "pack_dy_wide": 1.5e-9},
@@ -87,6 +88,42 @@ def test_fit_finds_where_the_packing_leaves_its_tap_table():
     m, n, k = 24, 980, 12 * 81
     assert p.op("conv_fwd", m, n, k, 9) == pytest.approx(true_time("conv_fwd", m, n, k, 9), rel=1e-3)
     assert p.op("conv_fwd", m, n, k, 9) > p.op("conv_fwd", m, n, k, 3) + 0.9 * 4e-10 * n * k
+
+
+def test_tap_table_term_is_per_column_and_tap_up_to_the_table_size():
+    """n c^2 for convolutions of up to ``wide`` taps (TABLE_TAPS without a
+    threshold), whatever the channels; zero for FC ops and wide kernels."""
+    col = OP_FEATURES.index("tap_table")
+    assert op_features(10, 1000, 25, 5, WIDE)[col] == 1000 * 25
+    assert op_features(10, 1000, 64 * 25, 5, WIDE)[col] == 1000 * 25     # 64 channels: the same table
+    assert op_features(10, 1000, 81, 9, WIDE)[col] == 0.0                 # beyond the table: general path
+    assert op_features(10, 1000, 81, 9, None)[col] == 0.0 and op_features(10, 1000, 49, 7, None)[col] == 49000
+    assert op_features(10, 1000, 300, 1, WIDE)[col] == 0.0                # FC
+
+
+def test_fit_prices_few_channel_convolutions_by_their_tap_table(monkeypatch):
+    """A 5x5 forward over one channel spends as much on its tap table as on
+    packing: the fit with the term prices it (held out), the features
+    without it cannot, and an op priced without the table (dW) gets no
+    coefficient for it even where its times had one."""
+    from engine.perf import sweep_ops
+    recs = synthetic_records()
+    m, n, k = 10, 16 * 36 * 36, 25                         # 16 images of 36 x 36 x 1, 10 filters 5x5
+    table = TRUE["conv_fwd"]["tap_table"] * n * 25
+    assert table > 0.5 * true_time("conv_fwd", m, n, k, 5)
+    p = Profile({"ops": fit.fit_op_terms(recs)})
+    assert p.op("conv_fwd", m, n, k, 5) == pytest.approx(true_time("conv_fwd", m, n, k, 5), rel=1e-3)
+    one = [r for r in recs if r["kind"] == "conv_fwd" and r["holdout"] and r["k"] == r["c"] ** 2 <= WIDE]
+    assert len(one) >= 3
+    worst = lambda prof: max(abs(prof.op("conv_fwd", r["m"], r["n"], r["k"], r["c"]) / r["t"] - 1) for r in one)
+    assert worst(p) < 1e-3
+    monkeypatch.setattr(sweep_ops, "TABLE_OPS", ())
+    assert worst(Profile({"ops": fit.fit_op_terms(recs)})) > 0.05
+    monkeypatch.undo()
+    # dW priced from times that have a table cost: its coefficient stays 0
+    dw = [dict(r, kind="conv_bwd_dw") for r in recs if r["kind"] == "conv_fwd"]
+    got = fit.fit_op_terms(dw)["conv_bwd_dw"]
+    assert all(reg["coef"]["tap_table"] == 0.0 for reg in got["regimes"])
 
 
 def test_fit_with_noise_stays_near_the_truth():

@@ -136,14 +136,14 @@ def fit_op_terms(records, min_points=12) -> dict:
     SGEMM polynomial plus the implicit convolution's terms
     (``sweep_ops.op_features``), in regimes split as the SGEMM fits are.
     Held out: every fourth shape."""
-    from .sweep_ops import OP_FEATURES, OP_KINDS, op_features
+    from .sweep_ops import OP_FEATURES, OP_KINDS
     out = {}
     for kind in OP_KINDS:
         fit_r, hold = _split(records, kind)
         if len(fit_r) < 2 * min_points:
             continue
         wide = wide_taps(fit_r, min_points)
-        X = [op_features(r["m"], r["n"], r["k"], r.get("c", 1), wide) for r in fit_r]
+        X = op_matrix(fit_r, wide)
         regimes = fit_sgemm_regimes([(r["m"], r["n"], r["k"]) for r in fit_r], [r["t"] for r in fit_r],
                                     min_points=min_points, X=X, names=OP_FEATURES)
         entry = {"regimes": [{"rule": rule, "coef": coef} for rule, coef in regimes],
@@ -156,6 +156,17 @@ def fit_op_terms(records, min_points=12) -> dict:
     return out
 
 
+def op_matrix(recs, wide):
+    """The ``sweep_ops.op_features`` rows of one op's records, the tap-table
+    column zero for the ops that build no table (``sweep_ops.TABLE_OPS``):
+    its coefficient stays 0 there."""
+    from .sweep_ops import OP_FEATURES, TABLE_OPS, op_features
+    X = np.array([op_features(r["m"], r["n"], r["k"], r.get("c", 1), wide) for r in recs], float)
+    if recs and recs[0].get("kind") not in TABLE_OPS:
+        X[:, OP_FEATURES.index("tap_table")] = 0.0
+    return X
+
+
 def wide_taps(recs, min_points=12, min_gain=0.1, min_rms=0.03):
     """The tap count beyond which a convolution's packing costs more per
     element (``sweep_ops.op_features``), or None: of the thresholds between
@@ -163,7 +174,6 @@ def wide_taps(recs, min_points=12, min_gain=0.1, min_rms=0.03):
     single fit leaves the least squared relative residual, kept only if it
     cuts the residual without one by ``min_gain`` and that residual is above
     the timing noise (RMS ``min_rms``, as the regime splits)."""
-    from .sweep_ops import op_features
     conv = [r for r in recs if r.get("c", 1) > 1]
     taps = sorted({r["c"] ** 2 for r in conv})
     if len(taps) < 2:
@@ -171,7 +181,7 @@ def wide_taps(recs, min_points=12, min_gain=0.1, min_rms=0.03):
     t = np.array([r["t"] for r in recs], float)
 
     def residual(w):
-        return _leaf(np.array([op_features(r["m"], r["n"], r["k"], r.get("c", 1), w) for r in recs]), t)[1]
+        return _leaf(op_matrix(recs, w), t)[1]
 
     best, base = None, residual(None)
     if base / len(recs) <= min_rms ** 2:

@@ -101,14 +101,34 @@ def op_features(m, n, k, c=1, wide=None):
     (``n k``) and every dy element dX packs (``m n c^2``) costs more: a
     9x9 or 11x11 forward ran 1.5-2x, its dX 2.5-4x, the 3x3 convolution of
     the same GEMM shape (12 x 9 x 9 against 108 x 3 x 3 channels x taps,
-    2026-12-01). None (profiles fitted before): both zero."""
+    2026-12-01). None (profiles fitted before): both zero.
+
+    ``tap_table``: ``n c^2`` up to that tap count (``TABLE_TAPS`` without
+    one), for the forward, whose B panels that packer reads (``TABLE_OPS``): per
+    panel of NR columns it first builds its table -- segments and masks of
+    every tap, lane group and output-row run -- whatever the channel count,
+    then packs C rows per tap. The ``n k`` term prices the packing per
+    channel and tap; for a first convolution over 1-3 channels the table
+    costs as much again: cpu_test18's records priced the 1-2 channel 5x5
+    and 7x7 forwards 12-46 % short (median -18 / -22 % for C <= 3), the
+    same kernels over more channels right. Profiles fitted before carry no
+    coefficient for it (zero)."""
     m, n, k, c2 = float(m), float(n), float(k), float(c) ** 2
     extra = (m * n * c2, n * k / c2) if c > 1 else (0.0, 0.0)
     beyond = (n * k, m * n * c2) if c > 1 and wide is not None and c2 > wide else (0.0, 0.0)
-    return (m * n * k, m * n, m * k, n * k, m, n, k, 1.0) + extra + beyond
+    table = (n * c2,) if c > 1 and c2 <= (TABLE_TAPS if wide is None else wide) else (0.0,)
+    return (m * n * k, m * n, m * k, n * k, m, n, k, 1.0) + extra + beyond + table
 
 
-OP_FEATURES = ("mnk", "mn", "mk", "nk", "m", "n", "k", "1", "pack_dy", "dx_out", "nk_wide", "pack_dy_wide")
+OP_FEATURES = ("mnk", "mn", "mk", "nk", "m", "n", "k", "1", "pack_dy", "dx_out", "nk_wide", "pack_dy_wide",
+               "tap_table")
+# The ops priced with the tap table (csrc/gemm_conv_pack.h PackIm2col) and
+# the most taps it holds (kMaxTaps there). dX packs dy through it too, but
+# over the layer's M filters (6-72 in the swept nets), where the table is a
+# small share of the packing: fitted on cpu_test18's records, the term cut
+# conv_bwd's fitted median 6.3 -> 5.5 % and raised its held-out one 7.2 ->
+# 8.1 %. dW reads the image by tap offsets (no table).
+TABLE_OPS, TABLE_TAPS = ("conv_fwd",), 49
 # Kernel sides of the random conv shapes and how often each is drawn. 9 and
 # 11 since test set 7, whose 9x9 layers ran 35-40 % slower than the fit
 # extrapolated from 3-7 (bench/RESULTS.md section 4): the general packing
