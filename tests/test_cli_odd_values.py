@@ -230,7 +230,7 @@ def test_ctrl_c_in_the_profile_sweeps_keeps_the_sweeps_done_and_says_how_to_run_
     import shlex
     from engine.perf import calibrate, sweep
     monkeypatch.setattr(calibrate, "record", lambda: {"calibration": {}})
-    monkeypatch.setattr(calibrate, "calibration_step", lambda *a: {})
+    monkeypatch.setattr(calibrate, "calibration_step", lambda *a, **k: {})
     monkeypatch.setattr(calibrate, "merge_calibrations", lambda cs: {})
     ctrl_c = {"on": True}
 

@@ -131,16 +131,23 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
     chosen = selection(be.name, only, allreduce, contention)
     names = [n for n in steps if n in chosen]
     from .calibrate import calibration_step, merge_calibrations, record
+    from .sweep_drift import mark
     # The machine and its speed, before and after the sweeps: what a later
     # predict checks its own calibration against.
     fp = record()
     recs, done = [], []
     t0 = time.perf_counter()
+    # The host's speed between sweeps (sweep_drift): how far it moved while
+    # the sweeps ran, kept with the records. CPU backend only.
+    marks = be.name == "cpu"
+    last = {k: v for k, v in (fp.get("calibration") or {}).items() if k in ("wall_s", "u", "date")}
+    parts = {}
 
     def result(ran, after=True):
         if after:
             fp["calibration"] = merge_calibrations([fp["calibration"], calibration_step()])
         meta = {"quick": quick, "threads": threads, "threads_applied": applied, "backend": be.name, "fingerprint": fp,
+                **({"part_calibrations": parts} if parts else {}),
                 "nets": list(cfg["nets"]), "layer_nets": list(LAYER_NETS),
                 "layer_pass_nets": [n if isinstance(n, str) else n["name"] for n in cfg["layer_pass_nets"]],
                 "clock": CLOCK["name"],
@@ -155,6 +162,8 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
                                               for n in ran})
         # The machine of the latest sweeps is the one the profile must match.
         meta["fingerprint"] = fp
+        if parts or merge.get("meta", {}).get("part_calibrations"):
+            meta["part_calibrations"] = dict(merge.get("meta", {}).get("part_calibrations") or {}, **parts)
         return {"records": kept + recs, "skipped": merge.get("skipped", []) + skipped, "meta": meta}
 
     try:
@@ -170,6 +179,12 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
                     log(f"sweep {name}: skipped ({type(e).__name__}: {e})")
                 done.append(name)
                 continue
+            if marks:
+                now = mark()
+                parts[name] = {"before": last, "after": now}
+                last = now
+                for r in got:
+                    r["sweep"] = name
             recs += got
             done.append(name)
             if log:

@@ -1,0 +1,50 @@
+"""The host's speed between sweeps: marks that ``sweep.run_all`` takes and a
+profile keeps, and the warning ``sprint profile`` prints when it moved.
+
+A quick sweep takes 18-30 minutes, and a shared host does not keep one speed
+that long. On the AMD VM of 2026-12-02 the calibration workload ran 1.40 ms
+before a sweep and 2.18 ms after it, and a one-second mark between the
+sweeps of the next one read 1.57-2.61 ms (bench/RESULTS.md section 4, set
+17): the host flips between a fast and a slow state every 0.2 s to a few
+seconds (``bench/host_states.py``), so every record is a sample of one or
+the other, and the fits' medians were 2-3 times the Intel VM's.
+
+Each sweep's records are tagged with the sweep's name and ``meta
+["part_calibrations"]`` holds the marks before and after it. Rescaling
+each sweep's records by its marks was tried on that host and changed no
+prediction (the layer terms absorb the ops' scale, and the marks' state is
+as random as the records'): the marks are kept to show how far the host
+moved, not to correct it.
+"""
+from __future__ import annotations
+
+MARK_SECONDS = 1.0
+# Marks further apart than this (max / min - 1) get the warning: twice the
+# calibration's own noise floor (calibrate.MIN_NOISE).
+WARN_SPREAD = 0.2
+
+
+def mark(seconds: float = MARK_SECONDS) -> dict:
+    """A short calibration (wall seconds per call of the workload, its
+    uncertainty and date): the host's speed between two sweeps."""
+    from .calibrate import calibration_step
+    c = calibration_step(seconds, blocks=3, compute=False)
+    return {k: c[k] for k in ("wall_s", "u", "date") if k in c}
+
+
+def spread(meta: dict) -> tuple[float, float] | None:
+    """(fastest, slowest) wall seconds of the marks, or None without marks."""
+    walls = [m["wall_s"] for p in (meta.get("part_calibrations") or {}).values()
+             for m in (p.get("before") or {}, p.get("after") or {}) if m.get("wall_s")]
+    return (min(walls), max(walls)) if walls else None
+
+
+def warning(meta: dict) -> str | None:
+    """The line ``sprint profile`` prints when the host moved beyond the
+    calibration's noise during the sweeps."""
+    s = spread(meta)
+    if s is None or s[1] / s[0] - 1 <= WARN_SPREAD:
+        return None
+    return (f"the host's speed moved during the sweeps: the calibration between them ran {1e3 * s[0]:.2f}-"
+            f"{1e3 * s[1]:.2f} ms (x{s[1] / s[0]:.2f}); the fits carry that noise, and a profile swept on a "
+            "quieter host (or at a quieter time) predicts better. bench/host_states.py shows the host's states")

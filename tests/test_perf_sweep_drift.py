@@ -1,0 +1,58 @@
+"""sweep_drift: the host's speed marked between sweeps, kept with the records,
+and the warning when it moved beyond the calibration's noise."""
+import pytest
+
+from engine import cli
+from engine.perf import calibrate, sweep, sweep_drift
+
+
+def _part(a, b):
+    return {"before": {"wall_s": a, "u": 0.01, "date": "d"}, "after": {"wall_s": b, "u": 0.01, "date": "d"}}
+
+
+def test_warning_names_the_spread_of_the_marks_beyond_the_noise():
+    moved = {"part_calibrations": {"sgemm": _part(1.57e-3, 2.0e-3), "layers": _part(2.0e-3, 2.61e-3)}}
+    assert sweep_drift.spread(moved) == (1.57e-3, 2.61e-3)
+    w = sweep_drift.warning(moved)
+    assert "1.57-2.61 ms (x1.66)" in w and "bench/host_states.py" in w
+    steady = {"part_calibrations": {"sgemm": _part(2.0e-3, 2.1e-3), "layers": _part(2.1e-3, 2.2e-3)}}
+    assert sweep_drift.warning(steady) is None
+    assert sweep_drift.spread({}) is None and sweep_drift.warning({}) is None
+    assert sweep_drift.spread({"part_calibrations": {"x": {"before": {}, "after": {}}}}) is None
+
+
+def _fake_host(monkeypatch, walls):
+    it = iter(walls)
+    monkeypatch.setattr(calibrate, "calibration_step",
+                        lambda *a, **k: {"wall_s": next(it), "cpu_s": 1e-3, "u": 0.01, "n": 3, "date": "d"})
+    monkeypatch.setattr(calibrate, "record", lambda *a, **k: {"calibration": {"wall_s": 1e-3, "u": 0.01, "n": 3,
+                                                                               "cpu_s": 1e-3, "date": "d"}})
+
+
+def test_run_all_marks_the_host_between_sweeps_and_tags_records(monkeypatch):
+    _fake_host(monkeypatch, [1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3])
+    monkeypatch.setattr(sweep, "_steps", lambda cfg, skipped, be: {
+        "sgemm": lambda: [{"kind": "sgemm", "t": 1.0}], "layers": lambda: [{"kind": "im2col", "t": 2.0}]})
+    got = sweep.run_all(only=["sgemm", "layers"], log=None)
+    assert [r["sweep"] for r in got["records"]] == ["sgemm", "layers"]
+    parts = got["meta"]["part_calibrations"]
+    assert [parts["sgemm"]["before"]["wall_s"], parts["sgemm"]["after"]["wall_s"],
+            parts["layers"]["after"]["wall_s"]] == [1e-3, 1e-3, 1.5e-3]
+    assert [r["t"] for r in got["records"]] == [1.0, 2.0]            # the times are kept as measured
+    # re-running one sweep keeps the other's marks
+    again = sweep.run_all(only=["layers"], merge=got, log=None)
+    assert set(again["meta"]["part_calibrations"]) == {"sgemm", "layers"}
+    assert again["meta"]["part_calibrations"]["sgemm"] == parts["sgemm"]
+
+
+def test_profile_warns_when_the_host_moved_during_the_sweeps(tmp_path, monkeypatch, capsys):
+    _fake_host(monkeypatch, [1.8e-3, 1.8e-3])          # the mark after sgemm, the closing calibration
+    monkeypatch.setattr(sweep, "_steps", lambda cfg, skipped, be: {
+        "sgemm": lambda: [{"kind": "sgemm", "t": 1e-5 * (i + 1), "std": 1e-7, "m": 2 ** (i % 5), "n": 2 ** (i % 3),
+                           "k": 2 ** (i % 4), "trans": "nn", "holdout": False} for i in range(40)]})
+    out = tmp_path / "p.json"
+    assert cli.main(["profile", "--quick", "--only", "sgemm", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "sprint profile: warning: the host's speed moved during the sweeps" in err and "(x1.80)" in err
+    import json
+    assert json.loads(out.read_text())["sweep"]["part_calibrations"]["sgemm"]["after"]["wall_s"] == 1.8e-3
