@@ -180,9 +180,9 @@ def test_pipeline_stages_past_the_net_are_said_before_the_ranks_they_would_need(
     monkeypatch.setenv("SPRINT_DEVICE", "cpu")
     monkeypatch.delenv("SPRINT_DEBUG", raising=False)
     for argv, said in ((["--stages", "9"], "sprint: error: --stages must be between 1 and the 4 layers of digits, "
-                                           "got 9"),
+                                           "got 9 (--stages)"),
                        (["--stages", "3", "--partition", "0:2,2:4"],
-                        "sprint: error: --partition 0:2,2:4 has 2 stages, --stages says 3")):
+                        "sprint: error: --partition 0:2,2:4 has 2 stages, --stages says 3 (--partition)")):
         assert cli.main(["train", "--parallel", "pipeline", *argv, "--out", str(tmp_path / "run")]) == 2
         assert capsys.readouterr().err.strip() == said
     # a net long enough: then the ranks

@@ -103,8 +103,8 @@ def test_partition_and_stages_are_checked_in_one_place_with_one_text(capsys, arg
     says 3" (train), "has 2 stages, --stages says 3 (--partition)" (predict, simulate)
     and "--partition has 2 stages, --stages says 3" (info), from three copies of the check."""
     assert one_line(capsys, [*argv, "--stages", "3", "--partition", "0:2,2:4"]) == \
-        "sprint: error: --partition 0:2,2:4 has 2 stages, --stages says 3"
+        "sprint: error: --partition 0:2,2:4 has 2 stages, --stages says 3 (--partition)"
     assert one_line(capsys, [*argv, "--stages", "9"]) == \
-        "sprint: error: --stages must be between 1 and the 4 layers of digits, got 9"
+        "sprint: error: --stages must be between 1 and the 4 layers of digits, got 9 (--stages)"
     assert one_line(capsys, [*argv, "--stages", "2", "--partition", "0:2,2:5"]) == \
         "sprint: error: --partition 0:2,2:5 must end at layer 4 (the network has 4 layers)"

@@ -101,7 +101,7 @@ def test_info_with_a_bad_stage_count_prints_no_table_before_its_error(capsys):
     assert cli.main(["info", "cifar", "--stages", "99"]) == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err.strip() == \
-        "sprint: error: --stages must be between 1 and the 8 layers of cifar, got 99"
+        "sprint: error: --stages must be between 1 and the 8 layers of cifar, got 99 (--stages)"
     assert cli.main(["info", "cifar", "--stages", "2"]) == 0
     out = capsys.readouterr().out
     assert out.index("N_Param = 3,248,202") < out.index("stage")

@@ -55,13 +55,15 @@ def stage_ranges(text, stages: int, n_layers: int, net: str):
     """The one check of --stages and --partition (sprint train, predict,
     simulate and info): K = ``stages`` no more than the net's ``n_layers``,
     and the ranges of --partition ``text`` (None when not given) K of them."""
+    from engine.errors import RunError
+    # each error names its option at the end, as every other option's does
     if not 1 <= stages <= n_layers:
-        raise ValueError(f"--stages must be between 1 and the {n_layers} layers of {net}, got {stages}")
+        raise RunError(f"--stages must be between 1 and the {n_layers} layers of {net}, got {stages}", "--stages")
     if not text:
         return None
     parts = parse_partition(text, n_layers)
     if len(parts) != stages:
-        raise ValueError(f"--partition {text} has {len(parts)} stages, --stages says {stages}")
+        raise RunError(f"--partition {text} has {len(parts)} stages, --stages says {stages}", "--partition")
     return parts
 
 
