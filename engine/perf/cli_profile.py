@@ -229,8 +229,8 @@ def cmd_profile(args) -> int:
         _check_skipped(data, only, old)
     from engine import backend
     from .sweep_drift import warning
-    if warning(data.get("meta", {})):
-        print("sprint profile: warning: " + warning(data["meta"]), file=sys.stderr)
+    if said := warning(data.get("meta", {})):
+        print("sprint profile: warning: " + said, file=sys.stderr)
     prof = fit.fit_profile(data["records"], machine=args.machine, backend=backend.get_backend().name)
     prof["sweep"] = {k: v for k, v in data.get("meta", {}).items() if k != "fingerprint"}
     if data.get("meta", {}).get("fingerprint"):
