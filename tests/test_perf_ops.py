@@ -291,6 +291,12 @@ def test_no_sweep_uses_test_set_17():
     _assert_in_no_sweep(("heldout_k5r.json", "heldout_c3s.json"))
 
 
+def test_no_sweep_uses_test_set_18():
+    """Test set 18's nets (bench/specs/heldout_k5m, heldout_c3v; RESULTS
+    section 4, registered 2026-12-02 14:40 UTC) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5m.json", "heldout_c3v.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
