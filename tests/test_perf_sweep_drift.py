@@ -56,3 +56,17 @@ def test_profile_warns_when_the_host_moved_during_the_sweeps(tmp_path, monkeypat
     assert "sprint profile: warning: the host's speed moved during the sweeps" in err and "(x1.80)" in err
     import json
     assert json.loads(out.read_text())["sweep"]["part_calibrations"]["sgemm"]["after"]["wall_s"] == 1.8e-3
+
+
+def test_a_mark_keeps_the_parts_a_calibration_rescales_by(monkeypatch):
+    full = {"wall_s": 2e-3, "cpu_s": 2e-3, "u": 0.01, "n": 9, "date": "d", "kernel_s": 9e-4, "u_kernel": 0.02,
+            "python_s": 1.1e-3, "u_python": 0.03}
+    seen = {}
+
+    def step(seconds, blocks=5, compute=True):
+        seen.update(seconds=seconds, compute=compute)
+        return dict(full)
+    monkeypatch.setattr(calibrate, "calibration_step", step)
+    got = sweep_drift.mark()
+    assert seen == {"seconds": sweep_drift.MARK_SECONDS, "compute": False}
+    assert got == {k: full[k] for k in ("wall_s", "u", "kernel_s", "u_kernel", "python_s", "u_python", "date")}

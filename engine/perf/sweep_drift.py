@@ -24,12 +24,20 @@ MARK_SECONDS = 1.0
 WARN_SPREAD = 0.2
 
 
+# What a mark keeps of its calibration: the whole workload and the kernel and
+# Python parts (the ones ``calibrate.RESCALES`` rescales by), each with its
+# uncertainty, so that the marks can be read as calibrations of the sweeps'
+# own minutes, not only as the wall time that shows the drift.
+MARK_KEYS = ("wall_s", "u", "kernel_s", "u_kernel", "python_s", "u_python", "date")
+
+
 def mark(seconds: float = MARK_SECONDS) -> dict:
-    """A short calibration (wall seconds per call of the workload, its
-    uncertainty and date): the host's speed between two sweeps."""
+    """A short calibration (wall seconds per call of the workload and of its
+    kernel and Python parts, their uncertainties and the date): the host's
+    speed between two sweeps."""
     from .calibrate import calibration_step
     c = calibration_step(seconds, blocks=3, compute=False)
-    return {k: c[k] for k in ("wall_s", "u", "date") if k in c}
+    return {k: c[k] for k in MARK_KEYS if k in c}
 
 
 def spread(meta: dict) -> tuple[float, float] | None:
