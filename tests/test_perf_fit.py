@@ -138,6 +138,56 @@ def test_a_fitted_piece_is_never_priced_below_zero():
     assert line.term("v", 1.1e4) == 0.0 and line.term("v", 1e6) > 0
 
 
+def _two_regimes():
+    """A vector op leaving a cache between 3e4 and 1e5 elements, no record in between."""
+    lo, hi = np.geomspace(1e3, 3e4, 12), np.geomspace(1e5, 3e6, 12)
+    return lo, hi, 1e-10 * lo + 1e-6, 8e-10 * hi - 1.5e-5
+
+
+def test_pieces_price_continuously_across_the_gap_between_their_records():
+    """Each piece keeps its records' range; between the lower piece's highest
+    record and the upper one's lowest the price runs straight between the two
+    pieces' values there: no jump at the cut (it was 6.5 -> 28.8 us here),
+    exact on both sides' records."""
+    lo, hi, tlo, thi = _two_regimes()
+    pieces = fit.fit_linear_pieces(np.r_[lo, hi], np.r_[tlo, thi])
+    assert len(pieces) == 2
+    assert pieces[0][3:] == pytest.approx((1e3, 3e4)) and pieces[1][3:] == pytest.approx((1e5, 3e6))
+    recs = [{"kind": "axpy", "x": float(v), "t": float(t), "std": 0.0} for v, t in zip(np.r_[lo, hi], np.r_[tlo, thi])]
+    prof = fit.fit_profile(recs + [{"kind": "axpy", "x": 5e4, "t": 3.5e-5, "holdout": True}], machine="m", cores=2)
+    P = Profile(prof)
+    assert P.terms["axpy"]["pieces"] == fit.piece_dicts(pieces)
+    for v, t in zip(np.r_[lo, hi], np.r_[tlo, thi]):
+        assert P.term("axpy", v) == pytest.approx(t, rel=1e-6) and fit.eval_pieces(pieces, v) == P.term("axpy", v)
+    cut, eps = pieces[0][0], 1e-9
+    for edge in (3e4, cut, 1e5):
+        assert P.term("axpy", edge * (1 + eps)) == pytest.approx(P.term("axpy", edge * (1 - eps)), rel=1e-6)
+    y0, y1 = 1e-10 * 3e4 + 1e-6, 8e-10 * 1e5 - 1.5e-5
+    assert P.term("axpy", 6.5e4) == pytest.approx(y0 + (y1 - y0) * 3.5e4 / 7e4, rel=1e-9)
+    assert fit.eval_pieces(pieces, 6.5e4) == P.term("axpy", 6.5e4)
+    # the held-out record in the gap is scored by that price
+    assert prof["terms"]["axpy"]["error"]["holdout"]["max"] == pytest.approx(abs(P.term("axpy", 5e4) / 3.5e-5 - 1))
+    # a calibration scales both ends' parts as it scales the lines
+    P.time_scale, P.call_scale = 1.5, 2.0
+    z0, z1 = 1.5e-10 * 3e4 + 2e-6, 1.2e-9 * 1e5 - 3e-5
+    assert P.term("axpy", 6.5e4) == pytest.approx(z0 + (z1 - z0) * 0.5, rel=1e-9)
+    assert P.term("axpy", 1e6) == pytest.approx(1.2e-9 * 1e6 - 3e-5, rel=1e-9)
+
+
+def test_pieces_without_ranges_price_as_before():
+    """A profile fitted before the pieces kept their ranges prices each piece up
+    to its cut, the jump there included."""
+    lo, hi, tlo, thi = _two_regimes()
+    pieces = fit.fit_linear_pieces(np.r_[lo, hi], np.r_[tlo, thi])
+    old = [{"upper": u, "a": a, "b": b} for u, a, b, _, _ in pieces]
+    P = Profile({"terms": {"axpy": {"a": 1e-9, "b": 0.0, "pieces": old}}})
+    cut, (a0, b0), (a1, b1) = old[0]["upper"], pieces[0][1:3], pieces[1][1:3]
+    for v in (1e2, 3e4, cut, cut + 1, 6.5e4, 1e5, 1e7):
+        want = max(0.0, a0 * v + b0 if v <= cut else a1 * v + b1)
+        assert P.term("axpy", v) == want and fit.eval_pieces([p[:3] for p in pieces], v) == want
+    assert P.term("axpy", cut + 1) - P.term("axpy", cut) > 1e-5
+
+
 def test_sgemm_grid_covers_outer_products():
     """k = 1 (an FC dW at batch 1) is its own BLAS regime: the grids sweep it."""
     from engine.perf import sweep

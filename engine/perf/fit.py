@@ -26,7 +26,8 @@ from scipy.optimize import nnls
 from engine.parallel.threads import usable_cores
 
 from .pool_cost import POOL_KINDS, fit_pool
-from .profile import FORMAT_VERSION, SGEMM_FEATURES, Profile, regime_feature, rule_matches, sgemm_features
+from .profile import (FORMAT_VERSION, SGEMM_FEATURES, Profile, piece_time, regime_feature, rule_matches,
+                      sgemm_features)
 
 SPLIT_FEATURES = ("m", "n", "k", "mn", "mk", "nk", "mnk", "min")
 # Terms fitted as a * size + b, with the record field holding the size.
@@ -205,7 +206,8 @@ def fit_linear(x, t):
 def fit_linear_pieces(x, t, max_pieces=3, min_points=6, min_gain=0.3, min_rms=0.05):
     """Piecewise a x + b: where caches make one line too stiff, split on
     log2(x) where that cuts the squared relative residual by ``min_gain``.
-    Returns [(upper x bound or None, a, b)], sorted by x."""
+    Returns [(upper x bound or None, a, b, lowest x, highest x of the piece's
+    records)], sorted by x; ``profile.piece_time`` prices them."""
     x, t = np.asarray(x, float), np.asarray(t, float)
     order = np.argsort(x)
     x, t = x[order], t[order]
@@ -243,15 +245,19 @@ def fit_linear_pieces(x, t, max_pieces=3, min_points=6, min_gain=0.3, min_rms=0.
     for i in range(len(cuts) - 1):
         _, a, b = cost(cuts[i], cuts[i + 1])
         upper = float(np.sqrt(x[cuts[i + 1] - 1] * x[cuts[i + 1]])) if cuts[i + 1] < len(x) else None
-        pieces.append((upper, a, b))
+        pieces.append((upper, a, b, float(x[cuts[i]]), float(x[cuts[i + 1] - 1])))
     return pieces
 
 
+def piece_dicts(pieces):
+    """fit_linear_pieces' tuples as a profile keeps them (a 3-tuple: no ranges)."""
+    return [dict(zip(("upper", "a", "b", "lo", "hi"), p)) for p in pieces]
+
+
 def eval_pieces(pieces, x):
-    for upper, a, b in pieces:
-        if upper is None or x <= upper:
-            return a * x + b
-    return pieces[-1][1] * x + pieces[-1][2]
+    """``Profile.term``'s price of fit_linear_pieces' pieces."""
+    got = piece_time(piece_dicts(pieces), x)
+    return got if got is not None else max(0.0, pieces[-1][1] * x + pieces[-1][2])
 
 
 def _fit_two_feature(name, fit_r, hold):
@@ -326,7 +332,7 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
         prof["terms"][name] = {"a": a, "b": b, "unit": fit_r[0].get("unit", "elements"),
                                "cv": _cv(fit_r + hold), "error": {"fit": ev(fit_r), "holdout": ev(hold)}}
         if len(pieces) > 1:
-            prof["terms"][name]["pieces"] = [{"upper": u, "a": pa, "b": pb} for u, pa, pb in pieces]
+            prof["terms"][name]["pieces"] = piece_dicts(pieces)
     ops = fit_op_terms(records)
     if ops:
         prof["ops"] = ops

@@ -49,6 +49,28 @@ def rule_matches(rule, m, n, k):
     return True
 
 
+def piece_time(pieces, x, k=1.0, kc=1.0):
+    """The price of a piecewise-linear term (``fit.fit_linear_pieces``), per-unit
+    parts by ``k`` and per-call parts by ``kc``, never below zero; None past
+    the last cut when no piece is open-ended. A piece whose records' range
+    (``lo``, ``hi``) was kept prices that range and beyond the outer ones;
+    between two pieces' records the price runs straight from the lower
+    piece's at its highest record to the upper piece's at its lowest: no jump
+    at the cut. Pieces without ranges (profiles fitted before) each price up
+    to their cut."""
+    def line(p, v):
+        return k * p["a"] * v + kc * p["b"]
+    for lower, upper in zip(pieces, pieces[1:]):
+        x0, x1 = lower.get("hi"), upper.get("lo")
+        if x0 is not None and x1 is not None and x0 < x < x1:
+            y0, y1 = line(lower, x0), line(upper, x1)
+            return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    for p in pieces:
+        if p["upper"] is None or x <= p["upper"]:
+            return max(0.0, line(p, x))
+    return None
+
+
 # The profile format this code writes (fit.fit_profile) and reads.
 FORMAT_VERSION = 1
 
@@ -178,16 +200,17 @@ class Profile(HostSharing):
             return pool_time(t, name, size, k, kc)
         if "c" in t:
             return k * (t["a"] * x + t["c"] * x2) + kc * t["b"]
-        for piece in t.get("pieces", ()):
-            if piece["upper"] is None or x <= piece["upper"]:
-                # A piece past the first is fitted to its own records, a negative intercept
-                # allowed (fit_linear_pieces), and priced from the cut below them: in that gap
-                # its line may cross zero (the shipped sub between its cut at 49,152 elements
-                # and 79,300: UpdateMomentum of digits on 2 nodes at -12 us), as may a line
-                # whose per-call part a calibration scales more than its per-unit part. A time
-                # is never negative. (Holding the fit above zero at the cut instead moved the
-                # cut of axpy in most saved record sets and halved its price at 24-32 K.)
-                return max(0.0, k * piece["a"] * x + kc * piece["b"])
+        # A piece past the first is fitted to its own records, a negative intercept allowed
+        # (fit_linear_pieces). Priced where piece_time prices it with the records' ranges
+        # (on its range, past the last), it is above zero; priced from the cut, as profiles
+        # without them are, its line may cross zero in the gap (cpu_test18's sub between its cut at 49,152
+        # elements and 79,300: UpdateMomentum of digits on 2 nodes at -12 us), as may a line
+        # whose per-call part a calibration scales more than its per-unit part. A time is
+        # never negative (piece_time). (Holding the fit above zero at the cut instead moved
+        # the cut of axpy in most saved record sets and halved its price at 24-32 K.)
+        got = piece_time(t["pieces"], x, k, kc) if t.get("pieces") else None
+        if got is not None:
+            return got
         return k * t["a"] * x + kc * t["b"]
 
     def cv(self, name) -> float:
