@@ -137,3 +137,20 @@ def test_stages_that_need_another_job_size_say_the_ranks_in_words(n_ranks, said)
     with pytest.raises(ValueError) as e:
         options(cfg, n_ranks)
     assert str(e.value) == f"--stages 2 x --replicas 1 needs mpiexec -n 2, {said}"
+
+
+def test_a_pipeline_run_parses_its_partition_once(tmp_path, capsys, monkeypatch):
+    """--partition was parsed and checked in options() and again in
+    choose_partition(); options() now returns the ranges the run uses."""
+    import json
+    from engine import cli
+    from engine.parallel import stage
+    calls = []
+    parse = stage.parse_partition
+    monkeypatch.setattr(stage, "parse_partition", lambda text, n: calls.append(text) or parse(text, n))
+    monkeypatch.setenv("SPRINT_DEVICE", "cpu")
+    run = tmp_path / "run"
+    assert cli.main(["train", "--parallel", "pipeline", "--stages", "1", "--partition", "0:4", "--epochs", "1",
+                     "--out", str(run), "--no-progress", "--quiet"]) == 0, capsys.readouterr().err
+    assert calls == ["0:4"]
+    assert json.loads((run / "pipeline_stats.json").read_text())["partition"] == "0:4"

@@ -81,8 +81,10 @@ def extra_from_args(args) -> dict:
 
 
 def options(cfg, n_ranks, spec=None):
-    """(K, D, schedule, M, predict) from cfg.extra, checked (against ``spec``'s
-    layers too, when given)."""
+    """(K, D, schedule, M, predict, parts) from cfg.extra, checked; ``parts``:
+    --partition's ranges, parsed and checked against --stages and ``spec``'s
+    layers when ``spec`` is given (None when not given, or without ``spec``):
+    the one parse of --partition, which choose_partition takes."""
     extra = {k: v for k, v in (cfg.extra or {}).items() if v is not None}
     # a 0 given is an error below, not "unset"
     D = int(extra.get("replicas", 1))
@@ -91,9 +93,10 @@ def options(cfg, n_ranks, spec=None):
     K = int(extra.get("stages", max(1, n_ranks // max(D, 1))))
     if K < 1 or D < 1:
         raise ValueError(f"--stages and --replicas must be >= 1 (got {K} and {D})")
+    parts = None
     if spec is not None:
         # the net first: `--stages 9` on a 4-layer net asked for mpiexec -n 9, which then refused it
-        given_partition(cfg, spec, K)
+        parts = given_partition(cfg, spec, K)
     if K * D != n_ranks:
         why = f"--stages {K} x --replicas {D} needs mpiexec -n {K * D}, not {counted(n_ranks, 'rank')}"
         if cfg.resume:          # the user gave neither: the run saved them
@@ -105,7 +108,7 @@ def options(cfg, n_ranks, spec=None):
     M = int(extra.get("microbatches", 4))
     if M < 1 or M > cfg.batch:
         raise ValueError(f"--microbatches must be between 1 and --batch ({cfg.batch}), got {M}")
-    return K, D, str(extra.get("schedule") or "gpipe"), M, str(extra.get("predict") or "none")
+    return K, D, str(extra.get("schedule") or "gpipe"), M, str(extra.get("predict") or "none"), parts
 
 
 def given_partition(cfg, spec, K):
@@ -115,21 +118,20 @@ def given_partition(cfg, spec, K):
     return stage_ranges((cfg.extra or {}).get("partition"), K, len(layers(spec)), spec.name)
 
 
-def choose_partition(cfg, spec, K, manifest=None):
-    """--partition, else (resuming) the one the stage files hold, else the
-    balanced one."""
+def choose_partition(given, spec, K, batch, manifest=None):
+    """``given`` (--partition as options() parsed it), else (resuming) the
+    one the stage files hold, else the balanced one for mini-batch ``batch``."""
     from engine.spec import layers
     from .pipeline_ckpt import manifest_partition
-    parts = given_partition(cfg, spec, K)
-    if parts:
-        return parts
+    if given:
+        return given
     n = len(layers(spec))
     saved = manifest_partition(manifest, K, n) if manifest else None
     if saved:
         return saved
     try:
         from engine.perf.pipeline import balanced_partition
-        return balanced_partition(spec, K, cfg.batch)
+        return balanced_partition(spec, K, batch)
     except ImportError:
         return even_partition(n, K)
 
@@ -150,13 +152,13 @@ def _train(s, cfg, comm):
     from engine.optim import SGD, make_schedule
     from .runner import ranks_agree_or_refuse
 
-    K, D, schedule, M, predict = options(cfg, comm.size, s.spec)
+    K, D, schedule, M, predict, given = options(cfg, comm.size, s.spec)
     be, spec, train_ds, test_ds, deform = s.backend, s.spec, s.train_ds, s.test_ds, s.deform
     ranks_agree_or_refuse(s, comm, cfg)
     run = s.run
     # resuming: every rank reads the small manifest, then only its own stage file
     manifest = _ck.on_every_rank(comm, lambda: _ck.read_manifest(run)) if cfg.resume else None
-    parts = choose_partition(cfg, spec, K, manifest)
+    parts = choose_partition(given, spec, K, cfg.batch, manifest)
     comm.check_agreement("partition", format_partition(parts))
     k, d = comm.rank % K, comm.rank // K
     if s.gpu and comm.size > 1:
