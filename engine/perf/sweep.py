@@ -122,11 +122,10 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
     """
     cfg = mode_config(quick)
     applied = set_threads(threads)
-    from engine import backend as _be
-    use_clock("cpu" if (threads == 1 and _be.get_backend().name == "cpu") else "wall")
-    skipped = []
     from engine import backend
     be = backend.get_backend()
+    use_clock("cpu" if (threads == 1 and be.name == "cpu") else "wall")
+    skipped = []
     steps = _steps(cfg, skipped, be)
     chosen = selection(be.name, only, allreduce, contention)
     names = [n for n in steps if n in chosen]
@@ -138,9 +137,10 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
     recs, done = [], []
     t0 = time.perf_counter()
     # The host's speed between sweeps (sweep_drift): how far it moved while
-    # the sweeps ran, kept with the records. CPU backend only.
+    # the sweeps ran, kept with the records. CPU backend only: ``last``, the
+    # mark before the next sweep (first the start's calibration), too.
     marks = be.name == "cpu"
-    last = {k: v for k, v in (fp.get("calibration") or {}).items() if k in ("wall_s", "u", "date")}
+    last = {k: v for k, v in (fp.get("calibration") or {}).items() if k in ("wall_s", "u", "date")} if marks else None
     parts = {}
 
     def result(ran, after=True):
