@@ -114,7 +114,7 @@ def register(sub):
 
     p = sub.add_parser("info", help="layer table of a model (without one: the presets)")
     p.add_argument("model", nargs="?", default=None, help="preset name or spec file (omit to list the presets)")
-    p.add_argument("--batch", type=positive_int, default=1, help="batch size for the FLOP columns")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch size for the FLOP columns (default 1)")
     from .perf.pipeline import add_info_options
     add_info_options(p)           # --stages K: the pipeline partition, per-stage time, memory, bubble
     p.set_defaults(func=cmd_info)

@@ -259,6 +259,28 @@ def test_every_train_and_eval_option_has_help():
                 assert a.help and a.help.strip(), f"sprint {name} {a.option_strings or a.dest} has no help"
 
 
+def test_every_option_with_a_default_says_it_in_its_help():
+    """sprint predict --help did not say --microbatches 4, --servers 1 or
+    --history 10 (nor simulate, tune, plan, profile and info several of
+    theirs); a strategy's option (engine.perf.strategies) each owner's."""
+    import argparse
+    from engine.cli import build_parser
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for name, p in sub.choices.items():
+        owned = (p.get_default("strategy_options") or {}).get("default", {})
+        for a in p._actions:
+            if not a.option_strings or a.nargs == 0:
+                continue
+            defaults = ([d[a.dest] for d in owned.values() if a.dest in d] if a.default is argparse.SUPPRESS
+                        else [a.default])
+            for d in defaults:
+                said = f"{d:g}" if isinstance(d, float) else str(d)
+                if d is not None and not ("default" in (a.help or "") and said in a.help):
+                    missing.append(f"sprint {name} {max(a.option_strings, key=len)} {said}")
+    assert not missing, missing
+
+
 def test_the_workers_help_names_the_strategies_that_take_worker_threads():
     """It said "parallel strategies only"; the pipelines, Downpour, Sandblaster
     and layer-wise refuse --workers."""

@@ -52,12 +52,12 @@ def add_train_options(p):
     g.add_argument("--stages", type=positive_int, default=None,
                    help="pipeline stages K (default: the number of ranks / D)")
     g.add_argument("--replicas", type=positive_int, default=None,
-                   help="data-parallel copies D of every stage (K*D ranks)")
+                   help="data-parallel copies D of every stage (K*D ranks; default 1)")
     g.add_argument("--pipe-schedule", dest="pipe_schedule", choices=SCHEDULES, default=None,
                    help="gpipe (default), 1f1b (PipeDream) or dualpipe (the seed's)")
     g.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches M per mini-batch (default 4)")
     g.add_argument("--predict", choices=PREDICT, default=None,
-                   help="weights a pass uses: none (live), stash (PipeDream), spectrain (predicted)")
+                   help="weights a pass uses: none (live; the default), stash (PipeDream), spectrain (predicted)")
     g.add_argument("--partition", default=None, help="layer ranges per stage, e.g. 0:2,2:4 (default: balanced "
                                                      "by the performance model)")
 

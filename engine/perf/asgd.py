@@ -16,12 +16,12 @@ from engine.errors import counted
 def add_cli_arguments(p):
     p.add_argument("--impl", choices=["engine", "seed"], default="engine",
                    help="engine: this engine's ASGD (swaps, updater waits for a gradient); "
-                        "seed: the seed's copies and free-running updater")
+                        "seed: the seed's copies and free-running updater (default engine)")
 
 
 def add_simulate_arguments(p):
-    p.add_argument("--updates", type=positive_int, default=400, help="global updates to simulate")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the simulated step times")
+    p.add_argument("--updates", type=positive_int, default=400, help="global updates to simulate (default 400)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the simulated step times (default 0)")
     p.add_argument("--cv", type=float, default=None, help="spread of every step (default: measured)")
 
 

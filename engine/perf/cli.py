@@ -45,23 +45,24 @@ def _config_args(p, need_config=True):
         p.add_argument("--nodes", type=positive_int, default=None,
                        help="N_Node (MPI ranks); required unless the strategy's options say it (pipeline: "
                             "--stages x --replicas)")
-        p.add_argument("--workers", type=positive_int, default=1, help="N_GPU (workers per node)")
+        p.add_argument("--workers", type=positive_int, default=1, help="N_GPU (workers per node; default 1)")
         p.add_argument("--subbatch", type=positive_int, required=True, help="N_Subbatch (samples per worker step)")
     p.add_argument("--profile", default=None, help="machine profile JSON (default: the shipped one)")
-    p.add_argument("--n-file", type=positive_int, default=None, help="training samples per epoch")
+    p.add_argument("--n-file", type=positive_int, default=None, help="training samples per epoch (default: the preset's training set, e.g. 50000 for "
+                        "cifar; 50000 for other nets)")
     p.add_argument("--ranks-per-host", type=positive_int, default=1,
-                   help="ranks sharing one host's cores (CPU profiles; N_Node on one machine)")
+                   help="ranks sharing one host's cores (CPU profiles; N_Node on one machine; default 1)")
     p.add_argument("--host-load", type=positive_float, default=None,
                    help="CPU profiles: how much slower the host steps a net now than when the profile "
                         "was swept (1 = as then; older profiles: wall/CPU time of an undisturbed step)")
     p.add_argument("--threads", type=positive_int, default=1,
-                   help="BLAS/OpenMP threads per worker (the runner uses 1); ranks-per-host x workers x "
+                   help="BLAS/OpenMP threads per worker (default 1, as the runner uses); ranks-per-host x workers x "
                         "threads beyond the cores is priced only where the profile measured that sharing")
     p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                    help="skip the few-second calibration that checks the profile describes this machine "
                         "(and rescales its times when it does not)")
     p.add_argument("--calibrate-seconds", type=positive_float, default=calibrate.SECONDS,
-                   help="length of that calibration")
+                   help=f"length of that calibration in seconds (default {calibrate.SECONDS:g})")
     p.add_argument("--measure-layers", action="store_true",
                    help="time the net's own layer passes here (one thread, about half a second per "
                         "N_Subbatch) and price ComputeGradient by them instead of the fitted per-layer "
@@ -212,7 +213,7 @@ def _parallel_option(p, command):
                    choices=strategies.names(), default="asgd",
                    help="parallel strategy whose cost model " + ("predicts" if command == "predict" else
                                                                  "is simulated") +
-                        " (engine.perf.strategies; --strategy is the older name)")
+                        " (default asgd; engine.perf.strategies; --strategy is the older name)")
     p.set_defaults(strategy_options=strategies.add_options(p, command))
 
 
@@ -234,16 +235,16 @@ def register(sub):
     p.add_argument("--parallel", "--strategy", dest="strategy", choices=("asgd",), default="asgd",
                    type=_strategy_name("tune", ("asgd",), "searches asgd configurations only (its target is "
                                        "ASGD's N_Minibatch_avg)", "ranks"),
-                   help="asgd, the one strategy tune searches (sprint plan ranks the others)")
+                   help="asgd (the default), the one strategy tune searches (sprint plan ranks the others)")
     p.add_argument("--target-minibatch", type=positive_float, required=True,
                    help="N_Minibatch_avg to reach (samples per global update)")
     p.add_argument("--tolerance", type=float, default=0.05,
                    help="relative band around the target a configuration must fall in (default 0.05)")
-    p.add_argument("--max-nodes", type=positive_int, default=64, help="largest N_Node searched")
-    p.add_argument("--workers", type=positive_int, default=1, help="N_GPU, fixed")
+    p.add_argument("--max-nodes", type=positive_int, default=64, help="largest N_Node searched (default 64)")
+    p.add_argument("--workers", type=positive_int, default=1, help="N_GPU, fixed (default 1)")
     p.add_argument("--max-workers", type=positive_int, default=None, help="search N_GPU in 1..this instead")
-    p.add_argument("--max-subbatch", type=positive_int, default=256, help="largest N_Subbatch searched")
-    p.add_argument("--top", type=positive_int, default=5, help="rows to show (the fastest qualifying first)")
+    p.add_argument("--max-subbatch", type=positive_int, default=256, help="largest N_Subbatch searched (default 256)")
+    p.add_argument("--top", type=positive_int, default=5, help="rows to show, the fastest qualifying first (default 5)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("simulate", help="discrete-event simulation of a parallel strategy beside its closed "

@@ -271,5 +271,6 @@ def register(sub):
                         "machine's calibration, measured now) and write them into PROFILE "
                         "(or --out); with --from-records: refit them from saved records")
     p.add_argument("--calibrate-seconds", type=positive_float, default=calibrate.SECONDS,
-                   help="length of each of the two calibrations of --update --only calibration")
+                   help=f"length in seconds of each of the two calibrations of --update --only calibration "
+                        f"(default {calibrate.SECONDS:g})")
     p.set_defaults(func=cmd_profile)

@@ -322,23 +322,27 @@ def format_simulation(sim: dict, explain_terms: bool = False, **_ignored) -> str
 # ---- `sprint predict | simulate --parallel downpour` ----------------------------
 def add_cli_arguments(parser):
     add_server_arguments(parser)
-    add_once(parser, "--fetch-every", type=positive_int, default=1, help="downpour: replicas fetch every n steps")
-    add_once(parser, "--push-every", type=positive_int, default=1, help="downpour: replicas push every n steps")
+    add_once(parser, "--fetch-every", type=positive_int, default=1,
+             help="downpour: replicas fetch every n steps (default 1)")
+    add_once(parser, "--push-every", type=positive_int, default=1,
+             help="downpour: replicas push every n steps (default 1)")
     add_once(parser, "--server-opt", choices=sorted(APPLY_PASSES), default="adagrad",
-             help="downpour: the servers' optimizer")
+             help="downpour: the servers' optimizer (default adagrad)")
 
 
 def add_server_arguments(parser):
     """The options both DistBelief models take."""
-    add_once(parser, "--servers", type=positive_int, default=1, help="downpour, sandblaster: parameter-server ranks S")
+    add_once(parser, "--servers", type=positive_int, default=1,
+             help="downpour, sandblaster: parameter-server ranks S (default 1)")
     add_once(parser, "--round-trip", type=float, default=None,
              help="downpour, sandblaster: seconds from a request to its reply beyond the copies "
                   "(default: one polling interval, an idle host; bench/distbelief_bench.py measures it)")
 
 
 def add_simulate_arguments(parser):
-    add_once(parser, "--steps", type=positive_int, default=40, help="downpour: simulated steps per replica")
-    add_once(parser, "--seed", type=nonneg_int, default=0)
+    add_once(parser, "--steps", type=positive_int, default=40,
+             help="downpour: simulated steps per replica (default 40)")
+    add_once(parser, "--seed", type=nonneg_int, default=0, help="seed of the simulated steps (default 0)")
     add_once(parser, "--cv", type=float, default=None, help="spread of every step (default: measured)")
 
 

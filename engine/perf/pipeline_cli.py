@@ -23,16 +23,18 @@ def add_cli_arguments(p):
     """Options of ``sprint predict|simulate --parallel pipeline``."""
     p.add_argument("--stages", type=positive_int, default=None,
                    help="pipeline stages K (default: --nodes / --replicas)")
-    p.add_argument("--replicas", type=positive_int, default=1, help="data-parallel copies D of every stage (K*D ranks)")
-    p.add_argument("--microbatches", type=positive_int, default=4, help="micro-batches M per mini-batch (--subbatch)")
+    p.add_argument("--replicas", type=positive_int, default=1,
+                   help="data-parallel copies D of every stage (K*D ranks; default 1)")
+    p.add_argument("--microbatches", type=positive_int, default=4,
+                   help="micro-batches M per mini-batch (--subbatch; default 4)")
     # no learning-rate schedule here: --schedule is free, as in sprint info
     p.add_argument("--pipe-schedule", "--schedule", dest="pipe_schedule", choices=SCHEDULES, default="gpipe",
                    help="gpipe (default), 1f1b (PipeDream) or dualpipe (the seed's)")
     p.add_argument("--predict", dest="predict_mode", choices=PREDICT, default="none",
-                   help="weights a pass uses; stash and spectrain add their copies to the passes")
+                   help="weights a pass uses (default none); stash and spectrain add their copies to the passes")
     p.add_argument("--partition", default=None, help="layer ranges per stage, e.g. 0:2,2:4 (default: balanced)")
     p.add_argument("--overlap", type=float, default=0.0,
-                   help="share of the shorter pass of a dualpipe pair hidden under the longer (0: CPU ranks; "
+                   help="share of the shorter pass of a dualpipe pair hidden under the longer (default 0, CPU ranks; "
                         "up to 1 with two GPU streams)")
     p.add_argument("--executor", default=None, metavar="JSON",
                    help="the executor's costs beyond the kernels (per pass, per instruction, core sharing) "
@@ -40,9 +42,9 @@ def add_cli_arguments(p):
 
 
 def add_simulate_arguments(p):
-    p.add_argument("--updates", type=positive_int, default=50, help="mini-batches to simulate")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the drawn pass durations")
-    p.add_argument("--cv", type=float, default=0.0, help="spread (coefficient of variation) of every pass")
+    p.add_argument("--updates", type=positive_int, default=50, help="mini-batches to simulate (default 50)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the drawn pass durations (default 0)")
+    p.add_argument("--cv", type=float, default=0.0, help="spread (coefficient of variation) of every pass (default 0)")
 
 
 def cli_kwargs(args) -> dict:

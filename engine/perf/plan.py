@@ -318,5 +318,5 @@ def register(sub):
                    help="skip the few-second calibration that checks a measured profile describes this machine "
                         "(and rescales it when the machine runs faster or slower now)")
     p.add_argument("--calibrate-seconds", type=positive_float, default=calibrate.SECONDS,
-                   help="length of that calibration")
+                   help=f"length of that calibration in seconds (default {calibrate.SECONDS:g})")
     p.set_defaults(func=cmd_plan)

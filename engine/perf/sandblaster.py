@@ -253,14 +253,15 @@ def add_cli_arguments(parser):
              help="sandblaster: the L-BFGS batch (default 16 slices)")
     add_once(parser, "--slice", type=positive_int, default=None,
              help="sandblaster: samples per slice (default --subbatch)")
-    add_once(parser, "--history", type=positive_int, default=10, help="sandblaster: L-BFGS pairs kept")
+    add_once(parser, "--history", type=positive_int, default=10, help="sandblaster: L-BFGS pairs kept (default 10)")
     add_once(parser, "--static", action="store_true", help="sandblaster: price the static 1/R split instead")
     add_once(parser, "--no-backup", dest="backup", action="store_false", default=True,
              help="sandblaster: no backup copies of late slices")
     add_once(parser, "--slow-rank", type=nonneg_int, default=None,
              help="downpour, sandblaster: this MPI rank (a replica) runs --slow-factor times slower")
-    add_once(parser, "--slow-factor", type=float, default=2.0, help="the factor of --slow-rank")
-    add_once(parser, "--trials", type=float, default=1.0, help="sandblaster: line-search evaluations per batch")
+    add_once(parser, "--slow-factor", type=float, default=2.0, help="the factor of --slow-rank (default 2)")
+    add_once(parser, "--trials", type=float, default=1.0,
+             help="sandblaster: line-search evaluations per batch (default 1)")
 
 
 def cli_kwargs(args) -> dict:
