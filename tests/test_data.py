@@ -56,6 +56,21 @@ def test_image_tree_resizes_labels_and_counts_the_corrupt_jpeg(tmp_path):
     assert g.x.shape == (6, 1, 5, 5)
 
 
+def test_the_decode_pool_takes_the_cores_this_process_may_use(monkeypatch):
+    """Its threads were 2 x os.cpu_count, the host's cores, where the rest of
+    the engine counts those of the affinity mask (usable_cores)."""
+    import os
+    from engine.data import tree
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(tree, "_POOL", None)        # restored after the test
+    assert tree.decode_many([], 4, "RGB") == []
+    try:
+        assert tree._POOL._max_workers == 2
+    finally:
+        tree._POOL.shutdown()
+
+
 def test_lazy_image_tree_decodes_per_batch_and_counts_once(tmp_path):
     root = _tree(tmp_path / "imgs")
     eager, _ = load_dataset(root, size=8, resize=True)

@@ -155,7 +155,9 @@ def decode_many(files, size, mode, resize=True):
     global _POOL
     if _POOL is None:
         from concurrent.futures import ThreadPoolExecutor
-        _POOL = ThreadPoolExecutor(max_workers=min(8, 2 * (os.cpu_count() or 1)),
+        from engine.parallel.threads import usable_cores
+        # the cores this process may run on (taskset, a container's CPU set), not the host's
+        _POOL = ThreadPoolExecutor(max_workers=min(8, 2 * usable_cores()),
                                    thread_name_prefix="sprint-decode")
     return list(_POOL.map(lambda f: _decode(f, size, mode, resize), files))
 
