@@ -35,7 +35,9 @@ import numpy as np
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-THREADS = int(os.environ.get("SPRINT_BENCH_THREADS", os.cpu_count() or 1))
+from engine.parallel.threads import usable_cores  # noqa: E402
+
+THREADS = int(os.environ.get("SPRINT_BENCH_THREADS", usable_cores()))
 CIFAR_LAYERS = [("conv1", 3, 64, 32), ("conv2", 64, 64, 32), ("conv3", 64, 128, 16),
                 ("conv4", 128, 128, 16), ("conv5", 128, 256, 8), ("conv6", 256, 256, 8)]
 

@@ -109,7 +109,8 @@ def main():
     ap.add_argument("--out", default="runs/gpu_strategies")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--timeout", type=int, default=90, help="seconds per job")
-    ap.add_argument("--max-ranks", type=int, default=os.cpu_count() or 1,
+    from engine.parallel.threads import usable_cores
+    ap.add_argument("--max-ranks", type=int, default=usable_cores(),
                     help="processes at once over all jobs (1 job at a time: 0)")
     ap.add_argument("--emulated", action="store_true", help="GPU jobs on the emulated GPU (a dry run)")
     ap.add_argument("--data", help="a data file for every job (default: the built-in digits)")

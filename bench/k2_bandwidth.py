@@ -24,8 +24,9 @@ def use_cpu():
     slice for its second thread; SPRINT_BENCH_THREADS=1 measures the kernels
     themselves."""
     from engine import backend
+    from engine.parallel.threads import usable_cores
     be = backend.set_backend("cpu")
-    be.ext.set_num_threads(int(os.environ.get("SPRINT_BENCH_THREADS", os.cpu_count() or 1)))
+    be.ext.set_num_threads(int(os.environ.get("SPRINT_BENCH_THREADS", usable_cores())))
     return be
 
 

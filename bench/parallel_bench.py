@@ -91,7 +91,8 @@ def bench_cifar(args):
     """Configurations are run round-robin in short slices (--rounds) and the
     medians compared, so a change in machine load hits all of them alike."""
     import statistics
-    cores = os.cpu_count() or 1
+    from engine.parallel.threads import usable_cores
+    cores = usable_cores()
     ds = synthetic_cifar(2048)
     half = max(1, cores // 2)
     configs = {

@@ -17,7 +17,6 @@ judge   -- several measure passes together: per configuration the median of
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from engine.perf import pipeline as P  # noqa: E402
 from engine.perf import pipeline_probe as PP  # noqa: E402
 from engine.perf import pipeline_sim as PS  # noqa: E402
 from engine.perf.profile import Profile  # noqa: E402
+from engine.parallel.threads import usable_cores  # noqa: E402
 
 ENV = PP.child_env()
 
@@ -249,7 +249,7 @@ def part_measure(configs=None, path=None, executor=None):
     (``executor``: a JSON overriding it) at its calibration."""
     prof = load_profile(path)
     executor = P.Executor.load(executor) if executor else P.Executor.of_profile(prof)
-    ncpu = os.cpu_count() or 1
+    ncpu = usable_cores()          # as sweep_pipeline counts them: K > cores shares
     configs = configs or FIT_RUNS + HELD_OUT_RUNS
     with tempfile.TemporaryDirectory() as tmp:
         runs = []
@@ -269,7 +269,7 @@ def judge(passes, path=None, executor=None) -> dict:
     (per stage time: (max - min) / median of its runs)."""
     prof = load_profile(path)
     executor = P.Executor.load(executor) if executor else P.Executor.of_profile(prof)
-    ncpu = passes[0].get("cpus", os.cpu_count() or 1)
+    ncpu = passes[0].get("cpus", usable_cores())
     per_pass = [[row for r in p["runs"] for row in evaluate(r, prof, executor, ncpu)] for p in passes]
     unscaled = [summarize_rows([row for r in p["runs"] for row in evaluate(r, prof, executor, ncpu, False)])
                 for p in passes]

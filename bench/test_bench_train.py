@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 from conftest import in_fresh_process as _fresh, torch_available
 
-THREADS = int(os.environ.get("SPRINT_BENCH_THREADS", os.cpu_count() or 1))
+from engine.parallel.threads import usable_cores
+
+THREADS = int(os.environ.get("SPRINT_BENCH_THREADS", usable_cores()))
 ROOT = Path(__file__).resolve().parents[1]
 BATCHES = (32, 128)
 

@@ -4,7 +4,6 @@ fits into a copy of the shipped profile, and predictions that use it. What
 is recorded and fitted, not how fast anything is (a few seconds of digits)."""
 import json
 import math
-import os
 import shutil
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 from engine import cli
 from engine.perf import pipeline as P
 from engine.perf import pipeline_probe as PP
+from engine.parallel.threads import usable_cores
 from engine.perf.profile import Profile
 
 pytestmark = [pytest.mark.mpi,
@@ -27,7 +27,7 @@ def test_profile_update_sweeps_pipelines_under_mpiexec_and_fits_the_section(tmp_
     assert cli.main(["profile", "--update", str(src), "--out", str(out), "--records", str(recs)]) == 0
     printed = capsys.readouterr()
     assert f"profile written to {out}" in printed.out
-    cores = os.cpu_count() or 1
+    cores = usable_cores()           # what sweep_pipeline counts
 
     # The records: one ping-pong table by size and one timed run per configuration.
     records = json.loads(recs.read_text())["records"]
