@@ -18,6 +18,16 @@ def prof_file(tmp_path):
     return str(p)
 
 
+def _short_calibrations(monkeypatch, seconds=0.3):
+    """``sprint profile``'s calibrations (3 s before and after the sweeps, 1 s
+    marks between them) run for real, each ``seconds`` long: what these tests
+    check does not depend on their length (two profile runs took 14 s)."""
+    from engine.perf import calibrate
+    real = calibrate.calibration_step
+    monkeypatch.setattr(calibrate, "calibration_step",
+                        lambda s=None, blocks=5, compute=True: real(seconds, blocks=3, compute=compute))
+
+
 def test_predict_prints_every_term(prof_file, capsys):
     rc = cli.main(["predict", "--model", "cnn-a", "--nodes", "16", "--workers", "4", "--subbatch", "8",
                    "--profile", prof_file])
@@ -131,7 +141,8 @@ def test_profile_refits_saved_records(tmp_path, capsys):
     assert p.sgemm(100, 100, 100, "tn") == pytest.approx(2e-10 * 1e6 + 1e-6, rel=1e-3)
 
 
-def test_profile_reruns_only_the_named_sweeps_and_keeps_the_rest(tmp_path, capsys):
+def test_profile_reruns_only_the_named_sweeps_and_keeps_the_rest(tmp_path, capsys, monkeypatch):
+    _short_calibrations(monkeypatch)
     recs = [{"kind": "sgemm", "trans": "nn", "m": m, "n": n, "k": k, "t": 2e-10 * m * n * k + 1e-6}
             for m in (1, 16, 256) for n in (1, 16, 256) for k in (1, 16, 256)]
     recs += [{"kind": "handover", "x": 1, "t": 123.0}, {"kind": "handover", "x": 1, "t": 456.0}]
@@ -294,6 +305,7 @@ def test_profile_says_a_sweep_that_cannot_run_and_refuses_when_none_of_only_ran(
     # profile without that section, exit 0. (mpiexec missing is refused before
     # any sweep: test_cli_odd_values.py)
     from engine.perf import cli_profile, sweep
+    _short_calibrations(monkeypatch)
 
     def broken(cfg):
         raise RuntimeError("mpiexec ended with rc 1")
