@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.parallel.threads import usable_cores
+from .host_steadiness import note as steadiness_note, window_spread
 
 # Fingerprint fields whose difference means "another machine or software":
 # each changes kernel times by itself.
@@ -179,6 +180,7 @@ def calibration_step(seconds: float = SECONDS, blocks: int = 5, compute: bool = 
         python()
     per_block = seconds / blocks
     walls, cpus, parts, n = [], [], {k: [] for k in PARTS if compute or k != "compute_s"}, 0
+    starts, pairs = [], []      # each kernel + Python call: its start and length (host_steadiness)
     if compute:
         step()
     clock = time.perf_counter
@@ -189,7 +191,10 @@ def calibration_step(seconds: float = SECONDS, blocks: int = 5, compute: bool = 
             kernel()
             t2 = clock()
             python()
-            tk, tp = tk + t2 - t1, tp + clock() - t2
+            t3 = clock()
+            tk, tp = tk + t2 - t1, tp + t3 - t2
+            starts.append(t1)
+            pairs.append(t3 - t1)
             calls += 1
         walls.append((clock() - t0) / calls)
         cpus.append((time.thread_time() - c0) / calls)
@@ -209,6 +214,8 @@ def calibration_step(seconds: float = SECONDS, blocks: int = 5, compute: bool = 
     for k, v in parts.items():
         out[k] = float(np.mean(v))
         out["u_" + k.split("_")[0]] = u(v)
+    if steady := window_spread(starts, pairs):
+        out["steadiness"] = steady
     return out
 
 
@@ -247,6 +254,8 @@ class Check:
     weights: dict = field(default_factory=dict)    # part -> how much of its ratio (in log) is applied
     bands: dict = field(default_factory=dict)      # part -> its ratio's noise band (``_noise``)
     now: dict | None = None            # the fresh calibration (check), to judge another profile by
+    # Said beside the warnings, not as one: the host's speed is unsteady (host_steadiness).
+    notes: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -389,6 +398,8 @@ def compare(stored: dict | None, now: dict | None, calibration: dict | None, sou
     elif calibration is not None:
         chk.messages.append(f"{source} has no calibration time: its speed cannot be checked against this "
                             "machine's; run `sprint profile --quick`")
+    if said := steadiness_note(calibration):
+        chk.notes.append(said)
     return chk
 
 

@@ -24,8 +24,11 @@ def _profile(args):
         prof.host_factor = {"*": float(args.host_load)}
     if getattr(args, "calibrate", True):
         from .calibrate import check
-        for msg in check(prof, seconds=args.calibrate_seconds).messages:
+        chk = check(prof, seconds=args.calibrate_seconds)
+        for msg in chk.messages:
             print(f"sprint {args.command}: warning: {msg}", file=sys.stderr)
+        for msg in chk.notes:
+            print(f"sprint {args.command}: note: {msg}", file=sys.stderr)
     if warning := prof.path_warning(args.model):
         print(f"sprint {args.command}: warning: {warning}", file=sys.stderr)
     if getattr(args, "measure_layers", False):

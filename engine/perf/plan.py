@@ -275,8 +275,11 @@ def cmd_plan(args) -> int:
     # tune and simulate do; a datasheet describes another machine by design.
     if args.calibrate and args.profile not in DATASHEETS:
         from .calibrate import check
-        for msg in check(prof, seconds=args.calibrate_seconds).messages:
+        chk = check(prof, seconds=args.calibrate_seconds)
+        for msg in chk.messages:
             print(f"sprint plan: warning: {msg}", file=sys.stderr)
+        for msg in chk.notes:
+            print(f"sprint plan: note: {msg}", file=sys.stderr)
     if hasattr(prof, "path_warning") and (warning := prof.path_warning(args.model)):
         print(f"sprint plan: warning: {warning}", file=sys.stderr)
     plan, ev, base, ranked, prof = make_plan(args.model, args.gpus, args.batch, prof)

@@ -1,0 +1,66 @@
+"""host_steadiness: a calibration's calls read in short windows, and the note
+predict and plan print when the host's speed flips between states."""
+import numpy as np
+import pytest
+
+from engine import cli
+from engine.perf import calibrate, host_steadiness as hs
+from engine.perf.profile import Profile
+
+
+def _calls(states, per_window=25, call=2e-3, seed=0):
+    """Call starts and lengths over consecutive windows, each window at the
+    speed factor ``states[i]`` (1: fast), with 3 % scatter."""
+    rng = np.random.default_rng(seed)
+    starts, times = [], []
+    for i, f in enumerate(states):
+        for j in range(per_window):
+            starts.append(i * hs.WINDOW + j * hs.WINDOW / per_window)
+            times.append(call * f * (1 + 0.03 * rng.standard_normal()))
+    return starts, times
+
+
+def test_two_states_read_as_their_ratio_and_share():
+    states = [1.0] * 12 + [1.65] * 28           # 30 % fast, in runs as on the AMD VM
+    got = hs.window_spread(*_calls(states))
+    assert got["windows"] == 40 and got["spread"] == pytest.approx(1.65, rel=0.04)
+    assert got["fast"] == pytest.approx(0.3)
+    said = hs.note({"steadiness": got})
+    assert "not steady" in said and "x1.6" in said and "30 %" in said
+
+
+def test_a_steady_host_and_a_short_calibration_say_nothing():
+    steady = hs.window_spread(*_calls([1.0] * 40))
+    assert steady["spread"] < 1.1 and hs.note({"steadiness": steady}) is None
+    assert hs.window_spread(*_calls([1.0, 1.65] * 4)) == {}       # 8 windows: too few to tell
+    assert hs.window_spread([], []) == {} and hs.note(None) is None and hs.note({}) is None
+
+
+def test_calibration_records_its_windows():
+    cal = calibrate.calibration_step(seconds=1.2, blocks=3, compute=False)
+    s = cal["steadiness"]
+    assert s["windows"] >= hs.MIN_WINDOWS and s["spread"] >= 1.0 and 0.0 <= s["fast"] <= 1.0
+    # a 0.3-s calibration (the tests') has too few windows to say anything
+    assert "steadiness" not in calibrate.calibration_step(seconds=0.3, blocks=3, compute=False)
+
+
+def test_an_unsteady_calibration_is_a_note_not_a_warning(tmp_path, capsys, monkeypatch):
+    prof = Profile.load()
+    then = prof.data["fingerprint"]["calibration"]
+    now = {k: then[k] for k in ("wall_s", "cpu_s", "kernel_s", "python_s", "compute_s") if k in then}
+    now.update(u=0.01, u_kernel=0.01, u_python=0.01, u_compute=0.01, n=100,
+               steadiness={"spread": 1.65, "fast": 0.2, "windows": 40})
+    chk = calibrate.compare(prof.data["fingerprint"], calibrate.fingerprint(), now)
+    assert len(chk.notes) == 1 and not any("steady" in m for m in chk.messages)
+    assert calibrate.compare(prof.data["fingerprint"], None, dict(now, steadiness={})).notes == []
+    monkeypatch.setattr(calibrate, "calibration_step", lambda *a, **k: dict(now))
+    path = tmp_path / "p.json"
+    prof.data["fingerprint"] = dict(prof.data["fingerprint"], **{k: v for k, v in calibrate.fingerprint().items()
+                                                                  if k != "host"})
+    prof.save(path)
+    args = ["--model", "tiny", "--nodes", "1", "--subbatch", "4", "--profile", str(path), "--json"]
+    assert cli.main(["predict"] + args) == 0
+    err = capsys.readouterr().err
+    assert "sprint predict: note: this host's speed is not steady" in err and "warning:" not in err
+    assert cli.main(["predict"] + args + ["--no-calibrate"]) == 0
+    assert capsys.readouterr().err == ""
