@@ -1,5 +1,6 @@
 """sweep_drift: the host's speed marked between sweeps, kept with the records,
 and the warning when it moved beyond the calibration's noise."""
+import numpy as np
 import pytest
 
 from engine import cli
@@ -70,3 +71,42 @@ def test_a_mark_keeps_the_parts_a_calibration_rescales_by(monkeypatch):
     got = sweep_drift.mark()
     assert seen == {"seconds": sweep_drift.MARK_SECONDS, "compute": False}
     assert got == {k: full[k] for k in ("wall_s", "u", "kernel_s", "u_kernel", "python_s", "u_python", "date")}
+
+
+def _reading(wall, kernel, python):
+    return {"wall_s": wall, "kernel_s": kernel, "python_s": python, "u": 0.01, "date": "d"}
+
+
+def test_sweep_reference_weights_the_closing_calibrations_and_the_marks_by_their_seconds():
+    cal = dict(_reading(2.0e-3, 1.0e-3, 1.0e-3), compute_s=0.05, u_compute=0.02, drift=0.0,
+               before=_reading(2.0e-3, 1.0e-3, 1.0e-3), after=_reading(2.0e-3, 1.0e-3, 1.0e-3))
+    meta = {"part_calibrations": {"a": {"after": _reading(3.0e-3, 1.5e-3, 1.5e-3)},
+                                  "b": {"after": _reading(3.0e-3, 1.5e-3, 1.5e-3)},
+                                  "old": {"after": {"wall_s": 9e-3, "u": 0.01}}}}     # no parts: left out
+    ref = sweep_drift.sweep_reference(cal, meta)
+    # (3 x 2 + 3 x 2 + 1 x 3 + 1 x 3) / 8 = 2.25 ms; its parts the same way
+    assert ref["wall_s"] == pytest.approx(2.25e-3) and ref["kernel_s"] == pytest.approx(1.125e-3)
+    assert ref["python_s"] == pytest.approx(1.125e-3) and ref["marks"] == 2
+    assert ref["compute_s"] == 0.05 and ref["u_compute"] == 0.02           # the marks do not time it
+    assert ref["drift"] == pytest.approx(0.5e-3 / 2.25e-3)                 # half the readings' range
+    sd = np.sqrt((6 * 0.25 ** 2 + 2 * 0.75 ** 2) / 8) * 1e-3              # weighted sd of the walls
+    n_eff = 8 ** 2 / (9 + 9 + 1 + 1)
+    assert ref["u"] == pytest.approx(sd / 2.25e-3 / np.sqrt(n_eff))
+    assert sweep_drift.sweep_reference(cal, {}) is None
+    assert sweep_drift.sweep_reference({"wall_s": 2e-3}, meta) is None     # no before/after to fold them into
+
+
+def test_profile_stores_the_sweep_reference_as_its_calibration(tmp_path, monkeypatch, capsys):
+    import json
+    ends = _reading(2.0e-3, 1.0e-3, 1.0e-3)
+    fp = dict(calibrate.fingerprint(), calibration=dict(ends, before=ends, after=ends, drift=0.0, n=9, cpu_s=2e-3))
+    recs = {"records": [{"kind": "sgemm", "t": 1e-5 * (i + 1), "std": 1e-7, "m": 2 ** (i % 5), "n": 2 ** (i % 3),
+                         "k": 2 ** (i % 4), "trans": "nn", "holdout": False} for i in range(40)],
+            "meta": {"fingerprint": fp, "part_calibrations": {"sgemm": {"before": ends,
+                                                                         "after": _reading(3e-3, 1.5e-3, 1.5e-3)}}}}
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(recs))
+    out = tmp_path / "p.json"
+    assert cli.main(["profile", "--from-records", str(src), "--out", str(out)]) == 0
+    cal = json.loads(out.read_text())["fingerprint"]["calibration"]
+    assert cal["wall_s"] == pytest.approx((6 * 2e-3 + 3e-3) / 7) and cal["marks"] == 1

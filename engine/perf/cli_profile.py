@@ -228,13 +228,16 @@ def cmd_profile(args) -> int:
             _write_json(args.records, data)
         _check_skipped(data, only, old)
     from engine import backend
-    from .sweep_drift import warning
+    from .sweep_drift import sweep_reference, warning
     if said := warning(data.get("meta", {})):
         print("sprint profile: warning: " + said, file=sys.stderr)
     prof = fit.fit_profile(data["records"], machine=args.machine, backend=backend.get_backend().name)
     prof["sweep"] = {k: v for k, v in data.get("meta", {}).items() if k != "fingerprint"}
-    if data.get("meta", {}).get("fingerprint"):
-        prof["fingerprint"] = data["meta"]["fingerprint"]
+    if fp := data.get("meta", {}).get("fingerprint"):
+        # The records were measured over the whole sweep: their calibration is
+        # the marks' with the closing one (sweep_drift.sweep_reference).
+        ref = sweep_reference(fp.get("calibration") or {}, data["meta"])
+        prof["fingerprint"] = dict(fp, calibration=ref) if ref else fp
     prof["skipped"] = data.get("skipped", [])
     _fit_pipeline(prof, data["records"])
     out = args.out or "profile.json"

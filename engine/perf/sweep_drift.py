@@ -18,6 +18,8 @@ moved, not to correct it.
 """
 from __future__ import annotations
 
+import numpy as np
+
 MARK_SECONDS = 1.0
 # Marks further apart than this (max / min - 1) get the warning: twice the
 # calibration's own noise floor (calibrate.MIN_NOISE).
@@ -56,3 +58,38 @@ def warning(meta: dict) -> str | None:
     return (f"the host's speed moved during the sweeps: the calibration between them ran {1e3 * s[0]:.2f}-"
             f"{1e3 * s[1]:.2f} ms (x{s[1] / s[0]:.2f}); the fits carry that noise, and a profile swept on a "
             "quieter host (or at a quieter time) predicts better. bench/host_states.py shows the host's states")
+
+
+def readings(meta: dict) -> list[dict]:
+    """The marks taken after each sweep that timed the kernel and Python parts
+    (``MARK_KEYS``; marks written before they did are left out)."""
+    return [m for p in (meta.get("part_calibrations") or {}).values() for m in (p.get("after") or {},)
+            if all(m.get(k) for k in ("wall_s", "kernel_s", "python_s"))]
+
+
+def sweep_reference(cal: dict, meta: dict) -> dict | None:
+    """The calibration the profile's records were measured at: the sweep's
+    closing calibration ``cal`` (before and after merged,
+    ``calibrate.merge_calibrations``) with the marks between the sweeps
+    folded in, each reading weighted by the seconds its kernel and Python
+    parts ran (3 for ``before`` and ``after``, 1 for a mark). ``u`` and the
+    parts' uncertainties become the weighted mean's standard error over the
+    readings, ``drift`` their spread's half-range relative to the mean
+    (the before/after drift reads two of them only); the compute part,
+    which the marks do not time, is kept. None without marks."""
+    marks = readings(meta)
+    ends = [c for c in (cal.get("before"), cal.get("after")) if c and all(c.get(k) for k in ("wall_s", "kernel_s", "python_s"))]
+    if not marks or not ends:
+        return None
+    rows = [(3.0, c) for c in ends] + [(1.0, m) for m in marks]
+    w = np.array([r[0] for r in rows])
+    n_eff = w.sum() ** 2 / (w ** 2).sum()
+    out = dict(cal, marks=len(marks))
+    for key, u in (("wall_s", "u"), ("kernel_s", "u_kernel"), ("python_s", "u_python")):
+        x = np.array([r[1][key] for r in rows])
+        mean = float(np.average(x, weights=w))
+        sd = float(np.sqrt(np.average((x - mean) ** 2, weights=w)))
+        out[key], out[u] = mean, float(sd / mean / np.sqrt(n_eff))
+    x = np.array([r[1]["wall_s"] for r in rows])
+    out["drift"] = float((x.max() - x.min()) / 2 / out["wall_s"])
+    return out
