@@ -1,5 +1,6 @@
-"""sweep_drift: the host's speed marked between sweeps, kept with the records,
-and the warning when it moved beyond the calibration's noise."""
+"""sweep_drift and the sweeps on a host whose speed moves: the marks between
+sweeps, kept with the records, the warning when they moved beyond the
+calibration's noise, and the runner sweep's one-thread step timed beside each run."""
 import numpy as np
 import pytest
 
@@ -110,3 +111,28 @@ def test_profile_stores_the_sweep_reference_as_its_calibration(tmp_path, monkeyp
     assert cli.main(["profile", "--from-records", str(src), "--out", str(out)]) == 0
     cal = json.loads(out.read_text())["fingerprint"]["calibration"]
     assert cal["wall_s"] == pytest.approx((6 * 2e-3 + 3e-3) / 7) and cal["marks"] == 1
+
+
+def test_runner_sweep_times_the_one_thread_step_beside_each_one_by_one_run(monkeypatch):
+    """On a host flipping between speed states, one solo step before all the
+    runs was one state's sample in every pair's excess (cpu_test20)."""
+    from engine.perf import sweep_runner as sr
+    solos, order = iter([(1e-3, 1e-3), (2e-3, 2e-3), (3e-3, 3e-3)]), []
+
+    def solo(model, n):
+        order.append("solo")
+        return next(solos)
+
+    def job(model, data, n, r, w, seconds, out, timeout=300):
+        order.append(f"run {r}x{w}")
+        return {"timers": {}, "T_GPU": 1e-3, "T_Update": 1e-3, "N_Minibatch_avg": 1.0}
+    monkeypatch.setattr(sr, "_solo", solo)
+    monkeypatch.setattr(sr, "runner_job", job)
+    monkeypatch.setattr(sr, "synthetic_npz", lambda *a: None)
+    monkeypatch.setattr(sr, "runner_step_means", lambda timers: (
+        {"ComputeGradient": 4e-3, **{k: 0.0 for k in sr.WORKER_SMALL}}, {k: 0.0 for k in sr.UPDATER_WORK}))
+    recs = sr.sweep_contention_runner(sweep.mode_config(True), pairs=((1, 1), (2, 1), (3, 1)),
+                                      workloads=(("tiny", 4),), seconds=0.1)
+    assert order == ["solo", "run 1x1", "solo", "run 1x1", "run 2x1", "solo", "run 1x1", "run 3x1"]
+    assert [r["solo_wall"] for r in recs] == [1e-3, 2e-3, 3e-3]
+    assert [r["host"] for r in recs] == pytest.approx([4.0, 2.0, 4 / 3])

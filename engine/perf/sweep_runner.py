@@ -216,8 +216,15 @@ def sweep_contention_runner(cfg, pairs=((1, 1), (1, 2), (2, 1), (2, 2), (3, 1), 
             spec = None if sp.name == model else json.loads(Path(model).read_text())
             data = os.path.join(tmp, f"{sp.name}.npz")
             synthetic_npz(model, data, 200_000 if spec_mod._prod(sp.input_shape) < 1024 else 20_000)
-            solo = _solo(model, n)
             for r, w in pairs:
+                # The one-thread step is timed again beside each (1, 1) run: on a
+                # host that flips between speed states every 0.2 s to a few seconds
+                # (host_steadiness), one second of it before all the runs was a
+                # sample of one state and every pair's excess carried it
+                # (cpu_test20: 0.53 ms a step against 0.08 ms from cpu_test19c's
+                # records, tiny's T_GPU priced 40-80 % long); the fit takes the
+                # median of the pairs (fit_steps.anchor_contention).
+                solo = _solo(model, n)
                 base = one(model, data, n, 1, 1)
                 got, upd, worker, cycle = base if (r, w) == (1, 1) else one(model, data, n, r, w)
                 base = base[0]
