@@ -203,11 +203,12 @@ class Profile(HostSharing):
         # A piece past the first is fitted to its own records, a negative intercept allowed
         # (fit_linear_pieces). Priced where piece_time prices it with the records' ranges
         # (on its range, past the last), it is above zero; priced from the cut, as profiles
-        # without them are, its line may cross zero in the gap (cpu_test18's sub between its cut at 49,152
-        # elements and 79,300: UpdateMomentum of digits on 2 nodes at -12 us), as may a line
-        # whose per-call part a calibration scales more than its per-unit part. A time is
-        # never negative (piece_time). (Holding the fit above zero at the cut instead moved
-        # the cut of axpy in most saved record sets and halved its price at 24-32 K.)
+        # without them are, its line may cross zero in the gap (cpu_test18's sub between its
+        # cut at 49,152 elements and 79,300: UpdateMomentum of digits on 2 nodes at -12 us),
+        # as may a line whose per-call part a calibration scales more than its per-unit part.
+        # A time is never negative (piece_time). (Holding the fit above zero at the cut
+        # instead moved the cut of axpy in most saved record sets and halved its price at
+        # 24-32 K.)
         got = piece_time(t["pieces"], x, k, kc) if t.get("pieces") else None
         if got is not None:
             return got
