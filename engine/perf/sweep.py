@@ -130,7 +130,7 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
     chosen = selection(be.name, only, allreduce, contention)
     names = [n for n in steps if n in chosen]
     from .calibrate import calibration_step, merge_calibrations, record
-    from .sweep_drift import mark
+    from .sweep_drift import MARK_KEYS, mark
     # The machine and its speed, before and after the sweeps: what a later
     # predict checks its own calibration against.
     fp = record()
@@ -140,7 +140,7 @@ def run_all(quick=True, threads=1, allreduce=True, contention=True, log=print, o
     # the sweeps ran, kept with the records. CPU backend only: ``last``, the
     # mark before the next sweep (first the start's calibration), too.
     marks = be.name == "cpu"
-    last = {k: v for k, v in (fp.get("calibration") or {}).items() if k in ("wall_s", "u", "date")} if marks else None
+    last = {k: v for k, v in (fp.get("calibration") or {}).items() if k in MARK_KEYS} if marks else None
     parts = {}
 
     def result(ran, after=True):
