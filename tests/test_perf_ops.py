@@ -299,7 +299,7 @@ def test_no_sweep_uses_test_set_18():
 
 def test_no_sweep_uses_test_set_19():
     """Test set 19's nets (bench/specs/heldout_k5s, heldout_c3u; RESULTS
-    section 4, registered 2026-12-02 18:35 UTC) are in no sweep."""
+    section 4, registered 2026-12-02 18:23 UTC) are in no sweep."""
     _assert_in_no_sweep(("heldout_k5s.json", "heldout_c3u.json"))
 
 
