@@ -527,7 +527,7 @@ def test_blas_fingerprint_does_not_depend_on_what_was_imported():
     # loaded beside NumPy's, `sprint predict` did not.
     import subprocess
     import sys
-    code = "{}from engine.perf.calibrate import _blas; print(_blas())"
+    code = "{}from engine.perf.fingerprint import _blas; print(_blas())"
     got = {subprocess.run([sys.executable, "-c", code.format(m)], capture_output=True, text=True,
                           check=True).stdout.strip() for m in ("", "import scipy.linalg; ")}
     assert len(got) == 1 and ".so" not in got.pop()

@@ -1,5 +1,25 @@
-"""SPRINT performance model: sweeps -> profile -> prediction, tuning, simulation (SPEC section 4)."""
-from .profile import Profile
-from .model import Prediction, predict, format_prediction
+"""SPRINT performance model: sweeps -> profile -> prediction, tuning, simulation (SPEC section 4).
 
-__all__ = ["Profile", "Prediction", "predict", "format_prediction"]
+The names below load on first use (PEP 562), as in ``engine/__init__.py``:
+importing a submodule (``engine.perf.pipeline`` for ``sprint info``'s options,
+which every ``sprint`` command builds) then costs that submodule alone, not
+the model and SciPy's optimizers behind it (0.5-0.7 s of each start).
+"""
+import importlib as _importlib
+import typing as _typing
+
+_LAZY = {"Profile": "profile", "Prediction": "model", "predict": "model", "format_prediction": "model"}
+
+__all__ = list(_LAZY)
+
+if _typing.TYPE_CHECKING:  # what editors and type checkers resolve; never run
+    from .model import Prediction, format_prediction, predict  # noqa: F401
+    from .profile import Profile  # noqa: F401
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'engine.perf' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"engine.perf.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

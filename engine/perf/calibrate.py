@@ -14,78 +14,17 @@ before this check existed) is reported as unverifiable.
 """
 from __future__ import annotations
 
-import os
-import platform
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.parallel.threads import usable_cores
+from .fingerprint import differing, fingerprint  # noqa: F401  (calibrate.fingerprint: the profile's and this machine's)
 from .host_steadiness import note as steadiness_note, window_spread
 
-# Fingerprint fields whose difference means "another machine or software":
-# each changes kernel times by itself.
-FINGERPRINT_KEYS = ("cpu_model", "cores", "mem_gib", "python", "numpy", "blas", "backend")
 # Below this relative difference a calibration's ratio is applied without a
 # warning (shared 2-core VM: runs of one configuration spread by 5-8 %).
 MIN_NOISE = 0.10
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _mem_gib() -> float:
-    try:
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30, 1)
-    except (ValueError, OSError, AttributeError):
-        return 0.0
-
-
-def _blas() -> str:
-    """The BLAS NumPy was built against, name and version. Not the libraries
-    loaded in this process: which of those are there depends on what was
-    imported first (SciPy brings its own OpenBLAS), so the same machine gave
-    two fingerprints."""
-    try:
-        b = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        return f"{b.get('name', '?')} {b.get('version', '?')}"
-    except Exception:       # numpy < 1.26 has no mode="dicts"
-        from engine.parallel.threads import _loaded_libs
-        libs = [p for p in _loaded_libs("openblas") if "numpy" in p]
-        return ",".join(sorted(os.path.basename(p) for p in libs)) or "unknown"
-
-
-def _same(key, a, b) -> bool:
-    # Profiles written before the BLAS was read from NumPy's build list the
-    # loaded .so files: not comparable with a name and version, so not told apart.
-    if key == "blas" and (".so" in str(a)) != (".so" in str(b)):
-        return True
-    return a == b
-
-
-def differing(stored: dict, now: dict) -> dict:
-    """The fingerprint keys on which ``stored`` (a profile's) and ``now``
-    differ: key -> (stored value, this machine's)."""
-    return {k: (stored.get(k), now.get(k)) for k in FINGERPRINT_KEYS
-            if k in stored and not _same(k, stored.get(k), now.get(k))}
-
-
-def fingerprint() -> dict:
-    """What this machine and its software are, in the fields a profile keeps."""
-    from engine import backend
-    be = backend.get_backend().name
-    return {"cpu_model": _cpu_model(), "cores": usable_cores(), "mem_gib": _mem_gib(),
-            "python": platform.python_version(), "numpy": np.__version__, "blas": _blas(), "backend": be,
-            "host": platform.node()}
 
 
 def _compute_part(rng):

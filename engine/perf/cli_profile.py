@@ -78,7 +78,8 @@ def _update_calibration(args, prof) -> int:
     kept beside it. Run right after a sweep made in several ``--only``
     parts, each of which stored only its own calibration, or to add a part
     a profile was swept without; refused for a profile of another machine."""
-    from .calibrate import PARTS, calibration_step, differing, fingerprint, merge_calibrations
+    from .calibrate import PARTS, calibration_step, merge_calibrations
+    from .fingerprint import differing, fingerprint
     if args.from_records:
         raise RunError("the calibration is measured, not refitted from records", "--from-records")
     old = prof.data.get("fingerprint") or {}

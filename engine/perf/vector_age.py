@@ -21,7 +21,6 @@ of the predicted worker cycle (``worker_cycle``). Profiles without
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import nnls
 
 from .cache_decay import refill_share
 from .layer_cost import bytes_beyond_l2
@@ -60,6 +59,7 @@ def fit_per_step(t, kern, n_par, l2_bytes, tau):
     NNLS relative to ``t``; ``tau`` None: every step cold (as before)."""
     t, kern, n_par = (np.asarray(v, float) for v in (t, kern, n_par))
     s = np.array([vector_share(n, l2_bytes, a, tau) for n, a in zip(n_par, t)])
+    from scipy.optimize import nnls   # fitting only: predictions need no SciPy import
     c, d = nnls(np.column_stack([1.0 / t, n_par * s / t]), (t - kern) / t)[0]
     return float(c), float(d)
 
@@ -140,5 +140,6 @@ def fit_vector_step(n_param, age, passes, t, l2_bytes, tau):
     beyond = np.array([bytes_beyond_l2(x, l2_bytes) if l2_bytes else 0.0 for x in n])
     share = np.array([refill_share(a, tau) if tau else 1.0 for a in age])
     a = np.column_stack([np.ones_like(n), passes * n, passes * beyond * share])
+    from scipy.optimize import nnls
     c, d, e = nnls(a / t[:, None], np.ones_like(t))[0]
     return float(c), float(d), float(e)
