@@ -67,8 +67,10 @@ def search(spec, profile=None, target: float = None, tolerance: float = 0.05, ma
                         refused.append((n, g, s, str(e)))
                     continue
                 ok = abs(p.n_minibatch_avg - target) <= tolerance * target
-                out.append(Candidate(n, g, s, p.t_epoch, p.n_minibatch_avg, p.t_gpu, p.t_update,
-                                     p.staleness, ok))
+                # Plain floats and bools: --json writes them (a numpy bool
+                # from the model's arithmetic is not JSON serializable).
+                out.append(Candidate(n, g, s, float(p.t_epoch), float(p.n_minibatch_avg), float(p.t_gpu),
+                                     float(p.t_update), float(p.staleness), bool(ok)))
     feas = sorted((c for c in out if c.feasible), key=lambda c: c.t_epoch)
     rest = sorted((c for c in out if not c.feasible), key=lambda c: abs(c.n_minibatch_avg - target))
     return feas + rest
