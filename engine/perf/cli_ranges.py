@@ -134,7 +134,8 @@ def search_warning(n_configurations: int) -> str:
     secs = n_configurations / CONFIGURATIONS_PER_S
     if not secs > SIMULATION_WARN_S:
         return ""
-    return (f"{n_configurations:,} configurations to price: about {secs / 60:.0f} min; --max-workers, "
+    when = f"{secs:.0f} s" if secs < 90 else f"{secs / 60:.0f} min"
+    return (f"{n_configurations:,} configurations to price: about {when}; --max-workers, "
             f"--max-nodes and --max-subbatch narrow the search")
 
 

@@ -35,6 +35,7 @@ from .layer_cost import (compute_gradient_terms, kernel_time, layer_kernels,  # 
 from .queueing import (_first_deposit_wait, barrier_factor, barrier_wait, binom_cdf,  # noqa: F401
                        expected_staleness, lock_wait, slice_from_excess, t_barrier, with_slice_wait)
 from .step_times import _idle_at_deposit, _means, _updater_steps, _worker_steps, wake_load_share  # noqa: F401
+from .fixed_point import mixed_step
 from .vector_age import vector_passes, worker_cycle
 from .wake_wait import wake_cycle_wait, wake_wait
 
@@ -343,30 +344,6 @@ def per_swept_run(profile, R, n_gpu, kw, name, value, accept=None, **predict_kw)
     return cache[key]
 
 
-def _mixed_step(x, fx, prev):
-    """The next (T_GPU, T_Update) of the fixed point x = F(x): the damped
-    step x + (F(x) - x) / 2, as before (the min() kinks at T_GPU = T_Update
-    can make the plain iteration oscillate; the damped map contracts),
-    extrapolated by Anderson mixing over the last step (depth 1) where that
-    leaves both times positive and the residual shrinking. The damped map
-    took 34 steps a prediction on average (tune and simulate price hundreds
-    of configurations); the mixed one reaches the same fixed point (to the
-    tolerance) in about a third. Returns (T_GPU, T_Update, state)."""
-    r = (fx[0] - x[0], fx[1] - x[1])
-    norm = math.hypot(r[0] / x[0], r[1] / x[1])
-    damped = (x[0] + 0.5 * r[0], x[1] + 0.5 * r[1])
-    if prev is not None and norm < prev[2]:
-        dx = (x[0] - prev[0][0], x[1] - prev[0][1])
-        dr = (r[0] - prev[1][0], r[1] - prev[1][1])
-        den = (dr[0] / x[0]) ** 2 + (dr[1] / x[1]) ** 2
-        if den > 0:
-            g = ((dr[0] / x[0]) * (r[0] / x[0]) + (dr[1] / x[1]) * (r[1] / x[1])) / den
-            mixed = (damped[0] - g * (dx[0] + 0.5 * dr[0]), damped[1] - g * (dx[1] + 0.5 * dr[1]))
-            if mixed[0] > 0 and mixed[1] > 0:
-                return mixed[0], mixed[1], (x, r, norm)
-    return damped[0], damped[1], (x, r, norm)
-
-
 def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=None,
              ranks_per_host: int = 1, impl: Impl = ENGINE_IMPL, staleness_offset: float = 1.0,
              tol: float = 1e-7, max_iter: int = 400, slowdown=None, wake=None, slice_wait=None) -> Prediction:
@@ -393,7 +370,11 @@ def _predict(spec, n_node: int, n_gpu: int, n_subbatch: int, profile, n_file=Non
             t_gpu, t_update = 0.5 * (t_gpu + new_gpu), 0.5 * (t_update + new_upd)
             converged = True
             break
-        t_gpu, t_update, prev = _mixed_step((t_gpu, t_update), (new_gpu, new_upd), prev)
+        # The damped step x + (F(x) - x) / 2 mixed with the last one
+        # (engine.perf.fixed_point): the same fixed point in half the steps.
+        (t_gpu, t_update), prev = mixed_step((t_gpu, t_update), (new_gpu, new_upd), prev,
+                                             scale=(t_gpu, t_update), lo=(1e-300, 1e-300))
+        t_gpu, t_update = float(t_gpu), float(t_update)
     w, p_fetch = _worker_steps(c, n_gpu, cycle(t_gpu), t_update)
     u, barrier, p_ne = _updater_steps(c, n_gpu, n_node, cycle(t_gpu), t_update)
     t_gpu, t_update = sum(w.values()), sum(u.values())

@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from .fixed_point import mixed_step
+
 
 def _trapezoid(y, h):
     """np.trapezoid(y, dx=h) of a uniform grid, without its per-call
@@ -126,6 +128,7 @@ def _first_deposit_wait(w, t_gpu, n_gpu, n_node, state=None, points=401, tol=1e-
     U, pi, dw = st.get("U", w + T / 2), st.get("pi", 1.0), st.get("dw", T / 2)
     x, h = np.linspace(0.0, T, points, retstep=True)
     own = emax = 0.0
+    prev = None
     for _ in range(200):
         lw = max(U - dw, 0.0)
         sw = np.where(lw + x < T, np.clip(1 - (lw + x) / T, 0, 1) ** (n_gpu - 1), 0.0)
@@ -135,9 +138,13 @@ def _first_deposit_wait(w, t_gpu, n_gpu, n_node, state=None, points=401, tol=1e-
         emax = _trapezoid(1 - (1 - S) ** n_node, h) if n_node > 1 else own
         new = (w + emax, float(S[0]), own / S[0] if S[0] > 0 else 0.0)
         diff = max(abs(new[0] - U) / max(U, 1e-300), abs(new[1] - pi), abs(new[2] - dw) / T)
-        U, pi, dw = 0.5 * (U + new[0]), 0.5 * (pi + new[1]), 0.5 * (dw + new[2])
-        if diff < tol:
+        if diff < 0.1 * tol:        # a tenth, as model._predict: mixed steps stop sooner
+            U, pi, dw = 0.5 * (U + new[0]), 0.5 * (pi + new[1]), 0.5 * (dw + new[2])
             break
+        # The damped step mixed with the last one (engine.perf.fixed_point).
+        (U, pi, dw), prev = mixed_step((U, pi, dw), new, prev, scale=(max(U, 1e-300), 1.0, T),
+                                       lo=(1e-300, 0.0, 0.0), hi=(math.inf, 1.0, math.inf))
+        U, pi, dw = float(U), float(pi), float(dw)
     st.update(U=U, pi=pi, dw=dw)
     return own, max(emax - own, 0.0)
 
