@@ -55,7 +55,14 @@ def test_scaled_calibration_warns_and_rescales():
     assert "rescaled by x2.50" in chk.messages[0]
     here, cal = _now(wall=0.005, cpu=0.0045)
     chk = calibrate.compare(FP, here, cal)
-    assert chk.scale == pytest.approx(0.5 ** _w(0.5)) and "cores themselves" in chk.messages[0]
+    assert chk.scale == pytest.approx(0.5 ** _w(0.5)) and "cores themselves run faster" in chk.messages[0]
+    # Wall and CPU time both x0.8: faster cores, not a load (the Xeon VM of
+    # 2026-12-02 at x0.90 was told 'other jobs load the host').
+    here, cal = _now(wall=0.008, cpu=0.008)
+    chk = calibrate.compare(FP, here, cal)
+    assert "cores themselves run faster" in chk.messages[0] and "other jobs" not in chk.messages[0]
+    here, cal = _now(wall=0.013, cpu=0.013)
+    assert "cores themselves run slower" in calibrate.compare(FP, here, cal).messages[0]
 
 
 def test_weight_shrinks_an_uncertain_ratio_more():

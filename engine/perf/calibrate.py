@@ -321,9 +321,14 @@ def compare(stored: dict | None, now: dict | None, calibration: dict | None, sou
             said = abs(ratio - 1.0) > chk.noise
         if said:
             cpu = calibration.get("cpu_s", 0) / then["cpu_s"] if then.get("cpu_s") else None
-            why = "" if cpu is None else (
-                f"; CPU time x{cpu:.2f}, so " + ("the cores themselves are slower or faster"
-                                                 if abs(cpu - 1) > chk.noise else "other jobs load the host"))
+            # Wall time beyond the CPU time is time without a core: other
+            # jobs. CPU time that moved with the wall time is the cores'
+            # own speed, either way (it said 'other jobs load the host' of
+            # a host running x0.90 in both).
+            loaded = cpu is not None and cpu > 0 and ratio > 1 and ratio / cpu > 1 + chk.noise
+            why = "" if not cpu else f"; CPU time x{cpu:.2f}, so " + (
+                "other jobs load the host" if loaded else
+                f"the cores themselves run {'faster' if cpu < 1 else 'slower'}")
             named = {"kernel": "kernels", "compute": "compute step", "python": "per-call Python"}
             how = (f"every time is rescaled by x{chk.scale:.2f}" if split is None else
                    ", ".join(f"{named[t]} x{r:.2f} (noise +-{100 * chk.bands[t]:.0f} %)"
