@@ -305,7 +305,7 @@ def test_no_sweep_uses_test_set_19():
 
 def test_no_sweep_uses_test_set_20():
     """Test set 20's nets (bench/specs/heldout_k5t, heldout_c3r; RESULTS
-    section 4, registered 2026-12-02 19:51 UTC) are in no sweep."""
+    section 4, registered 2026-12-02 19:50 UTC) are in no sweep."""
     _assert_in_no_sweep(("heldout_k5t.json", "heldout_c3r.json"))
 
 
