@@ -18,8 +18,16 @@ if _typing.TYPE_CHECKING:  # what editors and type checkers resolve; never run
 
 
 def __getattr__(name):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'engine.perf' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f"engine.perf.{_LAZY[name]}"), name)
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(f"engine.perf.{_LAZY[name]}"), name)
+    else:
+        # A submodule (engine.perf.model, .tune, ...) as an attribute, as when
+        # this package imported the model eagerly and its submodules with it.
+        try:
+            value = _importlib.import_module(f"engine.perf.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"engine.perf.{name}":
+                raise
+            raise AttributeError(f"module 'engine.perf' has no attribute {name!r}") from None
     globals()[name] = value
     return value

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .fingerprint import differing, fingerprint  # noqa: F401  (calibrate.fingerprint: the profile's and this machine's)
+from .fingerprint import differing, fingerprint
 from .host_steadiness import note as steadiness_note, window_spread
 
 # Below this relative difference a calibration's ratio is applied without a
