@@ -311,7 +311,7 @@ def test_no_sweep_uses_test_set_20():
 
 def test_no_sweep_uses_test_set_21():
     """Test set 21's nets (bench/specs/heldout_k5u, heldout_c3y; RESULTS
-    section 4, registered 2026-12-02 21:05 UTC) are in no sweep."""
+    section 4, registered 2026-12-02 21:01 UTC) are in no sweep."""
     _assert_in_no_sweep(("heldout_k5u.json", "heldout_c3y.json"))
 
 
