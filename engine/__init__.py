@@ -9,8 +9,9 @@ Names load on first use so that ``import engine`` stays fast and works
 without the compiled extension (e.g. for ``engine.spec`` only); ``dir(engine)``
 and editors still see all of them.
 """
-import importlib as _importlib
 import typing as _typing
+
+from ._lazy import lazy_names as _lazy_names
 
 # name -> (module, attribute); one table for __getattr__, __all__ and __dir__
 _LAZY = {
@@ -42,17 +43,4 @@ if _typing.TYPE_CHECKING:  # what editors and type checkers resolve; never run
     from .train import TrainConfig, evaluate, load_checkpoint  # noqa: F401
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        mod, attr = _LAZY[name]
-        value = getattr(_importlib.import_module(mod), attr)
-    elif name in _SUBMODULES:
-        value = _importlib.import_module(f"engine.{name}")
-    else:
-        raise AttributeError(f"module 'engine' has no attribute {name!r}")
-    globals()[name] = value   # later look-ups skip this function
-    return value
-
-
-def __dir__():
-    return sorted(set(__all__) | {k for k in globals() if k.startswith("__")})
+__getattr__, __dir__ = _lazy_names(__name__, globals(), _LAZY, _SUBMODULES)

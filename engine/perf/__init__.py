@@ -1,14 +1,16 @@
 """SPRINT performance model: sweeps -> profile -> prediction, tuning, simulation (SPEC section 4).
 
-The names below load on first use (PEP 562), as in ``engine/__init__.py``:
+The names below load on first use (PEP 562, ``engine._lazy``), as ``engine``'s:
 importing a submodule (``engine.perf.pipeline`` for ``sprint info``'s options,
 which every ``sprint`` command builds) then costs that submodule alone, not
 the model and SciPy's optimizers behind it (0.5-0.7 s of each start).
 """
-import importlib as _importlib
 import typing as _typing
 
-_LAZY = {"Profile": "profile", "Prediction": "model", "predict": "model", "format_prediction": "model"}
+from engine._lazy import lazy_names as _lazy_names
+
+_LAZY = {"Profile": ("engine.perf.profile", "Profile"), "Prediction": ("engine.perf.model", "Prediction"),
+         "predict": ("engine.perf.model", "predict"), "format_prediction": ("engine.perf.model", "format_prediction")}
 
 __all__ = list(_LAZY)
 
@@ -17,17 +19,6 @@ if _typing.TYPE_CHECKING:  # what editors and type checkers resolve; never run
     from .profile import Profile  # noqa: F401
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(_importlib.import_module(f"engine.perf.{_LAZY[name]}"), name)
-    else:
-        # A submodule (engine.perf.model, .tune, ...) as an attribute, as when
-        # this package imported the model eagerly and its submodules with it.
-        try:
-            value = _importlib.import_module(f"engine.perf.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"engine.perf.{name}":
-                raise
-            raise AttributeError(f"module 'engine.perf' has no attribute {name!r}") from None
-    globals()[name] = value
-    return value
+# Submodules too (engine.perf.model, .tune, ...) as attributes, as when this
+# package imported the model eagerly and its submodules with it.
+__getattr__, __dir__ = _lazy_names(__name__, globals(), _LAZY)
