@@ -352,6 +352,22 @@ def test_refill_tau_recovered_from_a_synthetic_decay():
     assert fit_refill_tau([]) is None
 
 
+def test_refill_tau_stops_at_the_longest_gap():
+    """A pass whose time climbs in a line over every gap (no bend: the decay
+    goes on beyond them) fits the longest gap, not the grid's 300 ms, which
+    priced the ages beyond the gaps by extrapolation (cpu_test22: cifar's
+    shared configurations 43-55 % long); a curve that bends inside the gaps
+    keeps its tau."""
+    from engine.perf.cache_decay import DECAY_GAPS, TAU_GRID, fit_refill_tau
+    line = [{"kind": "refill_decay", "pass": pas, "gap": g, "t": 1.5e-3 + 0.025 * g}
+            for pas in ("fwd", "bwd") for g in DECAY_GAPS]
+    assert fit_refill_tau(line) == {"fwd": max(DECAY_GAPS), "bwd": max(DECAY_GAPS)}
+    assert TAU_GRID[-1] > 4 * max(DECAY_GAPS)          # the grid alone would have gone past them
+    tau = float(TAU_GRID[np.argmin(abs(TAU_GRID - 0.02))])
+    bent = [dict(r, t=7e-4 + 6e-4 * (1 - np.exp(-r["gap"] / tau))) for r in line]
+    assert fit_refill_tau(bent) == {"fwd": tau, "bwd": tau}
+
+
 def test_cold_weights_priced_by_their_age_in_the_step():
     """Passes that pay w per cold byte times the share the caches lost since
     the step last touched them (``refill_share`` of ``pass_ages``, steps back
