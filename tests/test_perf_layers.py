@@ -366,6 +366,13 @@ def test_refill_tau_stops_at_the_longest_gap():
     tau = float(TAU_GRID[np.argmin(abs(TAU_GRID - 0.02))])
     bent = [dict(r, t=7e-4 + 6e-4 * (1 - np.exp(-r["gap"] / tau))) for r in line]
     assert fit_refill_tau(bent) == {"fwd": tau, "bwd": tau}
+    # sprint profile's fit table says which pass stopped there
+    import engine.perf.fit  # noqa: F401  (fit_report imports fit_steps, which needs fit loaded first)
+    from engine.perf.fit_report import _decay_lines
+    terms = {"fc_fwd": {"tau": tau}, "fc_bwd": {"tau": max(DECAY_GAPS)}}
+    line_out, = _decay_lines({"layer_terms": terms})
+    assert "bwd capped at the longest gap swept, 64 ms" in line_out and "fwd 20" in line_out
+    assert "capped" not in _decay_lines({"layer_terms": {"fc_bwd": {"tau": tau}}})[0]
 
 
 def test_cold_weights_priced_by_their_age_in_the_step():

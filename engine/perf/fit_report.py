@@ -39,6 +39,7 @@ def format_errors(prof: dict) -> str:
                      + (f", refill r {1e3 * t.get('r', 0.0) * 2 ** 20:.2f} ms/MiB in the L2 + s"
                         f" {1e6 * t.get('s', 0.0):.1f} us (tau {1e3 * t.get('tau', 0.0):.1f} ms)"
                         if t.get("r") or t.get("s") else ""))
+    lines += _decay_lines(prof)
     ov = prof.get("overhead", {})
     if "error" in ov and isinstance(ov["error"], dict):
         e = ov["error"]
@@ -58,3 +59,22 @@ def format_errors(prof: dict) -> str:
             for k, v in ov["runner_steps"].items()))
     lines.append("held out of each fit (never fitted): " + "; ".join(f"{k}: {v}" for k, v in HOLDOUT.items()))
     return "\n".join(lines)
+
+
+def _decay_lines(prof) -> list:
+    """The refill decay's taus per pass, and a note where one stopped at the
+    longest gap swept (``cache_decay.fit_refill_tau``): the op's time still
+    climbed there, and what the caches lose beyond it is not measured
+    (cpu_test22's backward: a line over 0-64 ms)."""
+    from .cache_decay import DECAY_GAPS
+    taus = {}
+    for key, t in (prof.get("layer_terms") or {}).items():
+        if isinstance(t, dict) and t.get("tau"):
+            taus.setdefault(key.rsplit("_", 1)[-1], float(t["tau"]))
+    if not taus:
+        return []
+    top = max(DECAY_GAPS)
+    capped = [pas for pas, tau in taus.items() if abs(tau - top) < 1e-12]
+    return ["refill decay: tau " + ", ".join(f"{pas} {1e3 * tau:.1f} ms" for pas, tau in sorted(taus.items()))
+            + (f" ({' and '.join(sorted(capped))} capped at the longest gap swept, {1e3 * top:.0f} ms: the op "
+               "still slowed there; the decay beyond it is not measured)" if capped else "")]
