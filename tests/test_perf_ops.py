@@ -317,7 +317,7 @@ def test_no_sweep_uses_test_set_21():
 
 def test_no_sweep_uses_test_set_22():
     """Test set 22's nets (bench/specs/heldout_k5v, heldout_c3z; RESULTS
-    section 4, registered 2026-12-02 22:10 UTC) are in no sweep."""
+    section 4, registered 2026-12-02 22:09 UTC) are in no sweep."""
     _assert_in_no_sweep(("heldout_k5v.json", "heldout_c3z.json"))
 
 
