@@ -129,6 +129,12 @@ def test_errors_are_messages_not_tracebacks(tmp_path):
     assert p.returncode == 2 and "--lr" in p.stderr
 
 
+def _in_fresh_python(code):
+    """Run ``code`` in a new interpreter (what a module import loads is only
+    seen from a clean ``sys.modules``); fails the test if it raises."""
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
 def test_import_engine_is_light():
     """`import engine` loads no NumPy and no extension; attributes load on use."""
     code = ("import sys, engine; assert 'numpy' not in sys.modules and 'engine._sprint_cpu' not in sys.modules; "
@@ -136,7 +142,7 @@ def test_import_engine_is_light():
             "assert callable(engine.train) and engine.Net.__name__ == 'Net' and engine.SGD.__name__ == 'SGD'; "
             "import engine.train as t; assert engine.train is t and callable(engine.train); "
             "assert engine.data.load_dataset is not None")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+    _in_fresh_python(code)
 
 
 def test_building_the_cli_loads_no_scipy_optimizers_and_perf_names_load_on_use():
@@ -149,4 +155,4 @@ def test_building_the_cli_loads_no_scipy_optimizers_and_perf_names_load_on_use()
             "import engine.perf as perf; assert perf.Profile.__name__ == 'Profile' and callable(perf.predict); "
             "assert perf.tune.__name__ == 'engine.perf.tune'; "
             "import pytest; pytest.raises(AttributeError, getattr, perf, 'no_such_name')")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+    _in_fresh_python(code)
