@@ -38,6 +38,7 @@ def lazy_names(package: str, namespace: dict, names: dict, submodules=None):
         return value
 
     def __dir__():
-        return sorted(set(namespace.get("__all__", ())) | {k for k in namespace if k.startswith("__")}
-                      | {k for k in namespace if not k.startswith("_")})
+        # The exports, what has loaded, and the dunders; not the private helpers.
+        return sorted(set(namespace.get("__all__", ()))
+                      | {k for k in namespace if k.startswith("__") or not k.startswith("_")})
     return __getattr__, __dir__
