@@ -321,6 +321,12 @@ def test_no_sweep_uses_test_set_22():
     _assert_in_no_sweep(("heldout_k5v.json", "heldout_c3z.json"))
 
 
+def test_no_sweep_uses_test_set_23():
+    """Test set 23's nets (bench/specs/heldout_k5x, heldout_c3a; RESULTS
+    section 4, registered 2026-12-02 22:53 UTC) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5x.json", "heldout_c3a.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
