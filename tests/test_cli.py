@@ -156,3 +156,19 @@ def test_building_the_cli_loads_no_scipy_optimizers_and_perf_names_load_on_use()
             "assert perf.tune.__name__ == 'engine.perf.tune'; "
             "import pytest; pytest.raises(AttributeError, getattr, perf, 'no_such_name')")
     _in_fresh_python(code)
+
+
+def test_every_perf_module_imports_first():
+    """Each engine.perf module imports on its own, first of the package (a
+    tool or a test may start anywhere): no module-level import cycle. The
+    engine's Python modules are dropped from sys.modules before each import
+    (the compiled extensions and third-party packages kept), so one
+    interpreter checks them all."""
+    code = ("import importlib, pkgutil, sys, engine.perf as p\n"
+            "names = sorted(m.name for m in pkgutil.iter_modules(p.__path__))\n"
+            "assert 'fit_steps' in names and 'fit_report' in names, names\n"
+            "for n in names:\n"
+            "    for k in [k for k in sys.modules if k.split('.')[0] == 'engine' and '_sprint' not in k]:\n"
+            "        del sys.modules[k]\n"
+            "    importlib.import_module('engine.perf.' + n)\n")
+    _in_fresh_python(code)

@@ -21,10 +21,11 @@ import platform
 import time
 
 import numpy as np
-from scipy.optimize import nnls
 
 from engine.parallel.threads import usable_cores
 
+from .nnls_fit import error_summary, nnls_relative, rel_errors  # noqa: F401  (re-exported)
+from .nnls_fit import sweep_cv as _cv
 from .pool_cost import POOL_KINDS, fit_pool
 from .profile import (FORMAT_VERSION, SGEMM_FEATURES, Profile, piece_time, regime_feature, rule_matches,
                       sgemm_features)
@@ -34,36 +35,6 @@ SPLIT_FEATURES = ("m", "n", "k", "mn", "mk", "nk", "mnk", "min")
 LINEAR_TERMS = ("im2col", "col2im", "to_nchw", "to_cnhw", "bias", "bias_grad", "relu_fwd", "relu_bwd",
                 "pool_fwd", "pool_bwd", "softmax", "copy", "add", "sub", "scale", "fill", "axpy",
                 "handover", "load", "deform", "copy_cold", "add_cold", "sub_cold", "scale_cold", "fill_cold")
-
-
-def nnls_relative(X, t, offset=None):
-    """argmin_{c >= 0} sum((X c + offset - t)/t)^2 (``offset``: a known part
-    of each time, default 0), with column scaling for conditioning."""
-    X = np.asarray(X, float)
-    t = np.asarray(t, float)
-    if X.ndim != 2 or len(X) != len(t):
-        raise ValueError("X must be (points, features) matching t")
-    if np.any(t <= 0):
-        raise ValueError("measured times must be positive")
-    A = X / t[:, None]
-    scale = np.linalg.norm(A, axis=0)
-    scale[scale == 0] = 1.0
-    rhs = np.ones(len(t)) if offset is None else 1.0 - np.asarray(offset, float) / t
-    c, _ = nnls(A / scale, rhs, maxiter=50 * X.shape[1])
-    return c / scale
-
-
-def rel_errors(pred, t):
-    pred, t = np.asarray(pred, float), np.asarray(t, float)
-    return np.abs(pred - t) / t
-
-
-def error_summary(pred, t) -> dict:
-    if len(t) == 0:
-        return {"n": 0}
-    e = rel_errors(pred, t)
-    return {"n": int(len(e)), "median": float(np.median(e)), "mean": float(np.mean(e)),
-            "p90": float(np.percentile(e, 90)), "max": float(np.max(e))}
 
 
 # -- SGEMM ------------------------------------------------------------------
@@ -284,11 +255,6 @@ def fit_allreduce(n_node, n_param, t):
 def _split(records, kind):
     rs = [r for r in records if r.get("kind") == kind and r.get("t", 0) > 0]
     return [r for r in rs if not r.get("holdout")], [r for r in rs if r.get("holdout")]
-
-
-def _cv(rs):
-    cvs = [r["std"] / r["t"] for r in rs if r.get("std") is not None and r["t"] > 0]
-    return float(np.median(cvs)) if cvs else 0.0
 
 
 def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) -> dict:

@@ -11,7 +11,7 @@ from scipy.optimize import nnls
 
 from engine import spec as spec_mod
 
-from .fit import error_summary, nnls_relative
+from .nnls_fit import error_summary, nnls_relative
 from .cache_decay import fit_refill_tau, measured_shares
 from .l2_refill import REFILL_KEYS
 from .layer_cost import (INPUT_TERM_KEYS, TERM_COLUMNS, cold_weight_bytes, fc_input_floats,

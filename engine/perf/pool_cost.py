@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 
+from .nnls_fit import error_summary, nnls_relative, sweep_cv
 from .timing import _rand, _rec
 
 POOL_KINDS = ("pool_fwd", "pool_bwd")
@@ -52,12 +53,11 @@ def pool_size(g, n) -> tuple:
 
 def fit_pool(kind, fit_r, hold) -> dict:
     """{"coef", "features", "error", ...} of ``kind`` by NNLS on relative residuals."""
-    from .fit import _cv, error_summary, nnls_relative
     X = lambda rs: np.array([pool_features(kind, r["planes"], r["h"], r["p"]) for r in rs])
     coef = nnls_relative(X(fit_r), [r["t"] for r in fit_r])
     ev = lambda rs: error_summary(X(rs) @ coef, [r["t"] for r in rs]) if rs else {"n": 0}
     return {"coef": [float(c) for c in coef], "features": list(FEATURES[kind]), "unit": "pool shape",
-            "cv": _cv(fit_r + hold), "error": {"fit": ev(fit_r), "holdout": ev(hold)}}
+            "cv": sweep_cv(fit_r + hold), "error": {"fit": ev(fit_r), "holdout": ev(hold)}}
 
 
 def pool_time(term, kind, size, scale=1.0, call_scale=1.0) -> float:
