@@ -9,12 +9,15 @@ importing ``fit`` first: a module-level cycle fit -> fit_steps -> fit made
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import nnls
 
 
 def nnls_relative(X, t, offset=None):
     """argmin_{c >= 0} sum((X c + offset - t)/t)^2 (``offset``: a known part
     of each time, default 0), with column scaling for conditioning."""
+    # SciPy's optimizers load here, where a fit runs: the modules that price
+    # a step (pool_cost, ...) import this one, and building the CLI must not
+    # pay for them (tests/test_cli.py).
+    from scipy.optimize import nnls
     X = np.asarray(X, float)
     t = np.asarray(t, float)
     if X.ndim != 2 or len(X) != len(t):
