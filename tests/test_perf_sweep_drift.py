@@ -136,3 +136,23 @@ def test_runner_sweep_times_the_one_thread_step_beside_each_one_by_one_run(monke
     assert order == ["solo", "run 1x1", "solo", "run 1x1", "run 2x1", "solo", "run 1x1", "run 3x1"]
     assert [r["solo_wall"] for r in recs] == [1e-3, 2e-3, 3e-3]
     assert [r["host"] for r in recs] == pytest.approx([4.0, 2.0, 4 / 3])
+
+
+def test_a_profile_swept_on_a_moving_host_is_noted_at_every_use(tmp_path, monkeypatch, capsys):
+    """predict (and tune, simulate, plan: the same check) says it whenever the
+    profile is read, not only once when it was swept; a steady sweep says nothing."""
+    from engine.perf.profile import Profile
+    prof = Profile.load()
+    then = prof.data["fingerprint"]["calibration"]
+    monkeypatch.setattr(calibrate, "calibration_step", lambda *a, **k: dict(then, steadiness={}))
+    prof.data["sweep"] = {"part_calibrations": {"sgemm": _part(1.01e-3, 1.2e-3), "layers": _part(1.3e-3, 1.70e-3)}}
+    said = [n for n in calibrate.check(prof, apply=False).notes if "was swept while the host's speed moved" in n]
+    assert len(said) == 1 and "1.01-1.70 ms, x1.68" in said[0] and prof.source in said[0]
+    path = tmp_path / "moved.json"
+    prof.save(path)
+    assert cli.main(["predict", "--model", "tiny", "--nodes", "1", "--subbatch", "8", "--profile", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert f"sprint predict: note: {path} was swept while the host's speed moved" in err
+    prof.data["sweep"] = {"part_calibrations": {"sgemm": _part(1.5e-3, 1.6e-3)}}
+    assert not any("swept while" in n for n in calibrate.check(prof, apply=False).notes)
+    assert sweep_drift.profile_note({}) is None

@@ -22,6 +22,7 @@ import numpy as np
 
 from .fingerprint import differing, fingerprint
 from .host_steadiness import note as steadiness_note, window_spread
+from .sweep_drift import profile_note
 
 # Below this relative difference a calibration's ratio is applied without a
 # warning (shared 2-core VM: runs of one configuration spread by 5-8 %).
@@ -366,6 +367,9 @@ def check(profile, seconds: float = SECONDS, apply: bool = True) -> Check:
         now = calibration_step(seconds, compute=has) if stored else None
         chk = compare(stored, fingerprint(), now, profile.source)
         chk.now = now
+        # The marks are the host CPU's speed during the sweeps: said for a CPU profile only.
+        if said := profile_note(profile.data.get("sweep") or {}, profile.source):
+            chk.notes.append(said)
     if apply:
         chk.apply(profile)
     return chk

@@ -63,6 +63,22 @@ def warning(meta: dict) -> str | None:
             "quieter host (or at a quieter time) predicts better. bench/host_states.py shows the host's states")
 
 
+def profile_note(meta: dict, source: str = "the profile") -> str | None:
+    """The note ``predict``/``tune``/``simulate``/``plan`` print for a
+    profile whose sweeps saw the host move (``warning``): said at every use,
+    not only once by ``sprint profile``, since that is where its times are
+    read. Set 23 (2026-12-06, bench/RESULTS.md section 4) was judged on
+    such a profile (marks x1.68 apart) and missed T_GPU by 15 %, its runs
+    spreading by 27 % from one to the next."""
+    s = spread(meta)
+    if s is None or s[1] / s[0] - 1 <= WARN_SPREAD:
+        return None
+    return (f"{source} was swept while the host's speed moved (its calibrations between the sweeps ran "
+            f"{1e3 * s[0]:.2f}-{1e3 * s[1]:.2f} ms, x{s[1] / s[0]:.2f}): its times, and so these predictions, "
+            "are a mix of the host's states; `sprint profile --quick` at a quieter time measures a steadier one "
+            "(bench/host_states.py shows the states)")
+
+
 def readings(meta: dict) -> list[dict]:
     """The marks taken after each sweep that timed the kernel and Python parts
     (``MARK_KEYS``; marks written before they did are left out)."""
