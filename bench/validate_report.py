@@ -82,6 +82,21 @@ def _layer_calibrated(layers, n_all) -> str:
             f"{100 * rel(worst['calibrated'], worst['measured']):+.0f} %")
 
 
+def _within_runs(rows, key, preds=None) -> str:
+    """'k of n, x %': how many configurations' predictions of ``key`` (``preds``:
+    one dict per row, default each row's own) lie within their runs' range, and
+    the mean relative distance of each prediction from its nearest run."""
+    inside, near = 0, []
+    for r, p in zip(rows, preds or [r["predicted"] for r in rows]):
+        runs = [x[key] for x in r.get("runs", ()) if x.get(key)]
+        if not runs or p is None or p.get(key) is None:
+            continue
+        v = p[key]
+        inside += min(runs) <= v <= max(runs)
+        near.append(min(abs(rel(v, x)) for x in runs))
+    return f"{inside} of {len(near)}, {100 * np.mean(near):.1f} %" if near else "no runs"
+
+
 def format_report(rows, layers, scale=None, calibrated=None, measured_layers=None) -> str:
     """The report; ``calibrated``: ``calibrated()``'s re-prediction (or
     ``saved_calibrated()``'s, with a note as a fourth item), shown in place
@@ -141,6 +156,13 @@ def format_report(rows, layers, scale=None, calibrated=None, measured_layers=Non
         out.append("run-to-run spread (max/min - 1 of each configuration's runs), median: " + ", ".join(
             f"{k} {100 * np.median([max(x[k] for x in r['runs']) / min(x[k] for x in r['runs']) - 1 for r in rows if len(r['runs']) > 1]):.1f}%"
             for k in QTY))
+        cal = [c["predicted"] for c in calibrated[0]] if calibrated else None
+        # On a host whose runs spread beyond the targets (set 23: 27 %), how often the
+        # prediction falls among the runs says more than its distance from their median.
+        out.append("within the runs (prediction between a configuration's fastest and slowest run), "
+                   "configurations, and mean |err| to the nearest run: "
+                   + "; ".join(f"{k} {_within_runs(rows, k)}" + (f" (calibrated {_within_runs(rows, k, cal)})"
+                                                                   if cal else "") for k in ("T_GPU", "T_Epoch")))
     wall = [abs(rel(r["predicted"]["T_Epoch"], r["measured"]["T_Epoch_wall"])) for r in rows
             if r["measured"].get("T_Epoch_wall")]
     if wall:

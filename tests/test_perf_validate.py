@@ -270,3 +270,19 @@ def test_a_layer_calibration_round_trips_through_rescore(vm, tmp_path, capsys):
     f.write_text(json.dumps(dict(d, layer_calibration=None, calibrations=[])))
     assert vm.main(["--rescore", str(f)]) == 0
     assert "calibrated (what sprint predict" not in capsys.readouterr().out
+
+
+def test_report_says_how_often_the_prediction_lies_within_the_runs(vm):
+    """On a host that moves, a prediction among the runs is the most a model
+    can be asked; the line counts those and the distance to the nearest run."""
+    a = _row("digits", "held-out nets", [0.0] * 5)
+    a["runs"] = [dict(a["measured"], T_GPU=t, T_Epoch=t) for t in (0.9, 1.0, 1.2)]
+    b = _row("digits", "held-out nets", [0.5] * 5)          # predicted 1.5 against runs of 0.9-1.2
+    b["runs"] = [dict(b["measured"], T_GPU=t, T_Epoch=t) for t in (0.9, 1.0, 1.2)]
+    text = vm.format_report([a, b], [])
+    line = [l for l in text.splitlines() if l.startswith("within the runs")][0]
+    assert "T_GPU 1 of 2, 12.5 %" in line and "T_Epoch 1 of 2, 12.5 %" in line and "calibrated" not in line
+    cal = [dict(r, predicted=dict(r["predicted"], T_GPU=1.1, T_Epoch=1.1)) for r in (a, b)]
+    line = [l for l in vm.format_report([a, b], [], None, (cal, 1.0, 1.0)).splitlines()
+            if l.startswith("within the runs")][0]
+    assert "(calibrated 2 of 2, 8.3 %)" in line          # 1.1 against its nearest run, 1.2
