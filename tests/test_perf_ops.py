@@ -327,6 +327,12 @@ def test_no_sweep_uses_test_set_23():
     _assert_in_no_sweep(("heldout_k5x.json", "heldout_c3a.json"))
 
 
+def test_no_sweep_uses_test_set_24():
+    """Test set 24's nets (bench/specs/heldout_k5y, heldout_c3b; RESULTS
+    section 4, registered 2026-12-06 06:08 UTC) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5y.json", "heldout_c3b.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
