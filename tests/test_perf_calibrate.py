@@ -46,6 +46,21 @@ def test_edited_fingerprint_warns_and_names_the_difference():
     assert chk.scale == 1.0            # its speed agrees: nothing to rescale
 
 
+def test_a_cpu_named_alike_with_other_caches_is_another_machine():
+    """The Xeon VM of 2026-12-06 read as the one of 12-02 by name, cores and
+    flags, with a 300 MiB L3 instead of 480 MiB (and twice the calibration
+    time): the cache sizes say it; a profile that kept none is not compared on them."""
+    stored = dict(FP, l2_bytes=2 << 20, llc_bytes=480 << 20)
+    here, cal = _now(l2_bytes=2 << 20, llc_bytes=300 << 20)
+    chk = calibrate.compare(stored, here, cal)
+    assert set(chk.differs) == {"llc_bytes"} and "another machine" in chk.messages[0]
+    assert str(480 << 20) in chk.messages[0] and str(300 << 20) in chk.messages[0]
+    assert calibrate.compare(FP, here, cal).ok            # FP predates the keys
+    assert calibrate.compare(dict(stored, llc_bytes=300 << 20), here, cal).ok
+    from engine.perf.fingerprint import fingerprint
+    assert {"l2_bytes", "llc_bytes"} <= set(fingerprint())
+
+
 def test_scaled_calibration_warns_and_rescales():
     here, cal = _now(wall=0.025, cpu=0.0093)
     chk = calibrate.compare(FP, here, cal)

@@ -11,8 +11,12 @@ import numpy as np
 from engine.parallel.threads import usable_cores
 
 # Fingerprint fields whose difference means "another machine or software":
-# each changes kernel times by itself.
-FINGERPRINT_KEYS = ("cpu_model", "cores", "mem_gib", "python", "numpy", "blas", "backend")
+# each changes kernel times by itself. The cache sizes tell apart CPUs that
+# a VM names alike: the "Intel(R) Xeon(R) Processor" of 2026-12-02 had a
+# 480 MiB L3, the one of 2026-12-06 (same name, model and flags) 300 MiB,
+# and ran the calibration twice as long (bench/RESULTS.md section 4, set 23).
+# A profile written before a key was kept is not compared on it.
+FINGERPRINT_KEYS = ("cpu_model", "cores", "mem_gib", "l2_bytes", "llc_bytes", "python", "numpy", "blas", "backend")
 
 
 def _cpu_model() -> str:
@@ -24,6 +28,20 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cache_bytes(level, default=None):
+    """Size of cpu0's unified (or data) cache of ``level`` from sysfs; ``default`` if unknown."""
+    import glob
+    for d in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            if int(open(f"{d}/level").read()) != level or open(f"{d}/type").read().strip() == "Instruction":
+                continue
+            txt = open(f"{d}/size").read().strip()
+            return int(txt[:-1]) * {"K": 1 << 10, "M": 1 << 20}[txt[-1]]
+        except (OSError, ValueError, KeyError):
+            continue
+    return default
 
 
 def _mem_gib() -> float:
@@ -67,5 +85,6 @@ def fingerprint() -> dict:
     from engine import backend
     be = backend.get_backend().name
     return {"cpu_model": _cpu_model(), "cores": usable_cores(), "mem_gib": _mem_gib(),
+            "l2_bytes": cache_bytes(2), "llc_bytes": cache_bytes(3),
             "python": platform.python_version(), "numpy": np.__version__, "blas": _blas(), "backend": be,
             "host": platform.node()}

@@ -324,7 +324,7 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
     if any(r.get("kind") == "layer_pass" for r in records):
         # Records swept before they carried it: this machine's (a refit runs
         # where its records were swept).
-        from .sweep_kernels import cache_bytes
+        from .fingerprint import cache_bytes
         got = int(l2[0]) if l2 else cache_bytes(2)
         if got:
             prof.setdefault("cache", {})["l2_bytes"] = got

@@ -15,6 +15,7 @@ import numpy as np
 
 from engine import spec as spec_mod
 
+from .fingerprint import cache_bytes
 from .timing import CLOCK, _rand, _rec, _xp, time_call
 
 TRANS = {"nn": (False, False), "nt": (False, True), "tn": (True, False)}
@@ -214,20 +215,6 @@ def sweep_vectors(cfg, skipped=None):
     if not hasattr(ops, "axpy"):
         skipped.append("axpy")
     return recs
-
-
-def cache_bytes(level, default=None):
-    """Size of cpu0's unified (or data) cache of ``level`` from sysfs; ``default`` if unknown."""
-    import glob
-    for d in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
-        try:
-            if int(open(f"{d}/level").read()) != level or open(f"{d}/type").read().strip() == "Instruction":
-                continue
-            txt = open(f"{d}/size").read().strip()
-            return int(txt[:-1]) * {"K": 1 << 10, "M": 1 << 20}[txt[-1]]
-        except (OSError, ValueError, KeyError):
-            continue
-    return default
 
 
 def _llc_bytes():

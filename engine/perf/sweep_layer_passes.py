@@ -13,7 +13,8 @@ import numpy as np
 from engine import spec as spec_mod
 
 from .cache_decay import _spin
-from .sweep_kernels import SWEPT_NETS, cache_bytes
+from .fingerprint import cache_bytes
+from .sweep_kernels import SWEPT_NETS
 from .timing import CLOCK, _rand, _xp
 
 # The nets of held-out test sets 1-7 (bench/RESULTS.md section 4): each was
