@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 from .nnls_fit import error_summary, nnls_relative, sweep_cv
 from .timing import _rand, _rec
 

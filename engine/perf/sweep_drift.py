@@ -52,11 +52,16 @@ def spread(meta: dict) -> tuple[float, float] | None:
     return (min(walls), max(walls)) if walls else None
 
 
+def _moved(meta: dict) -> tuple[float, float] | None:
+    """``spread`` where the marks moved beyond ``WARN_SPREAD``, else None."""
+    s = spread(meta)
+    return s if s is not None and s[1] / s[0] - 1 > WARN_SPREAD else None
+
+
 def warning(meta: dict) -> str | None:
     """The line ``sprint profile`` prints when the host moved beyond the
     calibration's noise during the sweeps."""
-    s = spread(meta)
-    if s is None or s[1] / s[0] - 1 <= WARN_SPREAD:
+    if (s := _moved(meta)) is None:
         return None
     return (f"the host's speed moved during the sweeps: the calibration between them ran {1e3 * s[0]:.2f}-"
             f"{1e3 * s[1]:.2f} ms (x{s[1] / s[0]:.2f}); the fits carry that noise, and a profile swept on a "
@@ -70,8 +75,7 @@ def profile_note(meta: dict, source: str = "the profile") -> str | None:
     read. Set 23 (2026-12-06, bench/RESULTS.md section 4) was judged on
     such a profile (marks x1.68 apart) and missed T_GPU by 15 %, its runs
     spreading by 27 % from one to the next."""
-    s = spread(meta)
-    if s is None or s[1] / s[0] - 1 <= WARN_SPREAD:
+    if (s := _moved(meta)) is None:
         return None
     return (f"{source} was swept while the host's speed moved (its calibrations between the sweeps ran "
             f"{1e3 * s[0]:.2f}-{1e3 * s[1]:.2f} ms, x{s[1] / s[0]:.2f}): its times, and so these predictions, "
