@@ -24,8 +24,7 @@ import numpy as np
 
 from engine.parallel.threads import usable_cores
 
-from .nnls_fit import error_summary, nnls_relative, rel_errors  # noqa: F401  (re-exported)
-from .nnls_fit import sweep_cv as _cv
+from .nnls_fit import error_summary, nnls_relative, sweep_cv
 from .pool_cost import POOL_KINDS, fit_pool
 from .profile import (FORMAT_VERSION, SGEMM_FEATURES, Profile, piece_time, regime_feature, rule_matches,
                       sgemm_features)
@@ -119,7 +118,7 @@ def fit_op_terms(records, min_points=12) -> dict:
         regimes = fit_sgemm_regimes([(r["m"], r["n"], r["k"]) for r in fit_r], [r["t"] for r in fit_r],
                                     min_points=min_points, X=X, names=OP_FEATURES)
         entry = {"regimes": [{"rule": rule, "coef": coef} for rule, coef in regimes],
-                 "path": fit_r[0].get("path"), "cv": _cv(fit_r + hold), "wide_taps": wide}
+                 "path": fit_r[0].get("path"), "cv": sweep_cv(fit_r + hold), "wide_taps": wide}
         p = Profile({"ops": {kind: entry}})
         ev = lambda rs: error_summary([p.op(kind, r["m"], r["n"], r["k"], r.get("c", 1)) for r in rs],
                                       [r["t"] for r in rs]) if rs else {"n": 0}
@@ -236,7 +235,7 @@ def _fit_two_feature(name, fit_r, hold):
     X = lambda rs: np.array([[r["x"], r["x2"], 1.0] for r in rs])
     a, c, b = map(float, nnls_relative(X(fit_r), [r["t"] for r in fit_r]))
     ev = lambda rs: error_summary(X(rs) @ np.array([a, c, b]), [r["t"] for r in rs]) if rs else {"n": 0}
-    return {"a": a, "c": c, "b": b, "unit": "elements, segments", "cv": _cv(fit_r + hold),
+    return {"a": a, "c": c, "b": b, "unit": "elements, segments", "cv": sweep_cv(fit_r + hold),
             "error": {"fit": ev(fit_r), "holdout": ev(hold)}}
 
 
@@ -278,7 +277,7 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
         if net:
             err["net_shapes"] = ev(net)
         variants[var] = {"regimes": [{"rule": rule, "coef": coef} for rule, coef in regimes],
-                         "cv": _cv(rs), "error": err}
+                         "cv": sweep_cv(rs), "error": err}
     if variants:
         prof["sgemm"] = {"variants": variants}
     for name in LINEAR_TERMS:
@@ -296,7 +295,7 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
         pieces = fit_linear_pieces(xs, ts)
         ev = lambda rs: error_summary([eval_pieces(pieces, r["x"]) for r in rs], [r["t"] for r in rs])
         prof["terms"][name] = {"a": a, "b": b, "unit": fit_r[0].get("unit", "elements"),
-                               "cv": _cv(fit_r + hold), "error": {"fit": ev(fit_r), "holdout": ev(hold)}}
+                               "cv": sweep_cv(fit_r + hold), "error": {"fit": ev(fit_r), "holdout": ev(hold)}}
         if len(pieces) > 1:
             prof["terms"][name]["pieces"] = piece_dicts(pieces)
     ops = fit_op_terms(records)
@@ -310,7 +309,7 @@ def fit_profile(records, machine=None, backend="cpu", cores=None, **sgemm_kw) ->
                                       @ np.array([ar["a_log"], ar["b"], ar["c_log"], ar["d"]]),
                                       [r["t"] for r in rs]) if rs else {"n": 0}
         ar["error"] = {"fit": ev(fit_r), "holdout": ev(hold)}
-        ar["cv"] = _cv(fit_r + hold)
+        ar["cv"] = sweep_cv(fit_r + hold)
         prof["allreduce"] = ar
     cont = [r for r in records if r.get("kind") == "contention" and r.get("ratio")]
     if cont:
