@@ -107,7 +107,9 @@ def main(argv=None):
             if a.repredict else saved_calibrated(d)
         # The measured-layers mode prices the rest by the run's own profile unless re-predicted.
         run_prof = a.profile if a.repredict else (d.get("profile") or (d.get("parts") or [{}])[0].get("profile"))
-        meas = measured_mode(d["rows"], d["layers"], Profile.load(run_prof)) if run_prof else None
+        # Files saved before the anchors' passes were kept time them now (the line then moves a little).
+        meas = measured_mode(d["rows"], d["layers"], Profile.load(run_prof), dict(d.get("anchor_passes") or {})) \
+            if run_prof else None
         print(format_report(d["rows"], d["layers"], d.get("calibration_scale"), got, meas))
         return 1 if d.get("failed") or not d["rows"] else 0
     from engine.perf.plots import plot_validation
@@ -201,7 +203,8 @@ def main(argv=None):
         # Kept with the rows: a later --rescore of several parts reports them without re-predicting.
         for r, c in zip(rows, got[0]):
             r["calibrated"] = {k: c["predicted"][k] for k in QTY}
-    report = format_report(rows, layers, scale, got, measured_mode(rows, layers, prof))
+    anchors = {}      # the anchor nets' passes the measured-layers mode times, kept for --rescore
+    report = format_report(rows, layers, scale, got, measured_mode(rows, layers, prof, anchors))
     print(report)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     tmp_out = Path(a.out).with_suffix(".tmp")
@@ -209,6 +212,7 @@ def main(argv=None):
                                    "calibration_scale": scale, "calibrations": cal,
                                    "layer_calibration": layer_cal,
                                    "calibrated_scales": list(got[1:]) if got else None,
+                                   "anchor_passes": anchors,
                                    "argv": sys.argv[1:],
                                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                                   indent=1, default=str))

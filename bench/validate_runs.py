@@ -143,6 +143,7 @@ def merge_runs(ds):
     ratios = [c["ratio"] for c in out["calibrations"] if c.get("ratio")]
     out["calibration_scale"] = float(np.median(ratios)) if ratios else None
     out["parts"] = [{k: d.get(k) for k in ("profile", "argv", "date", "calibrated_scales")} for d in ds]
+    out["anchor_passes"] = merge_anchors(ds)
     return out
 
 
@@ -282,11 +283,18 @@ def calibrate_layers(layers, prof, cal, how=LAYER_CAL_BEFORE):
         l["calibration"] = {"scale": k, "call_scale": kc, "how": how}
 
 
-def measured_mode(rows, layers, prof):
+def measured_mode(rows, layers, prof, anchors=None):
     """Rows predicted as ``sprint predict --measure-layers`` would: each
     layer pass the in-process pass timed during the validation
     (``layer_times``), the rest of the model as it is; None when a row's
-    net and batch size have no timed passes."""
+    net and batch size have no timed passes.
+
+    ``anchors``: ``{"<spec hash> <n>": {"<layer> <pass>": seconds}}``, the
+    passes of nets no row runs that the model times on first use (the
+    contention fit's anchors, ``tiny`` and ``cifar``). Read from it where it
+    has them, and what was timed here is added to it: saved with the runs,
+    a ``--rescore`` prices by the run's own passes, where timing them again
+    moved its line by about a point from one rescore to the next."""
     from engine.perf.measure_layers import LayerMeasure
     from engine.perf.profile import Profile
     by = {}
@@ -296,8 +304,28 @@ def measured_mode(rows, layers, prof):
     if not rows or any((r["model"], r["n_subbatch"]) not in by for r in rows):
         return None
     p = Profile(prof.data, prof.source)
-    p.layer_measure = LayerMeasure()
+    p.layer_measure = m = LayerMeasure()
+    for key, t in (anchors or {}).items():
+        h, n = key.rsplit(" ", 1)
+        m.cache[(h, int(n))] = {tuple(k.rsplit(" ", 1)): float(v) for k, v in t.items()}
     for (net, n), t in by.items():
-        p.layer_measure.put(net, n, t)
-    return [dict(r, predicted=predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], p, row_n_file(r),
-                                        sim=False)) for r in rows]
+        m.put(net, n, t)
+    had = set(m.cache)
+    out = [dict(r, predicted=predicted(r["model"], r["n_node"], r["n_gpu"], r["n_subbatch"], p, row_n_file(r),
+                                       sim=False)) for r in rows]
+    if anchors is not None:
+        for (h, n), t in m.cache.items():
+            if (h, n) not in had:
+                anchors[f"{h} {n}"] = {f"{l} {pas}": v for (l, pas), v in t.items()}
+    return out
+
+
+def merge_anchors(ds) -> dict:
+    """The saved anchor passes (``measured_mode``) of several validations:
+    each pass's median over the files that timed it."""
+    got = {}
+    for d in ds:
+        for key, t in (d.get("anchor_passes") or {}).items():
+            for k, v in t.items():
+                got.setdefault(key, {}).setdefault(k, []).append(v)
+    return {key: {k: float(np.median(v)) for k, v in t.items()} for key, t in got.items()}

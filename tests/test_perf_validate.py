@@ -1,6 +1,7 @@
 """bench/validate_model.py fails loudly and reports mean and median |error|
 per group (fitted grid vs held-out nets)."""
 import importlib.util
+import itertools
 import os
 from pathlib import Path
 
@@ -184,6 +185,47 @@ def test_measured_layers_mode_repredicts_from_the_passes_timed_in_the_run(vm):
     assert prof.layer_measure is None                      # the caller's profile untouched
     assert "measured layer passes (--measure-layers" in vm.format_report([row], layers, None, None, got)
     assert vm.measured_mode([dict(row, n_subbatch=8)], layers, prof) is None
+
+
+def test_measured_layers_mode_keeps_the_anchor_nets_passes_for_a_rescore(vm, monkeypatch):
+    """The model times, on first use, the passes of nets no row runs (the
+    contention fit's anchors in the shipped profile): the run's report adds
+    them to ``anchors`` (saved with the runs) and a rescore prices by those,
+    timing nothing again; ``merge_runs`` keeps each pass's median."""
+    from engine import spec as spec_mod
+    from engine.perf import measure_layers
+    from engine.perf.profile import Profile
+    timed, count = [], itertools.count(1)
+
+    def fake(spec, n, *a, **k):       # each timing slower than the last, as a host that slows
+        sp = spec_mod.get_spec(spec)
+        timed.append((sp.name, n))
+        t = 1e-4 * next(count)
+        return {(g.name, p): t for g in spec_mod.layers(sp, n) for p in ("fwd", "bwd")}
+    monkeypatch.setattr(measure_layers, "measure_passes", fake)
+    prof = Profile.load(Path(__file__).resolve().parents[1] / "engine" / "perf" / "default_profile.json")
+    # A compute-bound step (5 ms a pass) at 3 ranks x 2 workers on 2 cores: priced by the long-step anchors.
+    net = "bench/specs/heldout_k5x.json"
+    row = _row(net, "held-out nets", [0.0] * 5)
+    row.update(n_node=3, n_gpu=2, n_subbatch=13, n_file=640)
+    layers = [{"model": net, "n_subbatch": 13, "layer": g.name, "pass": "forward" if p == "fwd" else "backward",
+               "measured": 5e-3} for g in spec_mod.layers(spec_mod.get_spec(net), 13) for p in ("fwd", "bwd")]
+    anchors = {}
+    first = vm.measured_mode([row], layers, prof, anchors)
+    assert timed and len(anchors) == len(timed)          # every net timed is kept, the rows' own net is not
+    assert spec_mod.get_spec(net).hash() + " 13" not in anchors
+    timed.clear()
+    again = vm.measured_mode([row], layers, prof, dict(anchors))
+    assert timed == []
+    assert again[0]["predicted"]["T_GPU"] == first[0]["predicted"]["T_GPU"]
+    # Without the saved passes they are timed again (here: other times), and the prediction moves.
+    moved = vm.measured_mode([row], layers, prof, {})
+    assert timed and moved[0]["predicted"]["T_GPU"] != first[0]["predicted"]["T_GPU"]
+    key = next(iter(anchors))
+    pas = next(iter(anchors[key]))
+    other = {key: {pas: 3 * anchors[key][pas]}}
+    merged = vm.merge_runs([{"anchor_passes": anchors}, {"anchor_passes": other}, {"anchor_passes": other}])
+    assert merged["anchor_passes"][key][pas] == pytest.approx(3 * anchors[key][pas])
 
 
 def _layer_profile(launch, b):
