@@ -8,11 +8,23 @@ slow one. A sweep's records are then a mix of the two, and a profile's fit
 medians grow accordingly. Run it alone (cpu-exclusive):
 
     python bench/host_states.py [--seconds 6]
+
+A held-out set meant for a steady host is judged at the first reading
+that is steady (every phase's p90/p10 at most ``--steady``) before a
+deadline: ``--until HH:MM`` repeats the reading every ``--every`` seconds
+and then runs the command after ``--`` (exit 3 when no reading was steady
+by then). ``--lock FILE`` holds an flock on FILE during each reading and
+the command, so that other timed work sharing the lock never overlaps them:
+
+    python bench/host_states.py --until 09:30 --lock /tmp/cpu.lock -- bash judge.sh
 """
 import argparse
+import datetime
+import fcntl
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -29,28 +41,100 @@ def windows(call, seconds, width=0.2):
     return out
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=6.0)
-    a = p.parse_args(argv)
+def reading(seconds):
+    """[(phase, window medians in seconds)]: alone, with a spinner on the other vCPU, alone again."""
     from engine import backend
     ext = backend.set_backend("cpu").ext
     x = np.ones((4, 4), np.float32)
     y = np.zeros((4, 4), np.float32)
     call = lambda: ext.sgemm(x, x, y, False, False, 1.0, 0.0)
-    rows = [("alone", windows(call, a.seconds))]
+    rows = [("alone", windows(call, seconds))]
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
-        rows.append(("with a spinner", windows(call, a.seconds)))
+        rows.append(("with a spinner", windows(call, seconds)))
     finally:
         spin.kill()
-    rows.append(("alone again", windows(call, a.seconds)))
+    rows.append(("alone again", windows(call, seconds)))
+    return rows
+
+
+def spread(w) -> float:
+    return float(np.percentile(w, 90) / np.percentile(w, 10))
+
+
+def report(rows) -> str:
+    out = []
     for name, w in rows:
         w = np.array(w) * 1e6
-        print(f"{name:15s} per call: median {np.median(w):.2f} us, p10 {np.percentile(w, 10):.2f}, "
-              f"p90 {np.percentile(w, 90):.2f} (p90/p10 x{np.percentile(w, 90) / np.percentile(w, 10):.2f}); "
-              "windows: " + " ".join(f"{v:.1f}" for v in w))
+        out.append(f"{name:15s} per call: median {np.median(w):.2f} us, p10 {np.percentile(w, 10):.2f}, "
+                   f"p90 {np.percentile(w, 90):.2f} (p90/p10 x{spread(w):.2f}); "
+                   "windows: " + " ".join(f"{v:.1f}" for v in w))
+    return "\n".join(out)
+
+
+@contextmanager
+def held(path):
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def deadline(hhmm, now=None):
+    """The next UTC time ``hhmm`` (today's, or tomorrow's when it has passed)."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    try:
+        h, m = (int(v) for v in hhmm.split(":"))
+        at = now.replace(hour=h, minute=m, second=0, microsecond=0)
+    except ValueError:
+        raise SystemExit(f"host_states: error: --until {hhmm!r}: expected a UTC time HH:MM")
+    return at if at > now else at + datetime.timedelta(days=1)
+
+
+def wait_steady(a, read=reading, sleep=time.sleep, clock=None) -> int:
+    """Readings every ``a.every`` s until one is steady (run ``a.then``, its
+    exit status) or ``a.until`` passes (3)."""
+    clock = clock or (lambda: datetime.datetime.now(datetime.timezone.utc))
+    end = deadline(a.until, clock())
+    while clock() < end:
+        with held(a.lock):
+            rows = read(a.seconds)
+        worst = max(spread(w) for _, w in rows)
+        print(f"== {clock():%Y-%m-%d %H:%M:%S} UTC\n{report(rows)}\nworst phase x{worst:.2f}", flush=True)
+        if worst <= a.steady:
+            print(f"steady (every phase at most x{a.steady:.2f})" + (f": {' '.join(a.then)}" if a.then else ""),
+                  flush=True)
+            if not a.then:
+                return 0
+            with held(a.lock):
+                return subprocess.call(a.then)
+        sleep(a.every)
+    print(f"host_states: not steady by {a.until} UTC: nothing run", flush=True)
+    return 3
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=6.0, help="seconds of each phase")
+    p.add_argument("--until", default=None, help="UTC HH:MM: read again until steady or then")
+    p.add_argument("--every", type=float, default=240.0, help="seconds between readings (--until)")
+    p.add_argument("--steady", type=float, default=1.10, help="steady: every phase's p90/p10 at most this")
+    p.add_argument("--lock", default=None, help="flock this file during each reading and the command")
+    p.add_argument("then", nargs=argparse.REMAINDER, help="-- COMMAND: run at the first steady reading")
+    a = p.parse_args(argv)
+    if a.then[:1] == ["--"]:
+        a.then = a.then[1:]
+    if a.then and not a.until:
+        p.error("a command runs at a steady reading: give --until")
+    if a.until:
+        return wait_steady(a)
+    print(report(reading(a.seconds)))
     return 0
 
 

@@ -64,3 +64,48 @@ def test_an_unsteady_calibration_is_a_note_not_a_warning(tmp_path, capsys, monke
     assert "sprint predict: note: this host's speed is not steady" in err and "warning:" not in err
     assert cli.main(["predict"] + args + ["--no-calibrate"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def _host_states():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench" / "host_states.py"
+    spec = importlib.util.spec_from_file_location("host_states", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_host_states_waits_for_a_steady_reading_then_runs_the_command(tmp_path, capsys):
+    """bench/host_states.py --until: readings until every phase's p90/p10 is
+    at most --steady, then the command (its exit status); exit 3, nothing
+    run, when the deadline passes first."""
+    import datetime
+    import sys
+    states = _host_states()
+    t = [datetime.datetime(2026, 12, 6, 8, 0, tzinfo=datetime.timezone.utc)]
+    clock = lambda: t[0]
+
+    def sleep(s):
+        t[0] += datetime.timedelta(seconds=s)
+    two_state = [1e-6] * 8 + [1.8e-6] * 4            # p90/p10 x1.8
+    steady = [1e-6, 1.02e-6, 1.05e-6] * 4            # x1.05
+    seen = iter([[("alone", two_state)] * 3, [("alone", steady), ("spin", two_state), ("again", steady)],
+                 [("alone", steady)] * 3])
+    mark = tmp_path / "ran"
+    cmd = [sys.executable, "-c", f"open({str(mark)!r}, 'w').close(); raise SystemExit(7)"]
+    a = states.argparse.Namespace(until="08:30", every=240.0, steady=1.10, seconds=6.0, lock=str(tmp_path / "l"),
+                              then=cmd)
+    assert states.wait_steady(a, read=lambda s: next(seen), sleep=sleep, clock=clock) == 7
+    out = capsys.readouterr().out
+    assert mark.exists() and out.count("worst phase") == 3 and "worst phase x1.80" in out
+    assert t[0] == datetime.datetime(2026, 12, 6, 8, 8, tzinfo=datetime.timezone.utc)   # the third reading
+    # Never steady: the deadline ends it and the command never runs.
+    mark.unlink()
+    t[0] = datetime.datetime(2026, 12, 6, 8, 0, tzinfo=datetime.timezone.utc)
+    assert states.wait_steady(a, read=lambda s: [("alone", two_state)] * 3, sleep=sleep, clock=clock) == 3
+    assert not mark.exists() and "not steady by 08:30 UTC: nothing run" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        states.main(["--until", "8h30", "--", "true"])
+    with pytest.raises(SystemExit):
+        states.main(["--", "true"])                   # a command without a deadline
