@@ -35,6 +35,7 @@ import numpy as np
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+from engine.checkpoint import write_json  # noqa: E402
 from engine.parallel.threads import usable_cores  # noqa: E402
 
 THREADS = int(os.environ.get("SPRINT_BENCH_THREADS", usable_cores()))
@@ -321,8 +322,7 @@ def main(argv=None):
                   f"kernel share {100 * row['kernel_share']:.1f} %, packing {100 * row['pack_share']:.1f} %,",
                   " ".join(f"memory {a} {row[f'memory_{a}']['step_rss_mib']:.0f} MiB" for a in algos), flush=True)
     out["loadavg_end"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+    write_json(args.out, out, indent=1, default=str)      # atomic: an interrupted write keeps the last results
     print("wrote", args.out)
 
 
