@@ -105,6 +105,12 @@ def test_host_states_waits_for_a_steady_reading_then_runs_the_command(tmp_path, 
     t[0] = datetime.datetime(2026, 12, 6, 8, 0, tzinfo=datetime.timezone.utc)
     assert states.wait_steady(a, read=lambda s: [("alone", two_state)] * 3, sleep=sleep, clock=clock) == 3
     assert not mark.exists() and "not steady by 08:30 UTC: nothing run" in capsys.readouterr().out
+    # The command keeps its own options (README: ... -- sprint profile --quick).
+    got = []
+    states.wait_steady = lambda a: got.append(a) or 0
+    assert states.main(["--until", "12:00", "--every", "60", "--", "sprint", "profile", "--quick"]) == 0
+    assert got[0].then == ["sprint", "profile", "--quick"] and got[0].every == 60.0
+    states = _host_states()
     with pytest.raises(SystemExit):
         states.main(["--until", "8h30", "--", "true"])
     with pytest.raises(SystemExit):
