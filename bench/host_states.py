@@ -14,7 +14,8 @@ that is steady (every phase's p90/p10 at most ``--steady``) before a
 deadline: ``--until HH:MM`` repeats the reading every ``--every`` seconds
 and then runs the command after ``--`` (exit 3 when no reading was steady
 by then). ``--lock FILE`` holds an flock on FILE during each reading and
-the command, so that other timed work sharing the lock never overlaps them:
+the command, so that other timed work sharing the lock never overlaps them
+(the command runs holding it: it must not take it again):
 
     python bench/host_states.py --until 09:30 --lock /tmp/cpu.lock -- bash judge.sh
 """

@@ -290,8 +290,9 @@ def measured_mode(rows, layers, prof, anchors=None):
     net and batch size have no timed passes.
 
     ``anchors``: ``{"<spec hash> <n>": {"<layer> <pass>": seconds}}``, the
-    passes of nets no row runs that the model times on first use (the
-    contention fit's anchors, ``tiny`` and ``cifar``). Read from it where it
+    passes of nets no row runs that the model times on first use (the nets
+    of the profile's contention sweeps: tiny, cifar, mnist, digits and the
+    long-step anchors). Read from it where it
     has them, and what was timed here is added to it: saved with the runs,
     a ``--rescore`` prices by the run's own passes, where timing them again
     moved its line by about a point from one rescore to the next."""
