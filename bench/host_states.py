@@ -103,6 +103,9 @@ def wait_steady(a, read=reading, sleep=time.sleep, clock=None) -> int:
     exit status) or ``a.until`` passes (3)."""
     clock = clock or (lambda: datetime.datetime.now(datetime.timezone.utc))
     end = deadline(a.until, clock())
+    # Said first: a time already past today means tomorrow's.
+    print(f"reading every {a.every:g} s until {end:%Y-%m-%d %H:%M} UTC (steady: every phase at most "
+          f"x{a.steady:.2f})", flush=True)
     while clock() < end:
         with held(a.lock):
             rows = read(a.seconds)

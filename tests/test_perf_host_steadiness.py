@@ -99,12 +99,16 @@ def test_host_states_waits_for_a_steady_reading_then_runs_the_command(tmp_path, 
     assert states.wait_steady(a, read=lambda s: next(seen), sleep=sleep, clock=clock) == 7
     out = capsys.readouterr().out
     assert mark.exists() and out.count("worst phase") == 3 and "worst phase x1.80" in out
+    assert "until 2026-12-06 08:30 UTC" in out
     assert t[0] == datetime.datetime(2026, 12, 6, 8, 8, tzinfo=datetime.timezone.utc)   # the third reading
     # Never steady: the deadline ends it and the command never runs.
     mark.unlink()
     t[0] = datetime.datetime(2026, 12, 6, 8, 0, tzinfo=datetime.timezone.utc)
     assert states.wait_steady(a, read=lambda s: [("alone", two_state)] * 3, sleep=sleep, clock=clock) == 3
     assert not mark.exists() and "not steady by 08:30 UTC: nothing run" in capsys.readouterr().out
+    # A time already past today is tomorrow's, and said so before the first reading.
+    t[0] = datetime.datetime(2026, 12, 6, 9, 0, tzinfo=datetime.timezone.utc)
+    assert states.deadline("08:30", t[0]) == datetime.datetime(2026, 12, 7, 8, 30, tzinfo=datetime.timezone.utc)
     # The command keeps its own options (README: ... -- sprint profile --quick).
     got = []
     states.wait_steady = lambda a: got.append(a) or 0
