@@ -12,6 +12,8 @@ from engine import spec as spec_mod
 from engine.perf import calibrate, model, tune
 from engine.perf.profile import Profile
 
+from bench_scripts import load as load_bench
+
 FP = {"cpu_model": "Xeon A", "cores": 2, "mem_gib": 23.5, "python": "3.11.7", "numpy": "2.4.6",
       "blas": "libopenblas.so", "backend": "cpu", "host": "vm",
       "calibration": {"wall_s": 0.010, "cpu_s": 0.009, "u": 0.01, "n": 100, "date": "then"}}
@@ -227,7 +229,7 @@ def test_calibration_pairs_scores_planted_drift():
     W U + P C (the whole workload's and the Python part's ratios of their
     passes' calibrations) score no error calibrated, and (U + C) / (W U + P C)
     - 1 unscaled; a set's scales are the median over all its files' passes."""
-    cp = _bench("calibration_pairs")
+    cp = load_bench("calibration_pairs")
     then = dict(FP["calibration"], u=1e-4, **_parts(0.006, 0.004, u=1e-4))
     now = lambda k, p: dict(wall_s=0.006 * k + 0.004 * p, u=1e-4, **_parts(0.006 * k, 0.004 * p, u=1e-4))
     rows = []
@@ -601,13 +603,8 @@ def test_anchor_refers_the_compute_part_to_the_records_era(tmp_path, monkeypatch
     1.2-1.5x their records (median 1.3), so the compute part measured now
     (36 ms) is stored as 36 / 1.3 ms; the kernel and Python parts stay the
     profile's. Timings are stubbed: the arithmetic is what is tested."""
-    import importlib.util
-    from pathlib import Path
     from engine.perf import timing
-    spec = importlib.util.spec_from_file_location(
-        "calibration_drift", Path(__file__).resolve().parents[1] / "bench" / "calibration_drift.py")
-    cd = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cd)
+    cd = load_bench("calibration_drift")
     cifar = spec_mod.get_spec("cifar").to_dict()
     steps = [{"kind": "net_step", "model": "cifar", "n_subbatch": n, "t": t, "clock": "cpu", "spec": cifar}
              for n, t in ((1, 0.020), (2, 0.025), (4, 0.030))]
@@ -648,12 +645,7 @@ def test_calibration_history_judges_each_run_by_its_own_profile_and_rules():
     give back (two profiles may share one calibration); a run whose
     calibrations timed no parts is rescaled by the whole ratio under every
     rule but none."""
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location(
-        "calibration_drift", Path(__file__).resolve().parents[1] / "bench" / "calibration_drift.py")
-    cd = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cd)
+    cd = load_bench("calibration_drift")
     cal = dict(FP["calibration"], **_parts(0.006, 0.004))
     other = dict(cal, wall_s=0.012)
     profs = {"a": ("2026-12-01T10:00Z", {"calibration": cal}), "b": ("2026-12-01T12:00Z", {"calibration": cal}),
@@ -676,21 +668,12 @@ def test_calibration_history_judges_each_run_by_its_own_profile_and_rules():
     assert rules["band 10 %"] == pytest.approx((1.0, 1.5))        # the kernel part's 5 % is inside its band
 
 
-def _bench(name):
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_calibration_transfer_scores_each_rule_against_a_planted_truth():
     """bench/calibration_transfer.py: runs whose measured T_GPU is exactly
     W U + P C (W, P the calibration's whole-workload and Python ratios) have
     no error by part (shrunk only by the tiny weights' loss) and a known one
     under the other rules; the spreads are of the logs within each file."""
-    ct = _bench("calibration_transfer")
+    ct = load_bench("calibration_transfer")
     then = dict(FP["calibration"], u=0.001, **_parts(0.006, 0.004, u=0.001))
     uc = {"a|1|1": (0.002, 0.008), "b|4|1": (0.009, 0.001)}
     rounds, kp = [], ((1.1, 1.5), (1.2, 1.4))
@@ -714,7 +697,7 @@ def test_calibration_transfer_scores_each_rule_against_a_planted_truth():
 def test_calibration_transfer_passes_recovers_a_planted_slope():
     """--passes: each pass's measured T_GPU moves with its calibration by a
     planted slope (1: the pass-to-pass scatter is signal, 0: noise)."""
-    ct = _bench("calibration_transfer")
+    ct = load_bench("calibration_transfer")
     rng = np.random.default_rng(3)
     for slope in (1.0, 0.0):
         rows = []

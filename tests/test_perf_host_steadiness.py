@@ -7,6 +7,8 @@ from engine import cli
 from engine.perf import calibrate, host_steadiness as hs
 from engine.perf.profile import Profile
 
+from bench_scripts import load as load_bench
+
 
 def _calls(states, per_window=25, call=2e-3, seed=0):
     """Call starts and lengths over consecutive windows, each window at the
@@ -66,23 +68,13 @@ def test_an_unsteady_calibration_is_a_note_not_a_warning(tmp_path, capsys, monke
     assert capsys.readouterr().err == ""
 
 
-def _host_states():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "bench" / "host_states.py"
-    spec = importlib.util.spec_from_file_location("host_states", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_host_states_waits_for_a_steady_reading_then_runs_the_command(tmp_path, capsys):
+def test_host_states_waits_for_a_steady_reading_then_runs_the_command(tmp_path, capsys, monkeypatch):
     """bench/host_states.py --until: readings until every phase's p90/p10 is
     at most --steady, then the command (its exit status); exit 3, nothing
     run, when the deadline passes first."""
     import datetime
     import sys
-    states = _host_states()
+    states = load_bench("host_states")
     t = [datetime.datetime(2026, 12, 6, 8, 0, tzinfo=datetime.timezone.utc)]
     clock = lambda: t[0]
 
@@ -95,7 +87,7 @@ def test_host_states_waits_for_a_steady_reading_then_runs_the_command(tmp_path, 
     mark = tmp_path / "ran"
     cmd = [sys.executable, "-c", f"open({str(mark)!r}, 'w').close(); raise SystemExit(7)"]
     a = states.argparse.Namespace(until="08:30", every=240.0, steady=1.10, seconds=6.0, lock=str(tmp_path / "l"),
-                              then=cmd)
+                                  then=cmd)
     assert states.wait_steady(a, read=lambda s: next(seen), sleep=sleep, clock=clock) == 7
     out = capsys.readouterr().out
     assert mark.exists() and out.count("worst phase") == 3 and "worst phase x1.80" in out
@@ -111,10 +103,10 @@ def test_host_states_waits_for_a_steady_reading_then_runs_the_command(tmp_path, 
     assert states.deadline("08:30", t[0]) == datetime.datetime(2026, 12, 7, 8, 30, tzinfo=datetime.timezone.utc)
     # The command keeps its own options (README: ... -- sprint profile --quick).
     got = []
-    states.wait_steady = lambda a: got.append(a) or 0
+    monkeypatch.setattr(states, "wait_steady", lambda a: got.append(a) or 0)
     assert states.main(["--until", "12:00", "--every", "60", "--", "sprint", "profile", "--quick"]) == 0
     assert got[0].then == ["sprint", "profile", "--quick"] and got[0].every == 60.0
-    states = _host_states()
+    monkeypatch.undo()
     with pytest.raises(SystemExit):
         states.main(["--until", "8h30", "--", "true"])
     with pytest.raises(SystemExit):

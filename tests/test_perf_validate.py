@@ -1,21 +1,19 @@
 """bench/validate_model.py fails loudly and reports mean and median |error|
 per group (fitted grid vs held-out nets)."""
-import importlib.util
 import itertools
 import os
 from pathlib import Path
 
 import pytest
 
+from bench_scripts import load as load_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def vm():
-    spec = importlib.util.spec_from_file_location("validate_model", ROOT / "bench" / "validate_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("validate_model")
 
 
 def test_missing_mpiexec_is_an_error_before_any_run(vm, monkeypatch, capsys, tmp_path):
