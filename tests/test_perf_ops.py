@@ -335,7 +335,7 @@ def test_no_sweep_uses_test_set_24():
 
 def test_no_sweep_uses_test_set_25():
     """Test set 25's nets (bench/specs/heldout_k5z, heldout_c3c; RESULTS
-    section 4, registered 2026-12-06 11:00 UTC) are in no sweep."""
+    section 4, registered 2026-12-06 10:58 UTC) are in no sweep."""
     _assert_in_no_sweep(("heldout_k5z.json", "heldout_c3c.json"))
 
 
