@@ -156,3 +156,58 @@ def test_a_profile_swept_on_a_moving_host_is_noted_at_every_use(tmp_path, monkey
     prof.data["sweep"] = {"part_calibrations": {"sgemm": _part(1.5e-3, 1.6e-3)}}
     assert not any("swept while" in n for n in calibrate.check(prof, apply=False).notes)
     assert sweep_drift.profile_note({}) is None
+
+
+def test_to_reference_prices_each_one_process_sweep_at_the_reference_state():
+    """A sweep timed between marks of 1 ms, against a reference of 1.5 ms, ran
+    in a state 1.5x faster than the reference: its times are scaled by 1.5;
+    the sharing sweeps' records stay as measured (their ratios cancel it)."""
+    meta = {"part_calibrations": {"sgemm": _part(1.0e-3, 1.0e-3), "layer passes": _part(1.8e-3, 2.2e-3),
+                                  "runner contention": _part(3.0e-3, 3.0e-3), "data": {"before": {}, "after": {}}}}
+    recs = [{"kind": "sgemm", "t": 2.0, "std": 0.2, "sweep": "sgemm"},
+            {"kind": "layer_pass", "t": 4.0, "std": 0.4, "sweep": "layer passes"},
+            {"kind": "refill_decay", "t": 1.0, "gap": 0.5, "sweep": "layer passes"},
+            {"kind": "contention", "t": 3.0, "rel": 1.4, "sweep": "runner contention"},
+            {"kind": "load", "t": 5.0, "sweep": "data"}, {"kind": "sgemm", "t": 6.0}]
+    got, f = sweep_drift.to_reference(recs, meta, {"wall_s": 1.5e-3})
+    assert f == pytest.approx({"sgemm": 1.5, "layer passes": 0.75})
+    assert [r["t"] for r in got] == pytest.approx([3.0, 3.0, 0.75, 3.0, 5.0, 6.0])
+    assert got[0]["std"] == pytest.approx(0.3) and got[1]["std"] == pytest.approx(0.3)
+    assert got[2]["gap"] == 0.5 and got[3]["rel"] == 1.4          # not times of the record: kept
+    assert recs[0]["t"] == 2.0 and recs[1]["t"] == 4.0           # the saved records are not changed
+    assert sweep_drift.to_reference(recs, meta, None) == (recs, {})
+    assert sweep_drift.to_reference(recs, {}, {"wall_s": 1.5e-3}) == (recs, {})
+    line = sweep_drift.states_line(f, {"wall_s": 1.5e-3})
+    assert "(1.50 ms" in line and "x0.75 (layer passes) to x1.50 (sgemm) over 2 sweeps" in line
+    assert sweep_drift.states_line({}, {"wall_s": 1.5e-3}) is None
+
+
+def test_profile_fits_the_records_at_the_sweeps_reference_state(tmp_path, monkeypatch, capsys):
+    """The same SGEMM records, timed between marks at the reference and
+    between marks twice as slow: the second profile prices every shape at
+    the reference state, half the times it read."""
+    import json
+    from engine.perf.profile import Profile
+    ends = _reading(2.0e-3, 1.0e-3, 1.0e-3)
+    fp = dict(calibrate.fingerprint(), calibration=dict(ends, before=ends, after=ends, drift=0.0, n=9, cpu_s=2e-3))
+    shapes = [(2 ** (i % 5), 2 ** (i % 3), 2 ** (i % 4)) for i in range(40)]
+    recs = [{"kind": "sgemm", "t": 1e-6 + 1e-9 * m * n * k * (1 + 0.01 * (i % 3)), "std": 1e-8, "m": m, "n": n,
+             "k": k, "trans": "nn", "holdout": False, "sweep": "sgemm"} for i, (m, n, k) in enumerate(shapes)]
+    profs = []
+    for mark in (2.0e-3, 4.0e-3):
+        state = _reading(mark, mark / 2, mark / 2)
+        src = tmp_path / f"r{mark}.json"
+        src.write_text(json.dumps({"records": recs, "meta": {"fingerprint": fp, "part_calibrations": {
+            "sgemm": {"before": state, "after": state}}}}))
+        out = tmp_path / f"p{mark}.json"
+        assert cli.main(["profile", "--from-records", str(src), "--out", str(out)]) == 0
+        profs.append(json.loads(out.read_text()))
+    said = capsys.readouterr().out
+    ref = profs[1]["fingerprint"]["calibration"]["wall_s"]
+    assert ref == pytest.approx((6 * 2e-3 + 4e-3) / 7)
+    assert profs[0]["sweep"]["state_factors"] == {"sgemm": pytest.approx(1.0)}
+    assert profs[1]["sweep"]["state_factors"] == {"sgemm": pytest.approx(ref / 4e-3)}
+    assert f"x{ref / 4e-3:.2f} (sgemm) to x{ref / 4e-3:.2f} (sgemm) over 1 sweeps" in said
+    same, slow = Profile(profs[0]), Profile(profs[1])
+    for m, n, k in ((4, 2, 8), (16, 4, 8)):
+        assert slow.sgemm(m, n, k) == pytest.approx(same.sgemm(m, n, k) * ref / 4e-3, rel=1e-6)
