@@ -229,22 +229,15 @@ def cmd_profile(args) -> int:
             _write_json(args.records, data)
         _check_skipped(data, only, old)
     from engine import backend
-    from .sweep_drift import states_line, sweep_reference, to_reference, warning
-    meta = data.get("meta", {})
-    if said := warning(meta):
+    from .sweep_drift import sweep_reference, warning
+    if said := warning(data.get("meta", {})):
         print("sprint profile: warning: " + said, file=sys.stderr)
-    fp = meta.get("fingerprint")
-    # The records were measured over the whole sweep: their calibration is the
-    # marks' with the closing one, and each one-process sweep's times are
-    # priced at that state by its own marks (sweep_drift.to_reference).
-    ref = sweep_reference(fp.get("calibration") or {}, meta) if fp else None
-    records, states = to_reference(data["records"], meta, ref)
-    prof = fit.fit_profile(records, machine=args.machine, backend=backend.get_backend().name)
-    prof["sweep"] = {k: v for k, v in meta.items() if k != "fingerprint"}
-    if states:
-        prof["sweep"]["state_factors"] = states
-        print(states_line(states, ref))
-    if fp:
+    prof = fit.fit_profile(data["records"], machine=args.machine, backend=backend.get_backend().name)
+    prof["sweep"] = {k: v for k, v in data.get("meta", {}).items() if k != "fingerprint"}
+    if fp := data.get("meta", {}).get("fingerprint"):
+        # The records were measured over the whole sweep: their calibration is
+        # the marks' with the closing one (sweep_drift.sweep_reference).
+        ref = sweep_reference(fp.get("calibration") or {}, data["meta"])
         prof["fingerprint"] = dict(fp, calibration=ref) if ref else fp
     prof["skipped"] = data.get("skipped", [])
     _fit_pipeline(prof, data["records"])
@@ -253,7 +246,7 @@ def cmd_profile(args) -> int:
     print(fit.format_errors(prof))
     if args.plots:
         from . import plots
-        for f in plots.plot_fits(records, prof, args.plots):
+        for f in plots.plot_fits(data["records"], prof, args.plots):
             print(f"wrote {f}")
     print(f"profile written to {out}")
     return 0

@@ -10,25 +10,14 @@ seconds (``bench/host_states.py``), so every record is a sample of one or
 the other, and the fits' medians were 2-3 times the Intel VM's.
 
 Each sweep's records are tagged with the sweep's name and ``meta
-["part_calibrations"]`` holds the marks before and after it. Together they
+["part_calibrations"]`` holds the marks before and after it. Rescaling
+each sweep's records by its marks was tried on that host and changed no
+prediction (the layer terms absorb the ops' scale, and the marks' state is
+as random as the records'): no record is corrected by them. Together they
 are the calibration of the whole sweep, which ``sprint profile`` stores as
 the profile's (``sweep_reference``): the records were measured over the
 sweep's minutes, not at its two ends (set 18's sweep read 2.26 ms at both
 ends and 1.48-2.59 ms, mean 2.09, at its 20 marks).
-
-The records of each one-process sweep are priced at that reference state
-before they are fitted (``to_reference``): times by the reference over the
-mean of the sweep's two marks. On the Intel VM of 2026-12-06 the host keeps
-a state for minutes: cpu_test25's layer passes were timed between marks of
-1.08 and 1.10 ms and its reference read 1.39 ms, so its layer terms priced
-the fast state and set 25's runs came out a median x1.22 slower than
-priced. Refitting the saved records so (bench/RESULTS.md section 4, the
-seen sets as a development set; calibrated T_GPU mean): set 25 20.1 ->
-9.6 %, set 23 16.5 -> 20.2 %, set 22 4.6 -> 4.5 %, set 21 4.4 -> 5.9 %.
-On the AMD VM of 2026-12-02 the states flipped within a second, a mark
-was as random a sample as the records, and rescaling there changed no
-prediction (T_GPU 13.7 -> 13.6 %). The sweeps of several processes keep
-their records as measured (``AS_MEASURED``).
 """
 from __future__ import annotations
 
@@ -127,50 +116,3 @@ def sweep_reference(cal: dict, meta: dict) -> dict | None:
     x = np.array([r[1]["wall_s"] for r in rows])
     out["drift"] = float((x.max() - x.min()) / 2 / out["wall_s"])
     return out
-
-
-# Sweeps whose records stay as measured: mpiexec jobs and the sharing runs,
-# whose ratios are each taken against a (1, 1) run of their own minute (the
-# state cancels in them), the loop of the runner's threads and the
-# pipeline's runs. Every other sweep times one process, one thread.
-AS_MEASURED = ("allreduce", "pipeline", "loop overhead", "contention", "runner contention",
-               "runner contention mid", "runner contention long")
-# The fields of a one-process record that are times (``t`` the median, ``std`` its spread).
-TIME_KEYS = ("t", "std")
-
-
-def part_states(meta: dict, ref_wall: float) -> dict:
-    """{sweep: factor} taking each one-process sweep's times to the reference
-    state: ``ref_wall`` over the mean of the sweep's marks before and after
-    (a sweep without marks is left out: nothing to scale it by)."""
-    out = {}
-    for name, p in (meta.get("part_calibrations") or {}).items():
-        walls = [m["wall_s"] for m in (p.get("before") or {}, p.get("after") or {}) if m.get("wall_s")]
-        if name not in AS_MEASURED and walls and ref_wall > 0:
-            out[name] = float(ref_wall / np.mean(walls))
-    return out
-
-
-def to_reference(records: list, meta: dict, ref: dict | None) -> tuple[list, dict]:
-    """(records, factors): copies of ``records`` with each one-process
-    sweep's times scaled to the state of ``ref`` (``sweep_reference``) by
-    ``part_states``; the records unchanged and {} without a reference."""
-    if not ref or not ref.get("wall_s"):
-        return records, {}
-    f = part_states(meta, ref["wall_s"])
-    out = []
-    for r in records:
-        k = f.get(r.get("sweep"))
-        out.append(r if k is None else dict(r, **{t: r[t] * k for t in TIME_KEYS
-                                                   if isinstance(r.get(t), (int, float))}))
-    return out, f
-
-
-def states_line(factors: dict, ref: dict) -> str | None:
-    """What ``sprint profile`` says of ``to_reference``'s scaling."""
-    if not factors:
-        return None
-    lo, hi = min(factors, key=factors.get), max(factors, key=factors.get)
-    return (f"the one-process sweeps' times are priced at the sweep's mean state ({1e3 * ref['wall_s']:.2f} ms, "
-            f"the profile's calibration) by the marks around each: x{factors[lo]:.2f} ({lo}) to "
-            f"x{factors[hi]:.2f} ({hi}) over {len(factors)} sweeps")
