@@ -10,10 +10,17 @@ seconds (``bench/host_states.py``), so every record is a sample of one or
 the other, and the fits' medians were 2-3 times the Intel VM's.
 
 Each sweep's records are tagged with the sweep's name and ``meta
-["part_calibrations"]`` holds the marks before and after it. Rescaling
-each sweep's records by its marks was tried on that host and changed no
-prediction (the layer terms absorb the ops' scale, and the marks' state is
-as random as the records'): no record is corrected by them. Together they
+["part_calibrations"]`` holds the marks before and after it. No record is
+corrected by them. Rescaling each sweep's records by its marks changed no
+prediction on that host (the marks' state is as random as the records').
+On the Intel VM of 2026-12-06, which keeps a state for minutes, pricing
+each one-process sweep's records at the sweep's mean state by the mean of
+its two marks (6395c60) took the seen set 25 from 20.1 to 9.6 % (T_GPU,
+calibrated) and was then judged on held-out set 26 (bench/RESULTS.md
+section 4): 22.0 %, where the same runs priced by the records as measured
+come out at 11.9 % (its layer passes between marks of 1.54 ms against a
+reference of 1.24 ms, scaled by x0.81, ran no faster than the rest). Two
+one-second marks do not tell a sweep's state: reverted. Together they
 are the calibration of the whole sweep, which ``sprint profile`` stores as
 the profile's (``sweep_reference``): the records were measured over the
 sweep's minutes, not at its two ends (set 18's sweep read 2.26 ms at both
