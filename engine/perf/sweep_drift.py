@@ -18,9 +18,10 @@ each one-process sweep's records at the sweep's mean state by the mean of
 its two marks (6395c60) took the seen set 25 from 20.1 to 9.6 % (T_GPU,
 calibrated) and was then judged on held-out set 26 (bench/RESULTS.md
 section 4): 22.0 %, where the same runs priced by the records as measured
-come out at 11.9 % (its layer passes between marks of 1.54 ms against a
-reference of 1.24 ms, scaled by x0.81, ran no faster than the rest). Two
-one-second marks do not tell a sweep's state: reverted. Together they
+come out at 11.9 % (set 26's layer passes, timed between marks of 1.54 ms
+against a reference of 1.24 ms, were scaled by x0.81, and its runs came
+out in that slow state). Two one-second marks do not tell the state the
+runs will see: reverted. Together they
 are the calibration of the whole sweep, which ``sprint profile`` stores as
 the profile's (``sweep_reference``): the records were measured over the
 sweep's minutes, not at its two ends (set 18's sweep read 2.26 ms at both
