@@ -42,13 +42,19 @@ def windows(call, seconds, width=0.2):
     return out
 
 
-def reading(seconds):
-    """[(phase, window medians in seconds)]: alone, with a spinner on the other vCPU, alone again."""
+def tiny_sgemm():
+    """One call of the engine's SGEMM on 4x4 matrices: almost nothing but the
+    call's fixed cost, which follows the core's speed."""
     from engine import backend
     ext = backend.set_backend("cpu").ext
     x = np.ones((4, 4), np.float32)
     y = np.zeros((4, 4), np.float32)
-    call = lambda: ext.sgemm(x, x, y, False, False, 1.0, 0.0)
+    return lambda: ext.sgemm(x, x, y, False, False, 1.0, 0.0)
+
+
+def reading(seconds):
+    """[(phase, window medians in seconds)]: alone, with a spinner on the other vCPU, alone again."""
+    call = tiny_sgemm()
     rows = [("alone", windows(call, seconds))]
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -62,6 +68,15 @@ def reading(seconds):
 
 def spread(w) -> float:
     return float(np.percentile(w, 90) / np.percentile(w, 10))
+
+
+def short_reading(seconds=1.0, width=0.1) -> dict:
+    """One phase alone, short enough to take between the runs of a
+    validation (bench/validate_model.py): the per-call median (us) and the
+    p90/p10 of its ``width``-s windows."""
+    w = np.array(windows(tiny_sgemm(), seconds, width))
+    return {"us": float(np.median(w) * 1e6), "spread": spread(w), "windows": int(w.size),
+            "at": datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S")}
 
 
 def report(rows) -> str:

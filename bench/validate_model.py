@@ -29,6 +29,13 @@ nets"; a net may be a spec file). Targets (issue 15, mean |error| on the
 held-out nets): T_GPU, T_Epoch and N_Minibatch_avg <= 5 %, staleness <= 10 %;
 per-layer forward/backward median <= 10 %.
 
+Before each run a one-second reading of the host's speed (a tiny SGEMM's
+per-call time in 0.1-s windows, bench/host_states.py; ``--host-reading``)
+is kept beside the run, and the report says whether the host kept one
+speed through the runs and how the single runs' errors differ after its
+fast and slow readings: on a VM whose cores change speed (bench/RESULTS.md
+section 4, sets 23-26) a run's error holds the state it ran in.
+
 A run that fails is reported and the script exits with status 1 after the
 report (status 2 before any run when mpiexec is missing): a table of nothing
 is never a result.
@@ -49,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from validate_report import (LAYER_TARGET, QTY, TARGETS, _row_line, format_report,  # noqa: E402,F401
+from validate_report import (LAYER_TARGET, QTY, TARGETS, _row_line, format_report, host_lines,  # noqa: E402,F401
                              rel, summarize)
 from validate_runs import (DEFAULT_SUB, LAYER_CAL_BEFORE, LAYER_CAL_FIRST, N_TRAIN,  # noqa: E402,F401
                            calibrate_layers, calibrated, group_of, layer_calibration, layer_predictions,
@@ -73,6 +80,10 @@ def main(argv=None):
     ap.add_argument("--no-sim", action="store_true")
     ap.add_argument("--probe", action="store_true",
                     help="probe the machine's load before each run instead of using the sweep-time factor")
+    ap.add_argument("--host-reading", type=float, default=1.0, metavar="S",
+                    help="seconds of a tiny-SGEMM reading of the host's speed before each run "
+                         "(bench/host_states.py; 0: none): the report says whether the host kept one "
+                         "speed through the runs")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "validation.json"))
     ap.add_argument("--plot", default=str(ROOT / "bench" / "results" / "validation.png"))
     ap.add_argument("--no-calibrate", dest="calibrate", action="store_false",
@@ -137,7 +148,10 @@ def main(argv=None):
               f"(noise +-{100 * chk.noise:.0f} %{'; ' + parts if parts else ''})"
               + ("" if chk.ok else f": {'; '.join(chk.messages)}"), flush=True)
         return got
-    rows, layers, grid, runs, failed = [], [], [], {}, []
+    if a.host_reading < 0:
+        raise SystemExit("--host-reading must be >= 0 seconds")
+    from host_states import short_reading
+    rows, layers, grid, runs, failed, readings = [], [], [], {}, [], {}
     Path(str(a.out) + ".runs.jsonl").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="sprint-validate-") as tmp:
         datasets, subs = {}, {}
@@ -161,6 +175,7 @@ def main(argv=None):
                 net, n_node, n_gpu, sub = key
                 data, n_file = datasets[net]
                 host = probe_host(net, seconds=1.0, profile=prof) if a.probe else None
+                hr = short_reading(a.host_reading) if a.host_reading > 0 else None
                 try:
                     st = run_config(net, data, n_node, n_gpu, sub, a.seconds, tmp, a.timeout, rep)
                 except Exception as e:   # keep the grid going, report the failure, exit 1 at the end
@@ -168,12 +183,15 @@ def main(argv=None):
                     failed.append((key, str(e)[-300:]))
                     continue
                 runs.setdefault(key, []).append((measured(st, n_file), host))
+                readings.setdefault(key, []).append(hr)
                 # Every run is kept on disk as it comes: a grid stopped early still has its data.
                 with open(str(a.out) + ".runs.jsonl", "a") as f:
-                    f.write(json.dumps({"pass": rep, "key": list(key), "measured": runs[key][-1][0]},
+                    f.write(json.dumps({"pass": rep, "key": list(key), "measured": runs[key][-1][0],
+                                        "host_reading": hr},
                                        default=str) + "\n")
                 print(f"pass {rep + 1}/{a.repeats} {net} {n_node}x{n_gpu}x{sub}: T_GPU "
-                      f"{runs[key][-1][0]['T_GPU']:.4g} s" + (f", probe {host:.3f}" if host else ""), flush=True)
+                      f"{runs[key][-1][0]['T_GPU']:.4g} s" + (f", probe {host:.3f}" if host else "")
+                      + (f", host {hr['us']:.2f} us x{hr['spread']:.2f}" if hr else ""), flush=True)
         for key in grid:
             if key not in runs:
                 continue
@@ -186,7 +204,7 @@ def main(argv=None):
             row = {"model": net, "n_node": n_node, "n_gpu": n_gpu, "n_subbatch": sub, "n_file": n_file,
                    "group": group_of(net, prof),
                    "measured": median_runs(ms), "predicted": p, "runs": [{k: m.get(k) for k in QTY} for m in ms],
-                   "probes": probes}
+                   "probes": probes, "host_readings": readings.get(key, [])}
             if host is not None:
                 q = predicted(net, n_node, n_gpu, sub, prof, n_file, sim=False, host=None)
                 row["predicted_sweep_load"] = {k: q[k] for k in QTY}

@@ -1,7 +1,7 @@
 """The report of bench/validate_model.py: mean and median |error| of each
 quantity, the fitted grid and the held-out nets apart, per N_Node, the
-calibrated re-prediction, single runs and the run-to-run spread, the worker
-steps and the per-layer passes."""
+calibrated re-prediction, single runs and the run-to-run spread, the host's
+speed before each run, the worker steps and the per-layer passes."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +10,10 @@ import numpy as np
 TARGETS = {"T_GPU": 0.05, "T_Epoch": 0.05, "N_Minibatch_avg": 0.05, "staleness": 0.10}
 LAYER_TARGET = 0.10
 QTY = ("T_GPU", "T_Update", "T_Epoch", "N_Minibatch_avg", "staleness")
+# A host reading is steady when its windows' p90/p10 is at most this, and at
+# the host's fast speed when its median is within this of the fastest
+# reading's (bench/host_states.py's rule for a steady host).
+STEADY = 1.10
 
 
 def rel(p, m):
@@ -95,6 +99,35 @@ def _within_runs(rows, key, preds=None) -> str:
         inside += min(runs) <= v <= max(runs)
         near.append(min(abs(rel(v, x)) for x in runs))
     return f"{inside} of {len(near)}, {100 * np.mean(near):.1f} %" if near else "no runs"
+
+
+def host_lines(rows) -> list:
+    """What the readings taken before each run (``host_readings``, aligned
+    with ``runs``) say of the host: its speeds, how many readings were steady
+    at the fastest one, and the single runs' T_GPU error after those and
+    after the rest. On a two-state VM (RESULTS section 4, sets 23-26) a run's
+    error follows the state it ran in, which no prediction made before it
+    knows; these lines say whether that happened, they change no number."""
+    got = [(r, x, h) for r in rows for x, h in zip(r.get("runs", ()), r.get("host_readings") or ()) if h]
+    if not got:
+        return []
+    us = np.array([h["us"] for _, _, h in got])
+    sp = np.array([h["spread"] for _, _, h in got])
+    fast = (sp <= STEADY) & (us <= STEADY * us.min())
+    out = ["", f"host before each run (a tiny SGEMM's per-call time, {len(got)} readings, bench/host_states.py): "
+               f"{us.min():.2f}-{us.max():.2f} us (x{us.max() / us.min():.2f}); windows' p90/p10 median "
+               f"x{np.median(sp):.2f}, worst x{sp.max():.2f}; {int(fast.sum())} of {len(got)} steady at the "
+               f"fastest speed (both within x{STEADY:.2f})"]
+    if fast.all():
+        return out
+    out.append("  the host did not keep one speed through these runs: each run's error holds the state it ran in")
+    err = lambda sel: [abs(rel(r["predicted"]["T_GPU"], x["T_GPU"])) for (r, x, _), f in zip(got, fast)
+                       if f == sel and x.get("T_GPU")]
+    a, b = err(True), err(False)
+    if a and b:
+        out.append(f"  single runs' T_GPU mean |err|: {100 * np.mean(a):.1f} % after the {len(a)} steady fast "
+                   f"readings, {100 * np.mean(b):.1f} % after the other {len(b)}")
+    return out
 
 
 def format_report(rows, layers, scale=None, calibrated=None, measured_layers=None) -> str:
@@ -191,6 +224,7 @@ def format_report(rows, layers, scale=None, calibrated=None, measured_layers=Non
         cal = [l for l in sel if l.get("calibrated") is not None]
         if cal:
             out.append("  " + _layer_calibrated(cal, len(sel)))
+    out += host_lines(rows)
     worst = sorted(rows, key=lambda r: -abs(rel(r["predicted"]["T_Epoch"], r["measured"]["T_Epoch"] or 1)))[:3]
     if worst:
         out.append("worst T_Epoch: " + "; ".join(

@@ -326,3 +326,54 @@ def test_report_says_how_often_the_prediction_lies_within_the_runs(vm):
     line = [l for l in vm.format_report([a, b], [], None, (cal, 1.0, 1.0)).splitlines()
             if l.startswith("within the runs")][0]
     assert "(calibrated 2 of 2, 8.3 %)" in line          # 1.1 against its nearest run, 1.2
+
+
+def _read(us, spread):
+    return {"us": us, "spread": spread, "windows": 10, "at": "00:00:00"}
+
+
+def test_host_lines_say_nothing_without_readings_and_no_warning_on_a_steady_host(vm):
+    row = _row("digits", "held-out nets", [0.1] * 5)
+    assert vm.host_lines([row]) == []
+    row["runs"], row["host_readings"] = [row["measured"]] * 3, [_read(1.0, 1.04), _read(1.05, 1.08), _read(1.02, 1.1)]
+    lines = vm.host_lines([row])
+    assert len(lines) == 2 and "1.00-1.05 us (x1.05)" in lines[1] and "3 of 3 steady" in lines[1]
+    assert "host before each run" in vm.format_report([row], [])
+
+
+def test_host_lines_split_single_runs_by_the_state_read_before_them(vm):
+    """Two runs after fast steady readings (errors 10 %, 30 %: mean 20 %),
+    one after a slow reading and one after an unsteady one (50 %, 10 %)."""
+    row = _row("digits", "held-out nets", [0.0] * 5)
+    row["runs"] = [{"T_GPU": 1 / 1.1}, {"T_GPU": 1 / 1.3}, {"T_GPU": 1 / 1.5}, {"T_GPU": 1 / 1.1}]
+    row["host_readings"] = [_read(1.0, 1.05), _read(1.08, 1.02), _read(2.0, 1.03), _read(1.0, 1.8)]
+    text = "\n".join(vm.host_lines([row]))
+    assert "1.00-2.00 us (x2.00)" in text and "worst x1.80" in text and "2 of 4 steady" in text
+    assert "did not keep one speed" in text
+    assert "20.0 % after the 2 steady fast readings, 30.0 % after the other 2" in text
+
+
+def test_a_validation_keeps_a_host_reading_beside_each_run(vm, monkeypatch, tmp_path, capsys):
+    """Each run's reading, taken before it, is saved with the run (the rows
+    and the .runs.jsonl) and summed up in the report; --host-reading 0
+    takes none."""
+    if not vm.shutil.which("mpiexec"):
+        monkeypatch.setattr(vm.shutil, "which", lambda name: "/usr/bin/" + name)
+    m = {"T_GPU": 1e-3, "T_Update": 1e-3, "T_Epoch": 1.0, "T_Epoch_wall": 1.0, "N_Minibatch_avg": 4.0,
+         "staleness": 1.0, "steps": {}, "updater": {}, "updates": 10, "samples": 40}
+    monkeypatch.setattr(vm, "run_config", lambda *a, **k: {})
+    monkeypatch.setattr(vm, "measured", lambda st, n_file: dict(m))
+    monkeypatch.setitem(vm.N_TRAIN, "tiny", 256)
+    base = ["--nets", "tiny", "--nodes", "1", "--workers", "1", "--subbatch", "2", "--no-sim", "--repeats", "2",
+            "--no-calibrate", "--plot", str(tmp_path / "v.png")]
+    assert vm.main(base + ["--host-reading", "0.3", "--out", str(tmp_path / "v.json")]) == 0
+    out = capsys.readouterr().out
+    d = vm.json.loads((tmp_path / "v.json").read_text())
+    hr = d["rows"][0]["host_readings"]
+    assert len(hr) == 2 and all(h["us"] > 0 and h["spread"] >= 1.0 and h["windows"] >= 2 for h in hr)
+    lines = (tmp_path / "v.json.runs.jsonl").read_text().splitlines()
+    assert [vm.json.loads(l)["host_reading"]["us"] for l in lines] == [h["us"] for h in hr]
+    assert "host before each run" in out and ", host " in out
+    assert vm.main(base + ["--host-reading", "0", "--out", str(tmp_path / "w.json")]) == 0
+    assert vm.json.loads((tmp_path / "w.json").read_text())["rows"][0]["host_readings"] == [None, None]
+    assert "host before each run" not in capsys.readouterr().out
