@@ -272,6 +272,23 @@ def test_report_png_that_cannot_be_written_is_said_as_plot_out_is(tmp_path, caps
     assert (tmp_path / "new" / "r.png").stat().st_size > 0
 
 
+def test_a_refused_profile_leaves_no_folder_behind(tmp_path, capsys):
+    """`sprint profile --out new/dir/p.json --only nosuch` made new/dir before
+    it refused the sweep's name; the outputs' check now tries the nearest
+    folder that exists and makes nothing."""
+    out = tmp_path / "new" / "dir" / "p.json"
+    assert cli.main(["profile", "--quick", "--only", "nosuch", "--out", str(out),
+                     "--records", str(tmp_path / "other" / "r.json")]) == 2
+    _one_error(capsys, "unknown sweep 'nosuch'", "(--only)")
+    assert cli.main(["profile", "--from-records", str(tmp_path / "none.json"), "--out", str(out)]) == 2
+    _one_error(capsys, "no such file for --from-records")
+    assert sorted(f.name for f in tmp_path.iterdir()) == []
+    (tmp_path / "afile").write_text("x")
+    assert cli.main(["profile", "--quick", "--out", str(tmp_path / "afile" / "x" / "p.json")]) == 2
+    _one_error(capsys, f"not a folder ({tmp_path / 'afile'})")
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["afile"]
+
+
 def test_profile_options_name_themselves(tmp_path, capsys, monkeypatch):
     """`--only nosuch` said "unknown sweep(s) ['nosuch']" naming no option, `--only "handover,"` refused
     a sweep '', a missing --from-records said "no such file or folder", --plots FILE "not a folder"."""

@@ -132,11 +132,12 @@ def test_profile_refits_saved_records(tmp_path, capsys):
             recs.append({"kind": name, "x": float(x), "t": 1e-9 * x + 1e-6 * rng.uniform(0.9, 1.1)})
     src = tmp_path / "rec.json"
     src.write_text(json.dumps({"records": recs, "meta": {}}))
-    out = tmp_path / "prof.json"
-    assert cli.main(["profile", "--from-records", str(src), "--out", str(out), "--plots", str(tmp_path)]) == 0
+    # folders that do not exist yet: made when their files are written
+    out, plots = tmp_path / "new" / "prof.json", tmp_path / "plots" / "fits"
+    assert cli.main(["profile", "--from-records", str(src), "--out", str(out), "--plots", str(plots)]) == 0
     text = capsys.readouterr().out
     assert "sgemm_nn" in text and out.exists()
-    assert (tmp_path / "fit_sgemm.png").exists() and (tmp_path / "fit_terms.png").exists()
+    assert (plots / "fit_sgemm.png").exists() and (plots / "fit_terms.png").exists()
     p = Profile.load(out)
     assert p.sgemm(100, 100, 100, "tn") == pytest.approx(2e-10 * 1e6 + 1e-6, rel=1e-3)
 

@@ -43,7 +43,11 @@ def _write_json(path, obj):
 
 def check_outputs(*paths):
     """Refuse an output that cannot be written before a sweep of minutes, not
-    after it (the sweep would be lost)."""
+    after it (the sweep would be lost). Nothing is left behind: a missing
+    folder is made when its file is written (atomic_write), and here only
+    the nearest folder that exists is tried, so a command refused later (a
+    bad --only, no mpiexec) leaves no empty folder, as a refused train
+    leaves no run folder."""
     for path in paths:
         if path is None:
             continue
@@ -51,12 +55,10 @@ def check_outputs(*paths):
         if p.is_dir():
             raise RunError("is a folder, not a file", path)
         folder = p.parent
-        if folder.exists() and not folder.is_dir():
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
             raise RunError("not a folder", folder)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise OSError(e.errno, e.strerror, str(folder)) from None
         # a file made and removed: os.access says yes to root everywhere (/proc, a
         # read-only mount), and the sweep's minutes were lost at its end
         try:
