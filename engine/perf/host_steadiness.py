@@ -13,7 +13,11 @@ section 4) and a prediction, which prices the host's average, cannot be
 checked more closely than that on such a host. The calibration's own
 calls show it: their medians over short windows (``WINDOW``) spread by
 the states' ratio on an unsteady host and by a few percent on a steady
-one.
+one. On the Intel Xeon VM of 2026-12-06 (three levels: 1.15, 1.5 and
+1.9 us a tiny SGEMM call) the slow ones were not stolen time: the
+kernel's steal counter (/proc/stat) rose by 0-2 ticks in a second of
+them, so the core itself ran slower (its clock, or another tenant on its
+hyperthread sibling), which no count inside the VM shows but timing.
 """
 from __future__ import annotations
 
