@@ -329,7 +329,7 @@ needs_mpiexec = pytest.mark.skipif(__import__("shutil").which("mpiexec") is None
 @pytest.mark.mpi
 @needs_mpiexec
 @pytest.mark.parametrize("n,args,fragment", [
-    (2, ["--parallel", "sync", "--data", "/nonexistent"], "no such file or folder for --data (/nonexistent)"),
+    (2, ["--parallel", "sync", "--data", "TMP/missing"], "no such file or folder for --data (TMP/missing)"),
     (3, ["--parallel", "pipeline", "--stages", "2"], "needs mpiexec -n 2, not 3 ranks"),
     # refused by the CLI before any run is set up
     (2, ["--parallel", "sync", "--lr", "nan"], "lr must be finite and > 0, got nan (--lr)"),
@@ -341,6 +341,9 @@ def test_an_input_mistake_under_mpiexec_is_one_error_line_not_a_traceback_per_ra
     """Every rank meets the same mistake: rank 0 reports it, the job ends
     with exit 2, no rank prints a traceback or says it again, and no rank
     calls MPI_Abort (MPICH added its own 'Abort(2) on node 0' line)."""
+    # TMP: this test's own folder (a fixed path such as /nonexistent may exist on some machine)
+    args = [a.replace("TMP", str(tmp_path)) for a in args]
+    fragment = fragment.replace("TMP", str(tmp_path))
     p, out, errors = _mpiexec([n, *MPI_TRAIN, "--out", tmp_path / "run", *args])
     assert p.returncode == 2 and "Traceback" not in out, out[-3000:]
     assert len(errors) == 1 and fragment in errors[0], out[-3000:]

@@ -131,7 +131,7 @@ def test_info_partition_alone_shows_its_stages(capsys):
     assert [l.split()[0] for l in table[:2]] == ["0", "1"] and not table[2].split()[0].isdigit()
 
 
-@pytest.mark.parametrize("argv", [["--epochs", "0"], ["--model", "nosuch"], ["--data", "/nonexistent"],
+@pytest.mark.parametrize("argv", [["--epochs", "0"], ["--model", "nosuch"], ["--data", "missing-data"],
                                   ["--lr", "-1"]])
 def test_a_refused_train_leaves_no_empty_run_folder(tmp_path, monkeypatch, capsys, argv):
     """Each mistyped `sprint train` left an empty runs/MODEL-TIMESTAMP behind."""

@@ -112,9 +112,9 @@ def test_simulate_cli_compares_with_closed_form(prof_file, capsys):
     assert rc == 0 and "closed form" in out and "simulated" in out and "32 simulated GPUs" in out
 
 
-def test_missing_profile_is_a_clean_error(capsys):
+def test_missing_profile_is_a_clean_error(capsys, tmp_path):
     assert cli.main(["predict", "--model", "tiny", "--nodes", "1", "--subbatch", "1",
-                     "--profile", "/nonexistent/p.json"]) == 2
+                     "--profile", str(tmp_path / "missing" / "p.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
