@@ -85,7 +85,8 @@ def main(argv=None):
                          "(bench/host_states.py; 0: none): the report says whether the host kept one "
                          "speed through the runs")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "validation.json"))
-    ap.add_argument("--plot", default=str(ROOT / "bench" / "results" / "validation.png"))
+    # Beside --out by default: a run into its own file no longer rewrote the tracked validation.png.
+    ap.add_argument("--plot", default=None, help="PNG of measured against predicted (default: --out with .png)")
     ap.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                     help="skip the calibration before each pass (engine.perf.calibrate, as sprint predict "
                          "runs it); its ratio to the profile's is reported beside the errors, never applied "
@@ -236,7 +237,7 @@ def main(argv=None):
                                   indent=1, default=str))
     tmp_out.replace(a.out)
     if rows:
-        plot_validation(rows, a.plot)
+        plot_validation(rows, a.plot or str(Path(a.out).with_suffix(".png")))
     total = len(grid) * a.repeats
     if failed or not rows:
         print(f"validate_model: error: {len(failed)} of {total} runs failed"

@@ -356,7 +356,7 @@ def test_host_lines_split_single_runs_by_the_state_read_before_them(vm):
 def test_a_validation_keeps_a_host_reading_beside_each_run(vm, monkeypatch, tmp_path, capsys):
     """Each run's reading, taken before it, is saved with the run (the rows
     and the .runs.jsonl) and summed up in the report; --host-reading 0
-    takes none."""
+    takes none. The plot goes beside --out."""
     if not vm.shutil.which("mpiexec"):
         monkeypatch.setattr(vm.shutil, "which", lambda name: "/usr/bin/" + name)
     m = {"T_GPU": 1e-3, "T_Update": 1e-3, "T_Epoch": 1.0, "T_Epoch_wall": 1.0, "N_Minibatch_avg": 4.0,
@@ -365,7 +365,7 @@ def test_a_validation_keeps_a_host_reading_beside_each_run(vm, monkeypatch, tmp_
     monkeypatch.setattr(vm, "measured", lambda st, n_file: dict(m))
     monkeypatch.setitem(vm.N_TRAIN, "tiny", 256)
     base = ["--nets", "tiny", "--nodes", "1", "--workers", "1", "--subbatch", "2", "--no-sim", "--repeats", "2",
-            "--no-calibrate", "--plot", str(tmp_path / "v.png")]
+            "--no-calibrate"]
     assert vm.main(base + ["--host-reading", "0.3", "--out", str(tmp_path / "v.json")]) == 0
     out = capsys.readouterr().out
     d = vm.json.loads((tmp_path / "v.json").read_text())
@@ -377,3 +377,5 @@ def test_a_validation_keeps_a_host_reading_beside_each_run(vm, monkeypatch, tmp_
     assert vm.main(base + ["--host-reading", "0", "--out", str(tmp_path / "w.json")]) == 0
     assert vm.json.loads((tmp_path / "w.json").read_text())["rows"][0]["host_readings"] == [None, None]
     assert "host before each run" not in capsys.readouterr().out
+    # each validation's plot beside its own file (the default rewrote a tracked bench/results PNG)
+    assert (tmp_path / "v.png").stat().st_size > 0 and (tmp_path / "w.png").stat().st_size > 0
