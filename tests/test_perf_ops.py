@@ -345,6 +345,12 @@ def test_no_sweep_uses_test_set_26():
     _assert_in_no_sweep(("heldout_k5e.json", "heldout_c3d.json"))
 
 
+def test_no_sweep_uses_test_set_27():
+    """Test set 27's nets (bench/specs/heldout_k5f, heldout_c3e; RESULTS
+    section 4, registered 2026-12-06 for a steady host) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5f.json", "heldout_c3e.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
