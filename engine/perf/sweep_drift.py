@@ -10,22 +10,23 @@ seconds (``bench/host_states.py``), so every record is a sample of one or
 the other, and the fits' medians were 2-3 times the Intel VM's.
 
 Each sweep's records are tagged with the sweep's name and ``meta
-["part_calibrations"]`` holds the marks before and after it. No record is
-corrected by them. Rescaling each sweep's records by its marks changed no
-prediction on that host (the marks' state is as random as the records').
-On the Intel VM of 2026-12-06, which keeps a state for minutes, pricing
-each one-process sweep's records at the sweep's mean state by the mean of
-its two marks (6395c60) took the seen set 25 from 20.1 to 9.6 % (T_GPU,
-calibrated) and was then judged on held-out set 26 (bench/RESULTS.md
-section 4): 22.0 %, where the same runs priced by the records as measured
-come out at 11.9 % (set 26's layer passes, timed between marks of 1.54 ms
-against a reference of 1.24 ms, were scaled by x0.81, and its runs came
-out in that slow state). Two one-second marks do not tell the state the
-runs will see: reverted. Together they
-are the calibration of the whole sweep, which ``sprint profile`` stores as
-the profile's (``sweep_reference``): the records were measured over the
-sweep's minutes, not at its two ends (set 18's sweep read 2.26 ms at both
-ends and 1.48-2.59 ms, mean 2.09, at its 20 marks).
+["part_calibrations"]`` holds the marks before and after it. Together the
+marks are the calibration of the whole sweep, which ``sprint profile``
+stores as the profile's (``sweep_reference``): the records were measured
+over the sweep's minutes, not at its two ends (set 18's sweep read 2.26 ms
+at both ends and 1.48-2.59 ms, mean 2.09, at its 20 marks).
+
+No record is corrected by the marks. Rescaling each sweep's records by its
+marks changed no prediction on the AMD VM (the marks' state is as random
+as the records'). On the Intel VM of 2026-12-06, which keeps a state for
+minutes, pricing each one-process sweep's records at the sweep's mean
+state by the mean of its two marks (6395c60) took the seen set 25 from
+20.1 to 9.6 % (T_GPU, calibrated) and was then judged on held-out set 26
+(bench/RESULTS.md section 4): 22.0 %, where the same runs priced by the
+records as measured come out at 11.9 % (set 26's layer passes, timed
+between marks of 1.54 ms against a reference of 1.24 ms, were scaled by
+x0.81, and its runs came out in that slow state). Two one-second marks do
+not tell the state the runs will see: reverted.
 """
 from __future__ import annotations
 
