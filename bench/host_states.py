@@ -30,6 +30,11 @@ from contextlib import contextmanager
 import numpy as np
 
 
+# A reading is steady when every phase's windows' p90/p10 is at most this
+# (bench/validate_report.py judges its readings before each run by it too).
+STEADY = 1.10
+
+
 def windows(call, seconds, width=0.2):
     out, end = [], time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -143,7 +148,7 @@ def main(argv=None):
     p.add_argument("--seconds", type=float, default=6.0, help="seconds of each phase")
     p.add_argument("--until", default=None, help="UTC HH:MM: read again until steady or then")
     p.add_argument("--every", type=float, default=240.0, help="seconds between readings (--until)")
-    p.add_argument("--steady", type=float, default=1.10, help="steady: every phase's p90/p10 at most this")
+    p.add_argument("--steady", type=float, default=STEADY, help="steady: every phase's p90/p10 at most this")
     p.add_argument("--lock", default=None, help="flock this file during each reading and the command")
     p.add_argument("then", nargs=argparse.REMAINDER, help="-- COMMAND: run at the first steady reading")
     a = p.parse_args(argv)

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
+# A host reading is steady when its windows' p90/p10 is at most STEADY, and
+# at the host's fast speed when its median is within it of the fastest
+# reading's (bench/host_states.py's rule for a steady host).
+from host_states import STEADY
+
 # Issue 15: mean |error| on held-out nets; per-layer: median.
 TARGETS = {"T_GPU": 0.05, "T_Epoch": 0.05, "N_Minibatch_avg": 0.05, "staleness": 0.10}
 LAYER_TARGET = 0.10
 QTY = ("T_GPU", "T_Update", "T_Epoch", "N_Minibatch_avg", "staleness")
-# A host reading is steady when its windows' p90/p10 is at most this, and at
-# the host's fast speed when its median is within this of the fastest
-# reading's (bench/host_states.py's rule for a steady host).
-STEADY = 1.10
 
 
 def rel(p, m):
