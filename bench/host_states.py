@@ -13,7 +13,10 @@ A held-out set meant for a steady host is judged at the first reading
 that is steady (every phase's p90/p10 at most ``--steady``) before a
 deadline: ``--until HH:MM`` repeats the reading every ``--every`` seconds
 and then runs the command after ``--`` (exit 3 when no reading was steady
-by then). ``--lock FILE`` holds an flock on FILE during each reading and
+by then). ``--consecutive N`` waits for N steady readings in a row: on the
+Xeon VM of 2026-12-06 a steady reading was mostly alone among unsteady
+ones (4 of about 90), and the three sweeps begun at one found the host
+unsteady again within minutes (RESULTS section 4, sets 24, 27 and 28). ``--lock FILE`` holds an flock on FILE during each reading and
 the command, so that other timed work sharing the lock never overlaps them
 (the command runs holding it: it must not take it again):
 
@@ -119,19 +122,23 @@ def deadline(hhmm, now=None):
 
 
 def wait_steady(a, read=reading, sleep=time.sleep, clock=None) -> int:
-    """Readings every ``a.every`` s until one is steady (run ``a.then``, its
-    exit status) or ``a.until`` passes (3)."""
+    """Readings every ``a.every`` s until ``a.consecutive`` in a row are
+    steady (run ``a.then``, its exit status) or ``a.until`` passes (3)."""
     clock = clock or (lambda: datetime.datetime.now(datetime.timezone.utc))
     end = deadline(a.until, clock())
+    need, run = a.consecutive, 0
     # Said first: a time already past today means tomorrow's.
     print(f"reading every {a.every:g} s until {end:%Y-%m-%d %H:%M} UTC (steady: every phase at most "
-          f"x{a.steady:.2f})", flush=True)
+          f"x{a.steady:.2f}" + (f"; {need} steady readings in a row" if need > 1 else "") + ")", flush=True)
     while clock() < end:
         with held(a.lock):
             rows = read(a.seconds)
         worst = max(spread(w) for _, w in rows)
         print(f"== {clock():%Y-%m-%d %H:%M:%S} UTC\n{report(rows)}\nworst phase x{worst:.2f}", flush=True)
-        if worst <= a.steady:
+        run = run + 1 if worst <= a.steady else 0
+        if run and run < need:
+            print(f"steady, {run} of {need} in a row", flush=True)
+        elif run:
             print(f"steady (every phase at most x{a.steady:.2f})" + (f": {' '.join(a.then)}" if a.then else ""),
                   flush=True)
             if not a.then:
@@ -149,6 +156,7 @@ def main(argv=None):
     p.add_argument("--until", default=None, help="UTC HH:MM: read again until steady or then")
     p.add_argument("--every", type=float, default=240.0, help="seconds between readings (--until)")
     p.add_argument("--steady", type=float, default=STEADY, help="steady: every phase's p90/p10 at most this")
+    p.add_argument("--consecutive", type=int, default=1, help="--until: this many steady readings in a row")
     p.add_argument("--lock", default=None, help="flock this file during each reading and the command")
     p.add_argument("then", nargs=argparse.REMAINDER, help="-- COMMAND: run at the first steady reading")
     a = p.parse_args(argv)
@@ -156,6 +164,8 @@ def main(argv=None):
         a.then = a.then[1:]
     if a.then and not a.until:
         p.error("a command runs at a steady reading: give --until")
+    if a.consecutive < 1:
+        p.error(f"--consecutive {a.consecutive}: at least 1")
     if a.until:
         return wait_steady(a)
     print(report(reading(a.seconds)))

@@ -87,7 +87,7 @@ def test_host_states_waits_for_a_steady_reading_then_runs_the_command(tmp_path, 
     mark = tmp_path / "ran"
     cmd = [sys.executable, "-c", f"open({str(mark)!r}, 'w').close(); raise SystemExit(7)"]
     a = states.argparse.Namespace(until="08:30", every=240.0, steady=1.10, seconds=6.0, lock=str(tmp_path / "l"),
-                                  then=cmd)
+                                  then=cmd, consecutive=1)
     assert states.wait_steady(a, read=lambda s: next(seen), sleep=sleep, clock=clock) == 7
     out = capsys.readouterr().out
     assert mark.exists() and out.count("worst phase") == 3 and "worst phase x1.80" in out
@@ -98,6 +98,17 @@ def test_host_states_waits_for_a_steady_reading_then_runs_the_command(tmp_path, 
     t[0] = datetime.datetime(2026, 12, 6, 8, 0, tzinfo=datetime.timezone.utc)
     assert states.wait_steady(a, read=lambda s: [("alone", two_state)] * 3, sleep=sleep, clock=clock) == 3
     assert not mark.exists() and "not steady by 08:30 UTC: nothing run" in capsys.readouterr().out
+    # --consecutive 2: a steady reading alone among unsteady ones runs nothing;
+    # the second of two in a row runs the command.
+    t[0] = datetime.datetime(2026, 12, 6, 8, 0, tzinfo=datetime.timezone.utc)
+    seen = iter([[("alone", steady)] * 3, [("alone", two_state)] * 3, [("alone", steady)] * 3,
+                 [("alone", steady)] * 3])
+    a.consecutive = 2
+    assert states.wait_steady(a, read=lambda s: next(seen), sleep=sleep, clock=clock) == 7
+    out = capsys.readouterr().out
+    assert mark.exists() and out.count("steady, 1 of 2 in a row") == 2 and "2 steady readings in a row" in out
+    assert t[0] == datetime.datetime(2026, 12, 6, 8, 12, tzinfo=datetime.timezone.utc)   # the fourth reading
+    a.consecutive = 1
     # A time already past today is tomorrow's, and said so before the first reading.
     t[0] = datetime.datetime(2026, 12, 6, 9, 0, tzinfo=datetime.timezone.utc)
     assert states.deadline("08:30", t[0]) == datetime.datetime(2026, 12, 7, 8, 30, tzinfo=datetime.timezone.utc)
@@ -111,3 +122,5 @@ def test_host_states_waits_for_a_steady_reading_then_runs_the_command(tmp_path, 
         states.main(["--until", "8h30", "--", "true"])
     with pytest.raises(SystemExit):
         states.main(["--", "true"])                   # a command without a deadline
+    with pytest.raises(SystemExit):
+        states.main(["--until", "12:00", "--consecutive", "0", "--", "true"])
