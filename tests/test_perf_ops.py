@@ -371,6 +371,12 @@ def test_no_sweep_uses_test_set_29():
     _assert_in_no_sweep(("heldout_k5h.json", "heldout_c3g.json"))
 
 
+def test_no_sweep_uses_test_set_30():
+    """Test set 30's nets (bench/specs/heldout_k5i, heldout_c3h; RESULTS
+    section 4, registered 2026-12-06 for the two-state host) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5i.json", "heldout_c3h.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
