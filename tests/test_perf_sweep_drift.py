@@ -156,3 +156,40 @@ def test_a_profile_swept_on_a_moving_host_is_noted_at_every_use(tmp_path, monkey
     prof.data["sweep"] = {"part_calibrations": {"sgemm": _part(1.5e-3, 1.6e-3)}}
     assert not any("swept while" in n for n in calibrate.check(prof, apply=False).notes)
     assert sweep_drift.profile_note({}) is None
+
+
+def test_a_moved_sweep_keeps_the_steady_profile_it_replaces(tmp_path, monkeypatch, capsys):
+    """``sprint profile --out P`` whose sweeps saw the host move, where P holds
+    a profile whose own sweep was steady: the old one is kept byte for byte
+    as P's ``.steady.json`` and the note says so; nothing is kept when the
+    new sweep was steady, when the old one had moved too, or had no marks.
+    The fit is stubbed (the records are empty): what is tested is the file."""
+    import json
+    from engine.perf import cli_profile, fit
+    from engine.perf.profile import Profile
+    monkeypatch.setattr(fit, "fit_profile", lambda *a, **k: Profile.synthetic(backend="cpu").data)
+    monkeypatch.setattr(fit, "format_errors", lambda prof: "")
+    monkeypatch.setattr(cli_profile, "_fit_pipeline", lambda prof, records: None)
+    moved = {"sgemm": _part(1.08e-3, 1.3e-3), "layers": _part(1.4e-3, 1.73e-3)}
+    steady = {"sgemm": _part(0.74e-3, 0.76e-3), "layers": _part(0.75e-3, 0.77e-3)}
+
+    def sweep_from(parts, out):
+        recs = tmp_path / "r.json"
+        recs.write_text(json.dumps({"meta": {"part_calibrations": parts}, "records": []}))
+        assert cli.main(["profile", "--from-records", str(recs), "--out", str(out)]) == 0
+        return capsys.readouterr().err
+
+    out, kept = tmp_path / "profile.json", tmp_path / "profile.steady.json"
+    sweep_from(steady, out)
+    old = out.read_bytes()
+    err = sweep_from(moved, out)
+    assert "sprint profile: warning: the host's speed moved" in err
+    assert f"note: {out} held a profile swept while the host was steady; kept as {kept}" in err
+    assert kept.read_bytes() == old and json.loads(out.read_text())["sweep"]["part_calibrations"] == moved
+    kept.unlink()
+    assert "kept as" not in sweep_from(moved, out) and not kept.exists()      # the old one moved too
+    assert "kept as" not in sweep_from(steady, out) and not kept.exists()     # a steady sweep replaces
+    data = json.loads(out.read_text())
+    del data["sweep"]
+    out.write_text(json.dumps(data))                                         # a profile without marks
+    assert "kept as" not in sweep_from(moved, out) and not kept.exists()
