@@ -16,8 +16,9 @@ and then runs the command after ``--`` (exit 3 when no reading was steady
 by then). ``--consecutive N`` waits for N steady readings in a row: on the
 Xeon VM of 2026-12-06 a steady reading was mostly alone among unsteady
 ones (4 of about 90), and the three sweeps begun at one found the host
-unsteady again within minutes (RESULTS section 4, sets 24, 27 and 28). ``--lock FILE`` holds an flock on FILE during each reading and
-the command, so that other timed work sharing the lock never overlaps them
+unsteady again within minutes (RESULTS section 4, sets 24, 27 and 28).
+``--lock FILE`` holds an flock on FILE during each reading and the
+command, so that other timed work sharing the lock never overlaps them
 (the command runs holding it: it must not take it again):
 
     python bench/host_states.py --until 09:30 --lock /tmp/cpu.lock -- bash judge.sh

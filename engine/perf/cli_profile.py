@@ -255,7 +255,7 @@ def cmd_profile(args) -> int:
     if kept:
         print(f"sprint profile: note: {out} held a profile swept while the host was steady; kept as {kept}: "
               f"pass --profile {kept} to predict from it (calibrated, a steady profile four days old priced a "
-              "two-state host's runs as well as or better than one swept there the same hour: "
+              "two-state host's runs about as well as or better than one swept there the same hour: "
               "bench/RESULTS.md section 4, set 30)", file=sys.stderr)
     return 0
 
@@ -265,9 +265,9 @@ def _keep_steady(out, sweep_meta) -> str | None:
     replaces ``out``: if ``out`` holds a profile whose own sweep did not move,
     copy it (atomically) beside it as ``<name>.steady.json`` and say where.
     On the two-state Xeon VM of 2026-12-06 such a profile, calibrated, priced
-    held-out runs as well as or better than a profile swept there the same
-    hour (bench/RESULTS.md section 4, sets 23-28 seen and set 30), so
-    replacing it with the new one would lose the better of the two."""
+    held-out runs about as well as or better than a profile swept there the
+    same hour (bench/RESULTS.md section 4, sets 23-28 seen and set 30), so
+    replacing it with the new one could lose the better of the two."""
     from .sweep_drift import spread, warning
     if warning(sweep_meta) is None or not Path(out).is_file():
         return None
