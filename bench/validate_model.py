@@ -59,8 +59,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate_report import (LAYER_TARGET, QTY, TARGETS, _row_line, format_report, host_lines,  # noqa: E402,F401
                              rel, summarize)
 from validate_runs import (DEFAULT_SUB, LAYER_CAL_BEFORE, LAYER_CAL_FIRST, N_TRAIN,  # noqa: E402,F401
-                           calibrate_layers, calibrated, group_of, layer_calibration, layer_predictions,
-                           layer_times, make_data, measured, measured_mode, median_runs,
+                           calibrate_layers, calibrated, calibrated_by_part, group_of, layer_calibration,
+                           layer_predictions, layer_times, make_data, measured, measured_mode, median_runs,
                            merge_runs, predicted, repredict, run_config, safe_name, saved_calibrated,
                            swept_nets)
 
@@ -115,8 +115,7 @@ def main(argv=None):
         if a.repredict:
             repredict(d, a.profile, sim=not a.no_sim)
         # Without --repredict the saved runs' own calibrated predictions (what sprint predict gave then).
-        got = calibrated(d["rows"], Profile.load(a.profile), d.get("calibrations") or [], sim=False) \
-            if a.repredict else saved_calibrated(d)
+        got = calibrated_by_part(ds, Profile.load(a.profile)) if a.repredict else saved_calibrated(d)
         # The measured-layers mode prices the rest by the run's own profile unless re-predicted.
         run_prof = a.profile if a.repredict else (d.get("profile") or (d.get("parts") or [{}])[0].get("profile"))
         # Files saved before the anchors' passes were kept time them now (the line then moves a little).

@@ -235,6 +235,23 @@ def calibrated(rows, prof, cals, sim=False):
     return out, k, kc
 
 
+def calibrated_by_part(ds, prof, sim=False):
+    """``calibrated()`` over saved validations ``ds`` (one grid run in
+    parts), each part's rows rescaled by its own passes' calibrations, as
+    validate_model.py rescaled them when it ran them (``saved_calibrated``):
+    so that ``--rescore --repredict`` with the runs' own profile gives the
+    numbers the runs gave. One median over all the parts' calibrations
+    instead moved set 28's calibrated T_GPU from 10.3 to 11.0 %. The
+    (per-unit, per-call) scales shown are the parts' median; None when a
+    part's calibrations give none."""
+    got = [calibrated(d["rows"], prof, d.get("calibrations") or [], sim=sim) for d in ds]
+    if not got or any(g is None for g in got):
+        return None
+    rows = [r for g in got for r in g[0]]
+    k, kc = (float(np.median([g[i] for g in got])) for i in (1, 2))
+    return (rows, k, kc) + (("median of each part's passes, shown: their median",) if len(got) > 1 else ())
+
+
 # Where a layer pass's calibration came from (the ``calibration`` of each
 # layer row, said in the report).
 LAYER_CAL_BEFORE = "before the passes"

@@ -138,6 +138,32 @@ def test_calibrated_rows_rescale_kernels_and_per_call_costs_apart(vm):
     assert vm.calibrated([row], prof, [{"scale": 1.0, "call_scale": 1.0}]) is None
 
 
+def test_repredicted_parts_are_each_rescaled_by_their_own_calibrations(vm):
+    """--rescore --repredict of a grid run in parts rescales each part's rows
+    by that part's calibrations, as the runs were when made (set 28 with its
+    own profile: 10.3 %, as judged; one median over all parts gave 11.0 %)."""
+    from engine.perf import model as M
+    from engine.perf.profile import Profile
+    prof = Profile.synthetic(backend="cpu", launch=1e-4)
+    parts = []
+    for call_scale in (2.0, 4.0):
+        row = _row("tiny", "fitted grid", [0.0] * 5)
+        row["measured"].update(T_Epoch=2.0, N_Minibatch_avg=4.0, T_Update=1.0)
+        parts.append({"rows": [row], "calibrations": [{"scale": 1.0, "call_scale": call_scale}]})
+    rows, k, kc, how = vm.calibrated_by_part(parts, prof)
+    assert (k, kc) == (1.0, 3.0) and "median of each part's passes" in how
+    for r, launch in zip(rows, (2e-4, 4e-4)):
+        want = M.predict("tiny", 1, 1, 1, Profile.synthetic(backend="cpu", launch=launch), n_file=8,
+                         ranks_per_host=1, impl=M.RUNNER_SWEEP_IMPL)
+        assert r["predicted"]["T_GPU"] == pytest.approx(want.t_gpu, rel=1e-9)
+    # One median over both parts (x3) would price both rows alike: not what the runs saw.
+    assert rows[0]["predicted"]["T_GPU"] < rows[1]["predicted"]["T_GPU"]
+    # A part whose calibrations applied nothing: no calibrated line at all.
+    parts[1]["calibrations"] = [{"scale": 1.0, "call_scale": 1.0}]
+    assert vm.calibrated_by_part(parts, prof) is None
+    assert len(vm.calibrated_by_part(parts[:1], prof)) == 3          # one part: no note
+
+
 def test_a_calibration_is_judged_against_the_profile_it_repredicts_with(vm):
     """--repredict swaps the profile: a saved calibration's scales are against
     the run's profile, so its measurement is compared with the new one's."""
