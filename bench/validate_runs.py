@@ -159,6 +159,12 @@ def saved_calibrated(d):
     if not scales:
         return None
     rows = [dict(r, predicted=dict(r["predicted"], **r["calibrated"])) for r in d["rows"]]
+    return _by_parts(rows, scales)
+
+
+def _by_parts(rows, scales):
+    """``(rows, per-unit, per-call)``: the median of the parts' (per-unit,
+    per-call) ``scales``, with the report's note when there are several."""
     k, kc = (float(np.median([s[i] for s in scales])) for i in (0, 1))
     return (rows, k, kc) + (("median of each part's passes, shown: their median",) if len(scales) > 1 else ())
 
@@ -247,9 +253,7 @@ def calibrated_by_part(ds, prof, sim=False):
     got = [calibrated(d["rows"], prof, d.get("calibrations") or [], sim=sim) for d in ds]
     if not got or any(g is None for g in got):
         return None
-    rows = [r for g in got for r in g[0]]
-    k, kc = (float(np.median([g[i] for g in got])) for i in (1, 2))
-    return (rows, k, kc) + (("median of each part's passes, shown: their median",) if len(got) > 1 else ())
+    return _by_parts([r for g in got for r in g[0]], [g[1:] for g in got])
 
 
 # Where a layer pass's calibration came from (the ``calibration`` of each

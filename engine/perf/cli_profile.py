@@ -244,7 +244,7 @@ def cmd_profile(args) -> int:
     prof["skipped"] = data.get("skipped", [])
     _fit_pipeline(prof, data["records"])
     out = args.out or "profile.json"
-    kept = _keep_steady(out, prof["sweep"])
+    kept = _keep_steady(out) if said else None
     Profile(prof).save(out)
     print(fit.format_errors(prof))
     if args.plots:
@@ -260,28 +260,29 @@ def cmd_profile(args) -> int:
     return 0
 
 
-def _keep_steady(out, sweep_meta) -> str | None:
-    """Before a sweep the host moved through (``sweep_drift.warning``)
-    replaces ``out``: if ``out`` holds a profile whose own sweep did not move,
-    copy it (atomically) beside it as ``<name>.steady.json`` and say where.
+def _keep_steady(out) -> str | None:
+    """Before a sweep the host moved through (``sweep_drift.warning``, said
+    by the caller) replaces ``out``: if ``out`` holds a profile whose own
+    sweep did not move, copy it (atomically) beside it as
+    ``<name>.steady.json`` and say where.
     On the two-state Xeon VM of 2026-12-06 such a profile, calibrated, priced
     held-out runs about as well as or better than a profile swept there the
     same hour (bench/RESULTS.md section 4, sets 23-28 seen and set 30), so
     replacing it with the new one could lose the better of the two."""
     from .sweep_drift import spread, warning
-    if warning(sweep_meta) is None or not Path(out).is_file():
+    p = Path(out)
+    if not p.is_file():
         return None
     try:
-        old = json.loads(Path(out).read_text())
-        meta = old["sweep"]
+        text = p.read_text()
+        meta = json.loads(text)["sweep"]
     except (OSError, ValueError, KeyError, TypeError):
         return None               # not a profile, or one without marks: nothing known steady
     if not isinstance(meta, dict) or spread(meta) is None or warning(meta) is not None:
         return None
     from engine.checkpoint import atomic_write
-    p = Path(out)
     kept = p.with_name(p.stem + ".steady" + p.suffix)
-    atomic_write(kept, p.read_text())          # byte for byte
+    atomic_write(kept, text)          # byte for byte
     return str(kept)
 
 
