@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuzz_targets import DTYPES, HUGE, Arrays, CudaError, huge_empty, result_shapes, targets  # noqa: E402
+from fuzz_ops import result_shapes  # noqa: E402
+from fuzz_targets import DTYPES, HUGE, Arrays, CudaError, huge_empty, targets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
