@@ -48,6 +48,19 @@ def test_edited_fingerprint_warns_and_names_the_difference():
     assert chk.scale == 1.0            # its speed agrees: nothing to rescale
 
 
+def test_memory_a_rounding_apart_is_the_same_machine_and_another_size_is_not():
+    """The kernel's reported memory moves by MiB (23.5 vs 23.6 GiB on two
+    boots of alike Xeon VMs): not another machine; 16 vs 23.5 GiB is. Memory
+    not read (0.0) is not compared."""
+    for mem in (23.6, 23.4, 24.5, 0.0):
+        here, cal = _now(mem_gib=mem)
+        assert calibrate.compare(FP, here, cal).ok, mem
+    for mem in (16.0, 47.0, 22.0):
+        here, cal = _now(mem_gib=mem)
+        chk = calibrate.compare(FP, here, cal)
+        assert set(chk.differs) == {"mem_gib"} and "another machine" in chk.messages[0], mem
+
+
 def test_a_cpu_named_alike_with_other_caches_is_another_machine():
     """The Xeon VM of 2026-12-06 read as the one of 12-02 by name, cores and
     flags, with a 300 MiB L3 instead of 480 MiB (and twice the calibration
