@@ -50,8 +50,8 @@ def test_edited_fingerprint_warns_and_names_the_difference():
 
 def test_memory_a_rounding_apart_is_the_same_machine_and_another_size_is_not():
     """The kernel's reported memory moves by MiB (23.5 vs 23.6 GiB on two
-    boots of alike Xeon VMs): not another machine; 16 vs 23.5 GiB is. Memory
-    not read (0.0) is not compared."""
+    24-GiB Xeon VMs): not a difference; 16 vs 23.5 GiB is. Memory not read
+    (0.0) is not compared."""
     for mem in (23.6, 23.4, 24.5, 0.0):
         here, cal = _now(mem_gib=mem)
         assert calibrate.compare(FP, here, cal).ok, mem

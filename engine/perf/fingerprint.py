@@ -67,8 +67,9 @@ def _blas() -> str:
 
 # The memory the kernel reports moves by a few MiB with its version and
 # reservations, and 0.1 GiB rounding turns that into a "difference" (23.5
-# and 23.6 GiB on the Xeon VMs of 2026-12-02 and 12-06): memory this close
-# is the same machine's. A real change of memory is tens of percent.
+# and 23.6 GiB on the two 24-GiB Xeon VMs of 2026-12-02 and 12-06, which
+# their L3 sizes tell apart). Memory this close changes no kernel's time: it
+# is not compared as a difference. A real change of memory is tens of percent.
 MEM_SAME = 0.05
 
 
