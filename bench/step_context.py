@@ -12,9 +12,11 @@ sweeps time them (``sweep_layer_passes.layer_pass_times``).
 Each figure is the median over 3 rounds of the median of 55 steps, the
 rounds interleaved; run it alone on the CPU. Found for set 29 (RESULTS
 section 4): on the AMD EPYC VM the runner's ComputeGradient of that 3x3 net
-ran 14 % above its layer passes, of its 5x5 net 3-4 %; none of these
-contexts reproduced that there (x0.94-1.07, within the host's x1.15
-between rounds).
+ran 12-14 % above its layer passes, of its 5x5 net 3-4 %; timed at once
+after the runner, the updater thread beside the worker and the evicting
+writes reproduced the 3x3 net's gap to within 2 %, the updater the most
+(5-7 %). On a host whose speed flips, rounds swing by more than that:
+read it when the rounds agree.
 """
 import argparse
 import threading
