@@ -377,6 +377,12 @@ def test_no_sweep_uses_test_set_30():
     _assert_in_no_sweep(("heldout_k5i.json", "heldout_c3h.json"))
 
 
+def test_no_sweep_uses_test_set_31():
+    """Test set 31's nets (bench/specs/heldout_k5j, heldout_c3i; RESULTS
+    section 4, registered 2026-12-07 on the AMD EPYC VM) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5j.json", "heldout_c3i.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
