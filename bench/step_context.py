@@ -31,7 +31,6 @@ from engine.parallel.threads import limit_this_thread
 from engine.perf.sweep_layer_passes import layer_pass_times
 
 
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", help="a preset name or a spec file")
@@ -48,7 +47,7 @@ def main():
     pool = [rng.standard_normal((args.batch,) + sp.input_shape).astype(np.float32) for _ in range(64)]
     y = rng.integers(0, sp.n_classes, args.batch)
     junk = np.ones(1 << 20, np.float32)
-    n_param = sum(int(p.size) for p in net.params)
+    n_param = spec_mod.n_params(sp)
     stop, ready = threading.Event(), threading.Event()
 
     def steps(mode, n=60):
