@@ -383,6 +383,13 @@ def test_no_sweep_uses_test_set_31():
     _assert_in_no_sweep(("heldout_k5j.json", "heldout_c3i.json"))
 
 
+def test_no_sweep_uses_test_set_32():
+    """Test set 32's nets (bench/specs/heldout_k5k, heldout_c3j; RESULTS
+    section 4, registered 2026-12-07 before the per-algorithm conv op fits
+    it judges) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5k.json", "heldout_c3j.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
