@@ -126,6 +126,15 @@ py::dict gemm_info(const std::string& isa) {
     d["nc"] = b.nc;
     d["l1d_bytes"] = b.l1d;
     d["l2_bytes"] = b.l2;
+    const G::ConvTiles t = G::conv_tiles(i);
+    py::dict conv;
+    conv["dw_mr"] = t.dw_mr;
+    conv["dw_nr"] = t.dw_nr;
+    conv["dw_l"] = t.dw_l;
+    conv["lanes_l"] = t.lanes_l;
+    conv["lanes_mb"] = t.lanes_mb;
+    conv["lanes_tb"] = t.lanes_tb;
+    d["conv"] = conv;
     py::list sup;
     for (G::Isa s : {G::Isa::avx512, G::Isa::avx2, G::Isa::generic})
         if (G::isa_supported(s)) sup.append(G::isa_name(s));
@@ -172,5 +181,6 @@ void bind_gemm(py::module_& m) {
           "Returns (and clears) the thread-seconds spent packing and in the micro-kernel loops since the last "
           "call, then turns the profile on or off.");
     m.def("gemm_info", &gemm_info, py::arg("isa"),
-          "The ISA (\"\" = $SPRINT_CPU_ISA or the best), micro-tile and cache blocking the SGEMM uses, and the ISAs this CPU supports.");
+          "The ISA (\"\" = $SPRINT_CPU_ISA or the best), micro-tile and cache blocking the SGEMM uses, the convolution "
+          "kernels' tiles (conv), and the ISAs this CPU supports.");
 }

@@ -190,6 +190,11 @@ Blocking blocking(Isa isa) {
     return b;
 }
 
+ConvTiles conv_tiles(Isa isa) {
+    const Kernels& kr = kernels(isa);
+    return ConvTiles{kr.dw_mr, kr.dw_nr, kr.dw_l, kr.lanes_l, kr.lanes_mb, kr.lanes_tb};
+}
+
 namespace detail {
 const Blocking& blocking_cached(Isa isa) {
     static const Blocking b[3] = {blocking(Isa::generic), blocking(Isa::avx2), blocking(Isa::avx512)};

@@ -60,6 +60,16 @@ struct Blocking {
 };
 Blocking blocking(Isa isa);
 
+// The convolution kernels' register tiles (gemm_conv.cpp): dW's tap kernel
+// (dw_mr taps x dw_nr channels, threads' channels in multiples of dw_l) and
+// the small-K lane kernel (lanes_mb channels x lanes_tb taps, lanes_l output
+// pixels of a row per vector, a row's remainder one masked vector). The
+// performance model prices the padded tiles (engine/perf/conv_tiles.py).
+struct ConvTiles {
+    int dw_mr, dw_nr, dw_l, lanes_l, lanes_mb, lanes_tb;
+};
+ConvTiles conv_tiles(Isa isa);
+
 // C (m x n, ldc) = beta * C + (alpha op(A)) @ op(B); op(X) = X^T if trans.
 // A is m x k (lda) or, transposed, k x m; B is k x n (ldb) or n x k.
 // beta == 0 overwrites C (NaN in C does not propagate); k == 0 gives beta*C.

@@ -80,6 +80,9 @@ struct Kernels {
     // dW of a small K (gemm_conv_small.h); lanes_l: LaneKernel's vector width
     void (*conv_dw_lanes)(const SmallPlan&, const Conv&, const float* dy, float* dw, bool accumulate, float* db);
     int lanes_l;
+    // its block: lanes_mb channels x lanes_tb taps, spare rows and taps computed
+    // and dropped (the performance model prices the padded block, engine/perf)
+    int lanes_mb, lanes_tb;
 };
 
 const Kernels& kernels_generic();

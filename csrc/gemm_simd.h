@@ -257,7 +257,7 @@ double fma_peak_t(std::int64_t iters, int threads) {
     namespace detail {                                                                                    \
     const Kernels& kernels_##name() {                                                                     \
         static const Kernels k{UK::MR, UK::NR, lanes, fma_peak_t<V>, sgemm_isa, conv_fwd_isa, DK::MR, DK::NR, DK::Vec::L, \
-                                conv_dw_isa, conv_dx_isa, conv_dw_lanes_isa, SK::L};                          \
+                                conv_dw_isa, conv_dx_isa, conv_dw_lanes_isa, SK::L, SK::MB_, SK::TB_};        \
         return k;                                                                                         \
     }                                                                                                     \
     }                                                                                                     \

@@ -96,9 +96,10 @@ def test_kernel_list_by_hand_for_a_small_net():
     conv = model.layer_kernels(geoms[0], n, True, False, ops)
     fc = model.layer_kernels(geoms[1], n, False, True, ops)
     pool = (2 * 16 * n, 2 * 4 * n, 2 * n, 4, 2)
-    assert conv == [("fwd", "conv_fwd", (2, cols, K, 3)), ("fwd", "pool_fwd", pool),
+    size = (2, cols, K, 3, n, 4, 4)     # GEMM, kernel side, then the geometry that picks the kernel
+    assert conv == [("fwd", "conv_fwd", size), ("fwd", "pool_fwd", pool),
                     ("bwd", "relu_bwd", 2 * 4 * n), ("bwd", "pool_bwd", pool),
-                    ("bwd", "conv_bwd_dw", (2, cols, K, 3))]       # ReLU fused, db inside, no dX
+                    ("bwd", "conv_bwd_dw", size)]       # ReLU fused, db inside, no dX
     assert fc == [("fwd", "fc_fwd", (n, 5, 8)), ("loss", "softmax", 5 * n), ("bwd", "fc_bwd", (n, 5, 8))]
     # Only some ops fitted: the layer keeps its kernels.
     assert model.layer_kernels(geoms[0], n, True, False, {"conv_fwd"})[0][1] == "im2col"

@@ -106,8 +106,12 @@ def fit_op_terms(records, min_points=12) -> dict:
     sweeps (``sweep_ops``): each op's time on its forward GEMM shape, the
     SGEMM polynomial plus the implicit convolution's terms
     (``sweep_ops.op_features``), in regimes split as the SGEMM fits are.
+    Conv records that carry their geometry and kernel add one fit per
+    kernel on the padded tiles (``conv_tiles.fit_kernels``: "kernels",
+    "pooled", "tiles"), which then price them and give the errors.
     Held out: every fourth shape."""
-    from .sweep_ops import OP_FEATURES, OP_KINDS
+    from . import conv_tiles
+    from .sweep_ops import CONV_OPS, OP_FEATURES, OP_KINDS
     out = {}
     for kind in OP_KINDS:
         fit_r, hold = _split(records, kind)
@@ -120,8 +124,13 @@ def fit_op_terms(records, min_points=12) -> dict:
         entry = {"regimes": [{"rule": rule, "coef": coef} for rule, coef in regimes],
                  "path": fit_r[0].get("path"), "cv": sweep_cv(fit_r + hold), "wide_taps": wide}
         p = Profile({"ops": {kind: entry}})
-        ev = lambda rs: error_summary([p.op(kind, r["m"], r["n"], r["k"], r.get("c", 1)) for r in rs],
-                                      [r["t"] for r in rs]) if rs else {"n": 0}
+        price = lambda r: p.op(kind, r["m"], r["n"], r["k"], r.get("c", 1))
+        if kind in CONV_OPS and conv_tiles.has_geometry(fit_r + hold):
+            # one fit per kernel the engine ran (the records say which); the
+            # plain regimes stay for callers that give no geometry
+            entry.update(conv_tiles.fit_kernels(kind, fit_r, wide, min_points))
+            price = lambda r: conv_tiles.record_price(entry, kind, r)
+        ev = lambda rs: error_summary([price(r) for r in rs], [r["t"] for r in rs]) if rs else {"n": 0}
         entry["error"] = {"fit": ev(fit_r), "holdout": ev(hold)}
         out[kind] = entry
     return out

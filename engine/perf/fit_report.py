@@ -23,8 +23,9 @@ def format_errors(prof: dict) -> str:
         if "net_shapes" in v["error"]:
             lines.append(f"{'  net shapes':<22}{'':>22}  {cell(v['error']['net_shapes'])}")
     for name, o in sorted(prof.get("ops", {}).items()):
-        lines.append(f"{name + ' (' + str(len(o['regimes'])) + ' regimes)':<22}{cell(o['error']['fit'])}  "
-                     f"{cell(o['error']['holdout'])}")
+        # a fit per kernel (conv_tiles) prices what has its geometry, and gave the errors
+        parts = f"{len(o['kernels'])} kernels" if o.get("kernels") is not None else f"{len(o['regimes'])} regimes"
+        lines.append(f"{name + ' (' + parts + ')':<22}{cell(o['error']['fit'])}  {cell(o['error']['holdout'])}")
     for name, t in sorted(prof.get("terms", {}).items()):
         lines.append(f"{name:<22}{cell(t['error']['fit'])}  {cell(t['error']['holdout'])}")
     if "allreduce" in prof:

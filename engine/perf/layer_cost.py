@@ -144,7 +144,9 @@ def layer_kernels(g, n: int, first: bool, last: bool, ops=frozenset()):
     (``Profile.op_kinds``). With them a layer is its ops as engine.layers
     calls them: the implicit convolution (ReLU fused, db inside its
     backward) and max-pool, or linear_forward/backward and ReLU; sizes are
-    the forward GEMM's (m, n, k) and, for convolutions, the kernel side.
+    the forward GEMM's (m, n, k) and, for convolutions, the kernel side,
+    the batch and the input's height and width (``Profile.op``: which
+    kernel runs the op, ``conv_tiles``).
     """
     ks = []
     kind_ops = (("conv_fwd", "conv_bwd_dw" if first else "conv_bwd") if g.kind == "conv"
@@ -185,7 +187,8 @@ def layer_kernels(g, n: int, first: bool, last: bool, ops=frozenset()):
 def _op_kernels(g, n, last, kind_ops):
     fwd, bwd = kind_ops
     if g.kind == "conv":
-        size = tuple(g.gemm_fwd) + (g.w_shape[2],)
+        # the kernel side, then the geometry that picks the kernel (conv_tiles)
+        size = tuple(g.gemm_fwd) + (g.w_shape[2], n) + tuple(g.in_shape[1:])
         ks = [("fwd", fwd, size)] + ([("fwd", "pool_fwd", pool_size(g, n))] if g.pool > 1 else [])
         ks.append(("bwd", "relu_bwd", spec_mod._prod(g.out_shape) * n))
         return ks + ([("bwd", "pool_bwd", pool_size(g, n))] if g.pool > 1 else []) + [("bwd", bwd, size)]

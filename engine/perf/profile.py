@@ -283,13 +283,19 @@ class Profile(HostSharing):
                             "`sprint profile` sweeps the path in force ($SPRINT_CONV_ALGO / --conv-algo, "
                             "$SPRINT_GEMM), or set those to the profile's")
 
-    def op(self, kind, m, n, k, c=1) -> float:
-        """Fitted time of one whole op (``sweep_ops``) on its forward GEMM shape."""
+    def op(self, kind, m, n, k, c=1, b=None, h=None, w=None) -> float:
+        """Fitted time of one whole op (``sweep_ops``) on its forward GEMM
+        shape; for a convolution with its geometry (batch ``b``, input
+        ``h`` x ``w``) on the kernel it runs, where the profile fitted one
+        per kernel (``conv_tiles``)."""
         from .sweep_ops import OP_FEATURES, op_features
         entry = (self.data.get("ops") or {}).get(kind, {})
         regs = entry.get("regimes")
         if not regs:
             raise ValueError(f"profile {self.source} has no {kind} fit")
+        if b is not None and entry.get("kernels") is not None:
+            from .conv_tiles import price_features
+            return self._scaled(*price_features(entry, kind, m, n, k, c, (b, h, w)))
         reg = next((r for r in regs if rule_matches(r["rule"], m, n, k)), regs[-1])
         return self._scaled(reg["coef"], OP_FEATURES, op_features(m, n, k, c, entry.get("wide_taps")))
 

@@ -207,8 +207,10 @@ def fc_op_shapes(cfg, rng=None):
 
 def sweep_conv_ops(cfg, skipped=None):
     """conv2d_forward (bias, fused ReLU), conv2d_backward without and with dX."""
-    from engine import ops
+    from engine import backend, ops
+    from . import conv_tiles
     path = op_path()["conv"]
+    cpu = backend.get_backend().name == "cpu"
     recs = []
     for i, (b, C, H, c, M) in enumerate(conv_op_shapes(cfg)):
         hold = i % 4 == 3
@@ -217,11 +219,14 @@ def sweep_conv_ops(cfg, skipped=None):
         dy = _rand((b, M, H, H), 4)
         dw, db = _rand((M, C, c, c), 5), _rand((M,), 6)
         f = dict(m=M, n=b * H * H, k=C * c * c, c=c, holdout=hold, path=path)
+        # on the CPU: the geometry, and which kernel ran on which tiles (conv_tiles)
+        geo = lambda kind: dict(b=b, h=H, w=H, algo=conv_tiles.conv_algo(kind, M, C * c * c, c, (b, H, H)),
+                                tiles=conv_tiles.tiles()) if cpu else {}
         recs.append(_rec("conv_fwd", lambda: ops.conv2d_forward(x, w, bias, stride=1, pad=pad, relu=True),
-                         cfg, **f))
+                         cfg, **f, **geo("conv_fwd")))
         for kind, need_dx in (("conv_bwd_dw", False), ("conv_bwd", True)):
             recs.append(_rec(kind, lambda: ops.conv2d_backward(x, w, dy, stride=1, pad=pad, dw_out=dw, db_out=db,
-                                                               need_dx=need_dx), cfg, **f))
+                                                               need_dx=need_dx), cfg, **f, **geo(kind)))
     return recs
 
 
