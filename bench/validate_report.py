@@ -70,6 +70,17 @@ def _rescaled(rows, scale):
     return out
 
 
+def _by_layer_kind(layers, key) -> str:
+    """Median |err| by layer kind (its name's letters: conv, fc) and pass:
+    where in the layers a miss sits (set 31's was in the convs' backward)."""
+    groups = {}
+    for l in layers:
+        kind = l["layer"].rstrip("0123456789")
+        groups.setdefault(f"{kind} {l['pass']}", []).append(abs(rel(l[key], l["measured"])))
+    return (f"{key} by layer kind and pass, median |err|: "
+            + ", ".join(f"{g} {100 * np.median(e):.1f} % ({len(e)})" for g, e in sorted(groups.items())))
+
+
 def _layer_calibrated(layers, n_all) -> str:
     """The per-layer line of the passes priced as sprint predict's per-layer
     table prices them after its calibration (``calibrate_layers``): each
@@ -225,6 +236,7 @@ def format_report(rows, layers, scale=None, calibrated=None, measured_layers=Non
         cal = [l for l in sel if l.get("calibrated") is not None]
         if cal:
             out.append("  " + _layer_calibrated(cal, len(sel)))
+        out.append("  " + _by_layer_kind(cal or sel, "calibrated" if cal else "predicted"))
     out += host_lines(rows)
     worst = sorted(rows, key=lambda r: -abs(rel(r["predicted"]["T_Epoch"], r["measured"]["T_Epoch"] or 1)))[:3]
     if worst:

@@ -297,9 +297,15 @@ def test_calibrated_layer_passes_are_the_kernel_and_per_call_scales_applied(vm):
     line = [x for x in text.splitlines() if x.strip().startswith("calibrated (what sprint predict prints")][0]
     errs = sorted(abs(l["calibrated"] / l["measured"] - 1) for l in layers)
     assert f"median |err| {100 * float(vm.np.median(errs)):.1f} %" in line and "per-unit x1.750, per-call x2.000" in line
+    # by layer kind and pass: where in the net the error sits
+    kinds = [x for x in text.splitlines() if x.strip().startswith("calibrated by layer kind and pass")][0]
+    conv_bwd = [abs(l["calibrated"] / l["measured"] - 1) for l in layers
+                if l["layer"].startswith("conv") and l["pass"] == "backward"]
+    assert len(conv_bwd) == 2 and f"conv backward {100 * float(vm.np.median(conv_bwd)):.1f} % (2)" in kinds
     # A calibration that did not time its parts apart: no calibrated price.
     vm.calibrate_layers(layers, prof, {"scale": 1.3, "call_scale": None})
     assert not any("calibrated" in l for l in layers) and "calibrated (what" not in vm.format_report([], layers)
+    assert "predicted by layer kind and pass" in vm.format_report([], layers)
 
 
 def test_a_layer_calibration_round_trips_through_rescore(vm, tmp_path, capsys):
