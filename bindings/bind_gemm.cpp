@@ -3,6 +3,8 @@
 #include "bind_isa.h"
 #include "gemm.h"
 
+#include <utility>
+
 using namespace sprint;
 using namespace sprint::bind;
 namespace G = sprint::gemm;
@@ -128,12 +130,9 @@ py::dict gemm_info(const std::string& isa) {
     d["l2_bytes"] = b.l2;
     const G::ConvTiles t = G::conv_tiles(i);
     py::dict conv;
-    conv["dw_mr"] = t.dw_mr;
-    conv["dw_nr"] = t.dw_nr;
-    conv["dw_l"] = t.dw_l;
-    conv["lanes_l"] = t.lanes_l;
-    conv["lanes_mb"] = t.lanes_mb;
-    conv["lanes_tb"] = t.lanes_tb;
+    for (const auto& [key, v] : {std::pair<const char*, int>{"dw_mr", t.dw_mr}, {"dw_nr", t.dw_nr}, {"dw_l", t.dw_l},
+                                 {"lanes_l", t.lanes_l}, {"lanes_mb", t.lanes_mb}, {"lanes_tb", t.lanes_tb}})
+        conv[key] = v;
     d["conv"] = conv;
     py::list sup;
     for (G::Isa s : {G::Isa::avx512, G::Isa::avx2, G::Isa::generic})
