@@ -164,3 +164,32 @@ def test_the_cpu_sweep_records_which_kernel_ran_and_its_geometry():
     for r in recs:
         assert r["n"] == r["b"] * r["h"] * r["w"] and r["tiles"] == tiles()
         assert r["algo"] == conv_algo(r["kind"], r["m"], r["k"], r["c"], (r["b"], r["h"], r["w"]))
+
+
+def test_old_records_are_given_their_geometry_on_the_machine_that_swept_them():
+    """bench/conv_kernel_records.py walks the records beside the sweep's
+    shape list: each gets its batch, side and this machine's kernel; records
+    of another CPU, or out of the list's order, are refused."""
+    import importlib.util
+    from pathlib import Path
+    from engine.perf.fingerprint import fingerprint
+    path = Path(__file__).resolve().parents[1] / "bench" / "conv_kernel_records.py"
+    spec = importlib.util.spec_from_file_location("conv_kernel_records", path)
+    ckr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ckr)
+    backend.set_backend("cpu")
+    old = [{k: v for k, v in r.items() if k not in ("b", "h", "w", "algo", "tiles")} for r in synthetic_records()]
+    fc = {"kind": "fc_fwd", "m": 4, "n": 10, "k": 20, "c": 1, "t": 1e-5}
+    data = {"meta": {"quick": True, "fingerprint": fingerprint()}, "records": [fc] + old}
+    assert ckr.add_geometry(data) == len(old) and "b" not in data["records"][0]
+    got = data["records"][1:]
+    assert conv_tiles.has_geometry(got) and [r["algo"] for r in got] == [r["algo"] for r in synthetic_records()]
+    assert all(r["tiles"] == tiles() and r["n"] == r["b"] * r["h"] * r["w"] for r in got)
+    other = dict(fingerprint(), cpu_model="Another CPU")
+    with pytest.raises(ckr.Refused, match="not swept on this machine"):
+        ckr.add_geometry({"meta": {"quick": True, "fingerprint": other}, "records": old})
+    swapped = old[3:6] + old[:3] + old[6:]
+    with pytest.raises(ckr.Refused, match="is not the sweep's shape 0"):
+        ckr.add_geometry({"meta": {"quick": True, "fingerprint": fingerprint()}, "records": swapped})
+    with pytest.raises(ckr.Refused, match="conv op records"):
+        ckr.add_geometry({"meta": {"quick": False, "fingerprint": fingerprint()}, "records": old})
