@@ -390,6 +390,13 @@ def test_no_sweep_uses_test_set_32():
     _assert_in_no_sweep(("heldout_k5k.json", "heldout_c3j.json"))
 
 
+def test_no_sweep_uses_test_set_33():
+    """Test set 33's nets (bench/specs/heldout_k5l, heldout_c3k; RESULTS
+    section 4, registered 2026-12-07 for the refitted profile cpu_test29k)
+    are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5l.json", "heldout_c3k.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
