@@ -32,6 +32,28 @@ def _w(ratio, s2=2 * 0.01 ** 2):
     return d2 / (d2 + s2)
 
 
+def test_another_machines_profile_names_the_checkouts_profiles_of_this_one(tmp_path, monkeypatch):
+    """The warning names the newest sweep among the checkout's profiles of
+    this machine's hardware; none named when the checkout has none, or when
+    only the software differs."""
+    from engine.perf import profile as profile_mod
+    here, cal = _now(cpu_model="Epyc B")
+    mine = lambda date: {"terms": {}, "fingerprint": dict(here, calibration={"date": date})}
+    (tmp_path / "old.json").write_text(json.dumps(mine("2026-12-01T10:00:00Z")))
+    (tmp_path / "new.json").write_text(json.dumps(mine("2026-12-07T04:39:30Z")))
+    (tmp_path / "new_records.json").write_text(json.dumps(mine("2026-12-08T00:00:00Z")))   # records: not a profile
+    (tmp_path / "other.json").write_text(json.dumps({"terms": {}, "fingerprint": FP}))
+    (tmp_path / "broken.json").write_text("{")
+    monkeypatch.setattr(profile_mod, "CHECKOUT_PROFILES", tmp_path)
+    msg = calibrate.compare(FP, here, cal).messages[0]
+    assert "2 profile(s) of this machine's CPU" in msg and "new.json, 2026-12-07T04:39:30Z" in msg
+    assert "old.json" not in msg
+    soft, _ = _now(numpy="9.9")
+    assert "this checkout has" not in calibrate.compare(FP, soft, cal).messages[0]
+    monkeypatch.setattr(profile_mod, "CHECKOUT_PROFILES", tmp_path / "none")
+    assert "this checkout has" not in calibrate.compare(FP, here, cal).messages[0]
+
+
 def test_same_machine_within_noise_is_silent_but_applied_in_part():
     here, cal = _now(wall=0.0104)
     chk = calibrate.compare(FP, here, cal)

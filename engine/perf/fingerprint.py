@@ -99,3 +99,32 @@ def fingerprint() -> dict:
             "l2_bytes": cache_bytes(2), "llc_bytes": cache_bytes(3),
             "python": platform.python_version(), "numpy": np.__version__, "blas": _blas(), "backend": be,
             "host": platform.node()}
+
+
+# The keys that make a profile "of this machine" for ``profiles_here``: the
+# hardware (software versions move the kernels less than a CPU does).
+MACHINE_KEYS = ("cpu_model", "cores", "l2_bytes", "llc_bytes")
+
+
+def profiles_here(now: dict, folder=None) -> list:
+    """[(sweep date, path)] of the profile files in ``folder`` (the
+    checkout's bench/profiles by default) measured on this machine's
+    hardware (the ``MACHINE_KEYS`` this machine reports, equal), newest sweep first:
+    what to name when the profile in use is another machine's."""
+    import json
+    from pathlib import Path
+    if folder is None:
+        from .profile import CHECKOUT_PROFILES as folder
+    folder = Path(folder)
+    keys = [k for k in MACHINE_KEYS if k in now] if "cpu_model" in now else []
+    out = []
+    for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if f.name.endswith("_records.json"):
+            continue
+        try:
+            fp = json.loads(f.read_text()).get("fingerprint") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        if keys and all(k in fp and fp[k] == now[k] for k in keys):
+            out.append(((fp.get("calibration") or {}).get("date", ""), f))
+    return sorted(out, key=lambda p: p[0], reverse=True)
