@@ -26,6 +26,14 @@ def test_tiles_are_the_kernels_of_this_cpu():
     assert t["dw_nr"] % t["dw_l"] == 0
 
 
+def test_tiles_follow_the_isa_in_force(monkeypatch):
+    ext = backend.set_backend("cpu").ext
+    monkeypatch.setenv("SPRINT_CPU_ISA", "generic")
+    assert tiles()["isa"] == "generic" and tiles()["mr"] == ext.gemm_info("generic")["mr"]
+    monkeypatch.delenv("SPRINT_CPU_ISA")
+    assert tiles()["isa"] == ext.gemm_info("")["isa"]
+
+
 def test_padded_tiles_by_hand():
     b, h, w, c = 2, 10, 10, 3
     n = b * h * w

@@ -34,6 +34,7 @@ A geometry here is ``(b, h, w)``: batch and the input's height and width
 """
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import numpy as np
@@ -47,12 +48,17 @@ def _up(v, q):
     return -(-int(v) // int(q)) * int(q)
 
 
-@lru_cache(maxsize=None)
 def tiles() -> dict:
-    """The kernels' register tiles on the ISA in force (``gemm_info``):
-    ``mr`` (the GEMM's rows of filters), the tap kernel's ``dw_mr`` taps x
-    ``dw_nr`` channels in multiples of ``dw_l``, the lanes kernel's
-    ``lanes_mb`` channels x ``lanes_tb`` taps over ``lanes_l`` pixels."""
+    """The kernels' register tiles on the ISA in force (``gemm_info``:
+    $SPRINT_CPU_ISA, else the best): ``mr`` (the GEMM's rows of filters),
+    the tap kernel's ``dw_mr`` taps x ``dw_nr`` channels in multiples of
+    ``dw_l``, the lanes kernel's ``lanes_mb`` channels x ``lanes_tb`` taps
+    over ``lanes_l`` pixels."""
+    return dict(_tiles(os.environ.get("SPRINT_CPU_ISA", "")))
+
+
+@lru_cache(maxsize=None)
+def _tiles(isa_env) -> dict:
     info = _cpu_ext().gemm_info("")
     return {"isa": info["isa"], "mr": info["mr"], **info["conv"]}
 
