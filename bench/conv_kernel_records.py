@@ -25,11 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.checkpoint import atomic_write  # noqa: E402
 from engine.perf import conv_tiles  # noqa: E402
-from engine.perf.fingerprint import differing, fingerprint  # noqa: E402
+from engine.perf.fingerprint import MACHINE_KEYS, differing, fingerprint  # noqa: E402
 from engine.perf.sweep import mode_config  # noqa: E402
 from engine.perf.sweep_ops import CONV_OPS, conv_op_shapes  # noqa: E402
-
-MACHINE_KEYS = ("cpu_model", "cores", "l2_bytes", "llc_bytes")
 
 
 class Refused(Exception):

@@ -65,11 +65,10 @@ def _tiles(isa_env) -> dict:
 
 def _cpu_ext():
     """The C++ extension, whichever backend this process computes on (a CPU
-    profile may be priced anywhere); engine.backend first sets the OpenMP
-    environment it must load with."""
-    from engine import backend  # noqa: F401
-    from engine import _sprint_cpu
-    return _sprint_cpu
+    profile may be priced anywhere): the CPU backend's, with its error when
+    the extension is not built."""
+    from engine import backend
+    return backend._make_cpu().ext
 
 
 @lru_cache(maxsize=4096)
