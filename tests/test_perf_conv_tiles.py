@@ -30,8 +30,13 @@ def test_tiles_follow_the_isa_in_force(monkeypatch):
     ext = backend.set_backend("cpu").ext
     monkeypatch.setenv("SPRINT_CPU_ISA", "generic")
     assert tiles()["isa"] == "generic" and tiles()["mr"] == ext.gemm_info("generic")["mr"]
+    # rows of 6 pixels: a vector wide for the generic lanes kernel (4), not for AVX2's (8) or AVX-512's
+    x, wt = np.zeros((1, 1, 6, 6), np.float32), np.zeros((4, 1, 3, 3), np.float32)
+    assert conv_algo("conv_bwd_dw", 4, 9, 3, (1, 6, 6)) == "lanes" == ext.conv2d_implicit_dw_kernel(x, wt, 1, 1, 1, 1)
     monkeypatch.delenv("SPRINT_CPU_ISA")
     assert tiles()["isa"] == ext.gemm_info("")["isa"]
+    want = ext.conv2d_implicit_dw_kernel(x, wt, 1, 1, 1, 1)
+    assert conv_algo("conv_bwd_dw", 4, 9, 3, (1, 6, 6)) == want    # "taps" on AVX2 and AVX-512
 
 
 def test_padded_tiles_by_hand():

@@ -71,9 +71,14 @@ def _cpu_ext():
     return backend._make_cpu().ext
 
 
-@lru_cache(maxsize=4096)
 def _dw_kernel(C, h, w, c, M) -> str:
-    """The dW kernel the engine picks (its own dispatch, asked)."""
+    """The dW kernel the engine picks (its own dispatch, asked) on the ISA
+    in force: the lanes kernel's width, and so its choice, is the ISA's."""
+    return _dw_kernel_on(os.environ.get("SPRINT_CPU_ISA", ""), C, h, w, c, M)
+
+
+@lru_cache(maxsize=4096)
+def _dw_kernel_on(isa_env, C, h, w, c, M) -> str:
     x, wt = np.zeros((1, C, h, w), np.float32), np.zeros((M, C, c, c), np.float32)
     return _cpu_ext().conv2d_implicit_dw_kernel(x, wt, 1, 1, (c - 1) // 2, (c - 1) // 2)
 
