@@ -397,6 +397,13 @@ def test_no_sweep_uses_test_set_33():
     _assert_in_no_sweep(("heldout_k5l.json", "heldout_c3k.json"))
 
 
+def test_no_sweep_uses_test_set_34():
+    """Test set 34's nets (bench/specs/heldout_k5m, heldout_c3l; RESULTS
+    section 4, registered 2026-12-07 for the long steps swept within the
+    cores and the wake wait read by size) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5m.json", "heldout_c3l.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
