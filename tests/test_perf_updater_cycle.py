@@ -224,3 +224,31 @@ def test_where_no_swept_deposit_wakes_its_updater_the_wait_is_priced_per_cycle(m
     assert a["load"][0] - b["load"][0] == pytest.approx(med, rel=1e-6)
     assert ww.wake_cycle_wait(prof, 1, 1, "cifar", kw) == 0.0
     assert ww.wake_cycle_wait(Profile(dict(data, backend="gpu")), 3, 2, "cifar", kw) == 0.0
+
+
+def test_a_net_not_swept_waits_as_the_swept_nets_of_its_size_whose_vectors_fit_the_llc(monkeypatch):
+    """Waits per waking deposit W of swept nets: ``wake_wait`` gives a swept
+    net its own; another net, with the profile's LLC size, W read in log
+    N_Param between the swept nets whose vectors fit the LLC, clamped at
+    their ends (cifar's 13 MB, beyond an 8 MB LLC, is left out); without an
+    LLC size or the net's size, the median over the L2-fitting nets as before."""
+    from engine.perf import wake_wait as ww
+    W = {"tiny": (2e-4, False), "digits": (4e-3, True), "mnist": (3e-3, True), "cifar": (8e-3, True)}
+    sizes = {"tiny": 580, "digits": 150_000, "mnist": 200_000, "cifar": 3_200_000}
+    es = [{"model": m, "ranks": 2, "workers": 2, "source": "runner", "n_param": n} for m, n in sizes.items()]
+    monkeypatch.setattr(ww, "swept_wake_waits", lambda *a, **k: W)
+    cache = {"l2_bytes": 512 << 10, "llc_bytes": 8 << 20}
+    prof = Profile(dict(PROF.data, backend="cpu", cores=2, cache=cache, contention={"entries": es}))
+    kw = {"impl": model.RUNNER_SWEEP_IMPL}
+    assert ww.wake_wait(prof, 2, 2, "mnist", kw, 200_000) == 3e-3                  # its own
+    assert ww.wake_wait(prof, 2, 2, "cifar", kw, 3_200_000) == 8e-3
+    # halfway in log between tiny and digits
+    mid = float(np.sqrt(580 * 150_000))
+    assert ww.wake_wait(prof, 2, 2, "other", kw, mid) == pytest.approx(0.5 * (2e-4 + 4e-3))
+    # beyond mnist: mnist's, not toward cifar's
+    assert ww.wake_wait(prof, 2, 2, "other", kw, 400_000) == pytest.approx(3e-3)
+    assert ww.wake_wait(prof, 2, 2, "other", kw, 10) == pytest.approx(2e-4)
+    # no LLC size, or no size of the net: the L2-fitting nets' median (tiny's)
+    old = Profile(dict(prof.data, cache={"l2_bytes": 512 << 10}))
+    assert ww.wake_wait(old, 2, 2, "other", kw, 400_000) == pytest.approx(2e-4)
+    assert ww.wake_wait(prof, 2, 2, "other", kw) == pytest.approx(2e-4)

@@ -237,7 +237,7 @@ def step_costs(spec, n_node, n_gpu, n_subbatch, profile, ranks_per_host=1, impl:
     # A worker's cycle beyond its timed steps, (c, beta) of c + beta T_GPU:
     # deposits, and so the workers' rate, follow the cycle, not T_GPU alone.
     c["_cycle_gap"] = (cycle_gap(pr, cpu, ranks_per_host, n_gpu, sp.name), 0.0)
-    c["_wake_wait"] = (wake_wait(pr, ranks_per_host, n_gpu, sp.name, {"impl": impl}) if wake is None
+    c["_wake_wait"] = (wake_wait(pr, ranks_per_host, n_gpu, sp.name, {"impl": impl}, n_param) if wake is None
                        else float(wake), 0.0)
     c["_wake_load"] = (wake_load_share(pr, ranks_per_host, n_gpu, sp.name, {"impl": impl})
                        if c["_wake_wait"][0] > 0 else 0.0, 0.0)

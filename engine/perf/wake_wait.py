@@ -26,6 +26,8 @@ There a worker pays the swept nets' excess per cycle instead
 (``wake_cycle_wait``)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 WAKE_STEPS = ("FetchWeights", "LoadImage")
@@ -33,12 +35,47 @@ WAKE_STEPS = ("FetchWeights", "LoadImage")
 MIN_WAKE_SHARE = 0.1
 
 
-def wake_wait(profile, ranks_per_host: int, n_gpu: int, model: str, kw: dict) -> float:
+def wake_wait(profile, ranks_per_host: int, n_gpu: int, model: str, kw: dict, n_param=None) -> float:
     """Seconds a worker waits per deposit that wakes its updater, for this
-    sharing (0 within one worker on one rank, or where not measured)."""
+    sharing (0 within one worker on one rank, or where not measured): a
+    swept net's own, another net's read by its size (``n_param``) between
+    the swept nets' whose vectors fit the last-level cache (``by_size``)."""
     if ranks_per_host * n_gpu < 2 or profile.data.get("backend", "cpu") != "cpu":
         return 0.0
-    return swept_or_small_median(swept_wake_waits(profile, ranks_per_host, n_gpu, kw), model)
+    per = swept_wake_waits(profile, ranks_per_host, n_gpu, kw)
+    got = by_size(profile, per, model, n_param)
+    return swept_or_small_median(per, model) if got is None else got
+
+
+def by_size(profile, per, model, n_param):
+    """A net's value in ``per`` ({swept net: (value, ...)}) read in log
+    N_Param between the swept nets whose flat vectors fit the last-level
+    cache, clamped to the smallest and largest of them; None for a swept
+    net, without a size, or where the profile has no LLC size.
+
+    The wait grows with the vector the woken updater sums and publishes
+    before the worker gets its core back: at 2 x 2 on the AMD VM's sweep
+    (cpu_test29k) tiny (580 parameters) waited 0.27 ms per waking deposit,
+    digits and mnist (0.15-0.21 M) 4.4 and 3.2 ms. Read from the nets whose
+    vectors fit the L2 (tiny alone there), the held-out nets of sets 29-33
+    (0.15-0.39 M parameters, 96 runs, all seen) had their FetchWeights +
+    LoadImage priced 1.6 / 2.0 / 4.2 % of T_GPU short at 1 x 2 / 2 x 1 /
+    2 x 2; read so, -0.1 / +0.1 / -0.5 %. cifar (13 MB, beyond the 8 MB
+    LLC) is left out: its wait is the copy's bandwidth, which its own
+    slowdown prices, and read toward it the same nets came out 0.7-2.0 % of
+    T_GPU long."""
+    llc = float((profile.data.get("cache") or {}).get("llc_bytes") or 0)
+    if model in per or not n_param or not llc:
+        return None
+    sizes = {e.get("model"): float(e.get("n_param") or 0) for e in profile._contention()}
+    by = {}
+    for m, v in per.items():
+        if 0 < sizes.get(m, 0) and 4 * sizes[m] <= llc:
+            by.setdefault(math.log(sizes[m]), []).append(v[0])
+    if not by:
+        return None
+    xs = sorted(by)
+    return float(np.interp(math.log(n_param), xs, [float(np.mean(by[x])) for x in xs]))
 
 
 def swept_or_small_median(per, model, default=0.0) -> float:
