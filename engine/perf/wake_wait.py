@@ -12,9 +12,10 @@ price at 2 x 2 on the held-out nets of sets 2-9 (5-10 % of T_GPU), about
 Measured, not derived: per sharing, the runner contention sweep's own runs
 give each swept net's excess at those two steps over the model's price,
 per deposit that woke the updater in the model of that run. A swept net
-takes its own; another net the median over the swept nets whose vectors
-fit the L2 (cifar's 13 MB fetch copy slows under the sharing for another
-reason, bandwidth, which its slowdown already prices).
+takes its own; another net the swept nets' of its size whose vectors fit
+the last-level cache (``by_size``; cifar's 13 MB fetch copy slows under
+the sharing for another reason, bandwidth, which its slowdown already
+prices).
 
 Where the swept nets' updaters were always busy (3 x 2: every swept
 small-vector net's model had under 0.04 of its deposits wake the
@@ -39,7 +40,8 @@ def wake_wait(profile, ranks_per_host: int, n_gpu: int, model: str, kw: dict, n_
     """Seconds a worker waits per deposit that wakes its updater, for this
     sharing (0 within one worker on one rank, or where not measured): a
     swept net's own, another net's read by its size (``n_param``) between
-    the swept nets' whose vectors fit the last-level cache (``by_size``)."""
+    those of the swept nets whose vectors fit the last-level cache
+    (``by_size``); without the sizes, the median over the L2-fitting ones."""
     if ranks_per_host * n_gpu < 2 or profile.data.get("backend", "cpu") != "cpu":
         return 0.0
     per = swept_wake_waits(profile, ranks_per_host, n_gpu, kw)
@@ -58,7 +60,7 @@ def by_size(profile, per, model, n_param):
     (cpu_test29k) tiny (580 parameters) waited 0.27 ms per waking deposit,
     digits and mnist (0.15-0.21 M) 4.4 and 3.2 ms. Read from the nets whose
     vectors fit the L2 (tiny alone there), the held-out nets of sets 29-33
-    (0.15-0.39 M parameters, 96 runs, all seen) had their FetchWeights +
+    (0.15-0.39 M parameters, 96 configurations, all seen) had their FetchWeights +
     LoadImage priced 1.6 / 2.0 / 4.2 % of T_GPU short at 1 x 2 / 2 x 1 /
     2 x 2; read so, -0.1 / +0.1 / -0.5 %. cifar (13 MB, beyond the 8 MB
     LLC) is left out: its wait is the copy's bandwidth, which its own
