@@ -318,6 +318,29 @@ def test_per_unit_costs_follow_the_whole_workload_and_the_compute_part_together(
         assert chk.ok and chk.call_scale == pytest.approx(1.0)
 
 
+def test_a_part_that_moved_between_the_sweeps_before_and_after_is_believed_less():
+    """A stored calibration whose compute part read twice as long at the
+    sweep's close as at its start (set 34's, 41 -> 86 ms), its kernel part
+    steady: that part's own drift is its noise, so a ratio of 0.7 against
+    their mean is shrunk toward 1 (weight with s^2 = 2 u^2 + (drift / 2)^2),
+    not believed whole as with the whole workload's drift alone; a part that
+    did not move keeps that drift."""
+    before = dict(_parts(0.006, 0.004), wall_s=0.010, compute_s=0.041, u_compute=0.01)
+    after = dict(before, compute_s=0.086)
+    cal = dict(FP["calibration"], **_parts(0.006, 0.004), compute_s=0.0635, u_compute=0.01, drift=0.0,
+               before=before, after=after)
+    here, now = _now()
+    now.update(_parts(0.006, 0.004), compute_s=0.0445, u_compute=0.01)
+    chk = calibrate.compare(dict(FP, calibration=cal), here, now)
+    r = 0.0445 / 0.0635
+    assert chk.parts["compute"] == pytest.approx(r)
+    assert chk.weights["compute"] == pytest.approx(_w(r, 2 * 0.01 ** 2 + (0.086 / 0.041 - 1) ** 2 / 4))
+    assert chk.weights["compute"] < 0.35
+    steady = dict(cal, after=dict(after, compute_s=0.041), compute_s=0.041)
+    chk = calibrate.compare(dict(FP, calibration=steady), here, now)
+    assert chk.weights["compute"] == pytest.approx(_w(0.0445 / 0.041, 2 * 0.01 ** 2 + (0.0 / 2) ** 2))
+
+
 def test_call_scale_multiplies_only_the_fixed_parts():
     # Synthetic coefficients: a term a x + b, an SGEMM 2 mnk / F + launch,
     # the runner's c + d x; per-call parts x3, per-unit parts x1.5.
