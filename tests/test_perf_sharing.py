@@ -185,30 +185,6 @@ def test_long_compute_bound_steps_anchor_the_small_nets_reading_beyond_the_cores
     assert one[0].t_gpu == one[1].t_gpu
 
 
-def test_long_compute_bound_steps_anchor_the_large_vector_nets_reading_within_the_cores():
-    """Within the cores (2 x 1, read in phi) the large-vector nets' readings
-    start at the long steps' too (K = 1.07 beyond the core share) where
-    those were swept at this sharing: a net of 250 k parameters at phi
-    0.002 reads a quarter of the way from (0, K) to digits' (0.008, x1.3),
-    not from cifar's x1.18, whose phi is at the anchor's. Without long
-    entries at this sharing it reads as before."""
-    K = 1.07
-    base = Profile(dict(PROF.data, backend="cpu", cores=2, cache={"l2_bytes": 512 << 10}))
-    shares = {"tiny": 1.02, "digits": 1.03, "cifar": 1.06}
-    truth = {"tiny": (0.04, 580, 1.2), "digits": (0.008, 150_000, 1.3), "cifar": (0.0, 3_200_000, 1.18)}
-    swept = [{"model": m, "ranks": 2, "workers": 1, "ratio": x * shares[m], "phi": phi, "n_param": n,
-              "n_subbatch": 4} for m, (phi, n, x) in truth.items()]
-    long, _ = _long_entries(base, K, 2, 1)
-    without = Profile(dict(base.data, contention={"entries": swept}))
-    prof = Profile(dict(base.data, contention={"entries": swept + long}))
-    assert prof.long_step_anchor(2, 1)[1] == pytest.approx(K, rel=1e-3)
-    read = lambda p, phi, n: p.slowdown(2, 1, "other", phi, shares=shares, n_param=n)   # noqa: E731
-    assert read(prof, 0.002, 250_000) == pytest.approx(K + 0.25 * (1.3 - K), rel=1e-3)
-    assert read(without, 0.002, 250_000) == pytest.approx(1.18 + 0.25 * (1.3 - 1.18), rel=1e-6)
-    # at digits' phi and beyond, digits' reading either way
-    assert read(prof, 0.008, 250_000) == pytest.approx(read(without, 0.008, 250_000)) == pytest.approx(1.3)
-
-
 def test_one_worker_per_rank_sees_one_publish_and_one_more_unless_its_deposit_starts_the_cycle():
     """With N_GPU = 1 a worker reads right after its own deposit; the
     deposit a cycle starts with sees one publish, the others one more: one
