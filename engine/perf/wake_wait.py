@@ -12,10 +12,10 @@ price at 2 x 2 on the held-out nets of sets 2-9 (5-10 % of T_GPU), about
 Measured, not derived: per sharing, the runner contention sweep's own runs
 give each swept net's excess at those two steps over the model's price,
 per deposit that woke the updater in the model of that run. A swept net
-takes its own; another net the swept nets' of its size whose vectors fit
-the last-level cache (``by_size``; cifar's 13 MB fetch copy slows under
-the sharing for another reason, bandwidth, which its slowdown already
-prices).
+takes its own; another net's is read by its size among the swept nets
+whose vectors fit the last-level cache (``by_size``; cifar's 13 MB fetch
+copy slows under the sharing for another reason, bandwidth, which its
+slowdown already prices).
 
 Where the swept nets' updaters were always busy (3 x 2: every swept
 small-vector net's model had under 0.04 of its deposits wake the
@@ -60,9 +60,11 @@ def by_size(profile, per, model, n_param):
     (cpu_test29k) tiny (580 parameters) waited 0.27 ms per waking deposit,
     digits and mnist (0.15-0.21 M) 4.4 and 3.2 ms. Read from the nets whose
     vectors fit the L2 (tiny alone there), the held-out nets of sets 29-33
-    (0.15-0.39 M parameters, 96 configurations, all seen) had their FetchWeights +
-    LoadImage priced 1.6 / 2.0 / 4.2 % of T_GPU short at 1 x 2 / 2 x 1 /
-    2 x 2; read so, -0.1 / +0.1 / -0.5 %. cifar (13 MB, beyond the 8 MB
+    (0.15-0.39 M parameters, 96 configurations, all seen) had their
+    FetchWeights + LoadImage priced 1.6 / 2.0 / 4.2 % of T_GPU short at
+    1 x 2 / 2 x 1 / 2 x 2; read so, -0.1 / +0.1 / -0.5 %; held-out set 34
+    (judged) 1.4 / 2.5 / 3.5 % short before, 0.3 / 1.1 / 1.6 % after.
+    cifar (13 MB, beyond the 8 MB
     LLC) is left out: its wait is the copy's bandwidth, which its own
     slowdown prices, and read toward it the same nets came out 0.7-2.0 % of
     T_GPU long."""
