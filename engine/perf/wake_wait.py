@@ -64,10 +64,9 @@ def by_size(profile, per, model, n_param):
     FetchWeights + LoadImage priced 1.6 / 2.0 / 4.2 % of T_GPU short at
     1 x 2 / 2 x 1 / 2 x 2; read so, -0.1 / +0.1 / -0.5 %; held-out set 34
     (judged) 1.4 / 2.5 / 3.5 % short before, 0.3 / 1.1 / 1.6 % after.
-    cifar (13 MB, beyond the 8 MB
-    LLC) is left out: its wait is the copy's bandwidth, which its own
-    slowdown prices, and read toward it the same nets came out 0.7-2.0 % of
-    T_GPU long."""
+    cifar (13 MB, beyond the 8 MB LLC) is left out: its wait is the copy's
+    bandwidth, which its own slowdown prices, and read toward it the nets of
+    sets 29-33 came out 0.7-2.0 % of T_GPU long."""
     llc = float((profile.data.get("cache") or {}).get("llc_bytes") or 0)
     if model in per or not n_param or not llc:
         return None
