@@ -404,6 +404,13 @@ def test_no_sweep_uses_test_set_34():
     _assert_in_no_sweep(("heldout_k5m.json", "heldout_c3l.json"))
 
 
+def test_no_sweep_uses_test_set_35():
+    """Test set 35's nets (bench/specs/heldout_k5n, heldout_c3m; RESULTS
+    section 4, registered 2026-12-07 for the part-drift mend and the wake
+    wait by size) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5n.json", "heldout_c3m.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
