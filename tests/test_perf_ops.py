@@ -398,10 +398,10 @@ def test_no_sweep_uses_test_set_33():
 
 
 def test_no_sweep_uses_test_set_34():
-    """Test set 34's nets (bench/specs/heldout_k5m, heldout_c3l; RESULTS
+    """Test set 34's nets (bench/specs/heldout_k5m34, heldout_c3l; RESULTS
     section 4, registered 2026-12-07 for the long steps swept within the
     cores and the wake wait read by size) are in no sweep."""
-    _assert_in_no_sweep(("heldout_k5m.json", "heldout_c3l.json"))
+    _assert_in_no_sweep(("heldout_k5m34.json", "heldout_c3l.json"))
 
 
 def test_no_sweep_uses_test_set_35():
