@@ -309,15 +309,6 @@ def _split(then, now, chk, whole):
     return {what: scales[next(t for t in tags if t in scales)] for what, tags in RESCALES.items()}
 
 
-def _shown(path) -> str:
-    """``path`` relative to the working directory where it is below it."""
-    from pathlib import Path
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
 def compare(stored: dict | None, now: dict | None, calibration: dict | None, source: str = "profile") -> Check:
     """Compare a profile's ``stored`` fingerprint with this machine's ``now``
     and a fresh ``calibration``. ``scale`` is the calibration ratio shrunk
@@ -335,10 +326,11 @@ def compare(stored: dict | None, now: dict | None, calibration: dict | None, sou
         chk.differs = differing(stored, now)
         if chk.differs:
             what = "; ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in chk.differs.items())
+            from .profile import shown_path
             here = profiles_here(now) if any(k in chk.differs for k in MACHINE_KEYS) else []
             # a checkout may already hold profiles of this machine: name the newest sweep
             named = (f" (this checkout has {len(here)} profile(s) of this machine's CPU; the newest sweep: "
-                     f"--profile {_shown(here[0][1])}, {here[0][0] or 'undated'})") if here else ""
+                     f"--profile {shown_path(here[0][1])}, {here[0][0] or 'undated'})") if here else ""
             chk.messages.append(f"{source} was measured on another machine or software ({what}); "
                                 f"run `sprint profile --quick` for a profile of this one{named}")
     then = stored.get("calibration")

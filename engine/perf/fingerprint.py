@@ -112,15 +112,10 @@ def profiles_here(now: dict, folder=None) -> list:
     hardware (the ``MACHINE_KEYS`` this machine reports, equal), newest sweep first:
     what to name when the profile in use is another machine's."""
     import json
-    from pathlib import Path
-    if folder is None:
-        from .profile import CHECKOUT_PROFILES as folder
-    folder = Path(folder)
+    from .profile import checkout_profiles
     keys = [k for k in MACHINE_KEYS if k in now] if "cpu_model" in now else []
     out = []
-    for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        if f.name.endswith("_records.json"):
-            continue
+    for f in checkout_profiles(folder):
         try:
             fp = json.loads(f.read_text()).get("fingerprint") or {}
         except (OSError, ValueError, AttributeError):

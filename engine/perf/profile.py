@@ -78,17 +78,28 @@ FORMAT_VERSION = 1
 CHECKOUT_PROFILES = Path(__file__).resolve().parents[2] / "bench" / "profiles"
 
 
+def checkout_profiles(folder=None) -> list:
+    """The profile files in ``folder`` (the checkout's bench/profiles by
+    default), sorted by name, the sweeps' ``*_records.json`` left out."""
+    folder = Path(CHECKOUT_PROFILES if folder is None else folder)
+    return sorted(f for f in folder.glob("*.json") if not f.name.endswith("_records.json")) \
+        if folder.is_dir() else []
+
+
+def shown_path(path) -> Path:
+    """``path`` relative to the working directory where it is below it."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return Path(path)
+
+
 def profile_choices(given, datasheets=()) -> str:
     """What --profile takes, for the error of a ``given`` one that is no
     file: ``datasheets`` by name, the checkout's profile files (the one
     named like ``given`` first), or none for the shipped default_profile.json."""
-    here = CHECKOUT_PROFILES
-    files = sorted(f.name for f in here.glob("*.json") if not f.name.endswith("_records.json")) \
-        if here.is_dir() else []
-    try:
-        shown = here.relative_to(Path.cwd())
-    except ValueError:
-        shown = here
+    files = [f.name for f in checkout_profiles()]
+    shown = shown_path(CHECKOUT_PROFILES)
     near = [f for f in (Path(str(given)).name, f"{Path(str(given)).name}.json") if f in files]
     said = [f"a datasheet by name ({', '.join(datasheets)})"] if datasheets else []
     if near:
