@@ -411,6 +411,14 @@ def test_no_sweep_uses_test_set_35():
     _assert_in_no_sweep(("heldout_k5n.json", "heldout_c3m.json"))
 
 
+def test_no_sweep_uses_test_set_36():
+    """Test set 36's nets (bench/specs/heldout_k5o, heldout_c3n; RESULTS
+    section 4, registered 2026-12-07 on a fresh profile, cpu_test36, with
+    vectors of 0.37 M and 0.12 M parameters, either side of the sets
+    before) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5o.json", "heldout_c3n.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
