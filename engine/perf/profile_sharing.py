@@ -61,7 +61,7 @@ class HostSharing:
         f = (lambda v: v) if within else math.sqrt
         pts = [(f(e["phi"]), float(e.get("n_param") or 0), ratio(e)) for e in same
                if e.get("phi") is not None]
-        big = [p for p in pts if self._overflows_l2(p[1])]
+        big = [p for p in pts if self._overflows(p[1])]
         small = [p for p in pts if p not in big]
         x = f(max(phi, 0.0))
         # The small nets' curve ends at the long compute-bound steps' reading
@@ -140,11 +140,13 @@ class HostSharing:
         # Without layer terms no net has a per-call share: the long steps at 0.
         return phi or 0.0, rel / core_share(R, n_gpu, self.cores, updater_duty(ref, self))
 
-    def _overflows_l2(self, n_param) -> bool:
-        """Whether a net's flat vectors (4 bytes a parameter) overflow the L2:
-        updaters streaming them evict the workers' data."""
-        l2 = float((self.data.get("cache") or {}).get("l2_bytes") or 0)
-        return bool(l2) and 4 * float(n_param or 0) > l2
+    def _overflows(self, n_param, cache: str = "l2_bytes") -> bool:
+        """Whether a net's flat vectors (4 bytes a parameter) overflow the L2
+        (or the profile's ``cache`` level, e.g. ``llc_bytes``): updaters
+        streaming them evict the workers' data. False where the profile has
+        no size for that level."""
+        size = float((self.data.get("cache") or {}).get(cache) or 0)
+        return bool(size) and 4 * float(n_param or 0) > size
 
     @staticmethod
     def _big_weight(n_param, small, big) -> float:
@@ -200,8 +202,8 @@ class HostSharing:
         # waited (0.45 T_GPU at 3 x 1, 0.6 at 3 x 2; sets 2-9, all seen);
         # tiny, mnist and digits alone give 0.3 and 0.6.
         es = self._whole_slice_waits(es, ranks_per_host, n_gpu)
-        big = [e for e in es if self._overflows_l2(e.get("n_param"))]
-        small = [e for e in es if not self._overflows_l2(e.get("n_param"))]
+        big = [e for e in es if self._overflows(e.get("n_param"))]
+        small = [e for e in es if not self._overflows(e.get("n_param"))]
         if not big or len({e.get("model") for e in small}) < 2:
             # A line needs two small-vector nets (4 ranks: tiny alone, whose
             # 1 ms step says nothing of the part that grows with the step).

@@ -124,7 +124,7 @@ def wake_load_share(profile, R, n_gpu, model, kw) -> float:
         if (ref.extra.get("wake_share") or 0.0) < MIN_WAKE_SHARE:
             return None
         exc = [max(e["worker"][s] * profile.time_scale - ref.worker[s], 0.0) for s in ("LoadImage", "FetchWeights")]
-        return (exc[0] / sum(exc), profile._overflows_l2(e.get("n_param"))) if sum(exc) > 0 else None
+        return (exc[0] / sum(exc), profile._overflows(e.get("n_param"))) if sum(exc) > 0 else None
 
     return swept_or_small_median(per_swept_run(profile, R, n_gpu, kw, "_wake_load_shares", load_share,
                                                accept=_runner_with_steps, wake=0.0), model)

@@ -67,13 +67,12 @@ def by_size(profile, per, model, n_param):
     cifar (13 MB, beyond the 8 MB LLC) is left out: its wait is the copy's
     bandwidth, which its own slowdown prices, and read toward it the nets of
     sets 29-33 came out 0.7-2.0 % of T_GPU long."""
-    llc = float((profile.data.get("cache") or {}).get("llc_bytes") or 0)
-    if model in per or not n_param or not llc:
+    if model in per or not n_param or not (profile.data.get("cache") or {}).get("llc_bytes"):
         return None
     sizes = {e.get("model"): float(e.get("n_param") or 0) for e in profile._contention()}
     by = {}
     for m, v in per.items():
-        if 0 < sizes.get(m, 0) and 4 * sizes[m] <= llc:
+        if 0 < sizes.get(m, 0) and not profile._overflows(sizes[m], "llc_bytes"):
             by.setdefault(math.log(sizes[m]), []).append(v[0])
     if not by:
         return None
@@ -135,7 +134,7 @@ def swept_cycle_waits(profile, R, n_gpu, kw) -> dict:
     this sharing."""
     from .model import per_swept_run
     return per_swept_run(profile, R, n_gpu, kw, "_wake_cycle_waits",
-                         lambda e, ref: (max(_excess(profile, e, ref), 0.0), profile._overflows_l2(e.get("n_param")),
+                         lambda e, ref: (max(_excess(profile, e, ref), 0.0), profile._overflows(e.get("n_param")),
                                          float(e.get("n_param") or 0)),
                          accept=_runner_with_steps, wake=0.0)
 
@@ -150,7 +149,7 @@ def swept_wake_waits(profile, R, n_gpu, kw) -> dict:
         share = ref.extra.get("wake_share") or 0.0
         if share < MIN_WAKE_SHARE:
             return None
-        return max(_excess(profile, e, ref), 0.0) / share, profile._overflows_l2(e.get("n_param"))
+        return max(_excess(profile, e, ref), 0.0) / share, profile._overflows(e.get("n_param"))
 
     return per_swept_run(profile, R, n_gpu, kw, "_wake_waits", per_waking_deposit,
                          accept=_runner_with_steps, wake=0.0)
