@@ -112,6 +112,38 @@ def test_simulate_cli_compares_with_closed_form(prof_file, capsys):
     assert rc == 0 and "closed form" in out and "simulated" in out and "32 simulated GPUs" in out
 
 
+def test_the_profile_sprint_profile_wrote_here_is_read_without_profile(prof_file, tmp_path, monkeypatch, capsys):
+    """`sprint profile` writes ./profile.json; predict (and tune, simulate,
+    plan, info --stages) read it when no --profile is given and say so on
+    stderr; a ./profile.json that is no machine profile is named and passed
+    over for the shipped one."""
+    argv = ["predict", "--model", "cifar", "--nodes", "4", "--workers", "2", "--subbatch", "8", "--json",
+            "--no-calibrate"]
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 0
+    cap = capsys.readouterr()
+    shipped = json.loads(cap.out)["t_epoch"]
+    assert "profile.json" not in cap.err
+    PROF.save(tmp_path / "profile.json")
+    assert cli.main(argv) == 0
+    cap = capsys.readouterr()
+    assert "sprint predict: note: predicting from ./profile.json" in cap.err
+    here = json.loads(cap.out)["t_epoch"]
+    assert cli.main(argv + ["--profile", prof_file]) == 0
+    assert here == pytest.approx(json.loads(capsys.readouterr().out)["t_epoch"])
+    assert here != pytest.approx(shipped, rel=0.05)
+    for cmd in (["tune", "--model", "tiny", "--target-minibatch", "8", "--max-nodes", "2"],
+                ["simulate", "--model", "tiny", "--nodes", "2", "--subbatch", "4", "--updates", "20"],
+                ["plan", "--model", "tiny", "--gpus", "2"], ["info", "tiny", "--stages", "2"]):
+        cli.main(cmd + ["--no-calibrate"] * (cmd[0] != "info"))
+        assert f"sprint {cmd[0]}: note: predicting from ./profile.json" in capsys.readouterr().err, cmd
+    (tmp_path / "profile.json").write_text(json.dumps({"name": "a run's settings"}))
+    assert cli.main(argv) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["t_epoch"] == pytest.approx(shipped)
+    assert "sprint predict: warning: ./profile.json is passed over, not a machine profile" in cap.err
+
+
 def test_missing_profile_is_a_clean_error(capsys, tmp_path):
     assert cli.main(["predict", "--model", "tiny", "--nodes", "1", "--subbatch", "1",
                      "--profile", str(tmp_path / "missing" / "p.json")]) == 2

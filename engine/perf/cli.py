@@ -11,6 +11,7 @@ from engine.errors import RunError
 from .cli_ranges import check_calibration, check_config, check_strategy_values, check_target, epoch_samples
 
 from . import calibrate
+from .cli_profile import PROFILE_HELP, profile_option
 
 
 def _profile(args):
@@ -19,7 +20,7 @@ def _profile(args):
     from engine import spec as spec_mod
     from .profile import Profile
     spec_mod.get_spec(args.model)      # a bad --model is refused before the calibration's seconds
-    prof = Profile.load(getattr(args, "profile", None))
+    prof = Profile.load(profile_option(getattr(args, "profile", None), args.command))
     if getattr(args, "host_load", None) is not None:
         prof.host_factor = {"*": float(args.host_load)}
     if getattr(args, "calibrate", True):
@@ -50,7 +51,7 @@ def _config_args(p, need_config=True):
                             "--stages x --replicas)")
         p.add_argument("--workers", type=positive_int, default=1, help="N_GPU (workers per node; default 1)")
         p.add_argument("--subbatch", type=positive_int, required=True, help="N_Subbatch (samples per worker step)")
-    p.add_argument("--profile", default=None, help="machine profile JSON (default: the shipped one)")
+    p.add_argument("--profile", default=None, help=PROFILE_HELP)
     p.add_argument("--n-file", type=positive_int, default=None,
                    help="training samples per epoch (default: the preset's training set: cnn-a/b/c 1281167, "
                         "cifar 50000, digits 1437, tiny 256; 50000 for a spec file)")

@@ -18,6 +18,42 @@ from engine.errors import Interrupted, RunError
 
 from . import calibrate
 
+# What `sprint profile` writes without --out: the working directory's, where
+# predict, tune, simulate, plan and `sprint info --stages` read it when no
+# --profile is given (``profile_option``).
+DEFAULT_OUT = "profile.json"
+PROFILE_HELP = (f"machine profile JSON (default: ./{DEFAULT_OUT} where `sprint profile` wrote one, "
+                "else the shipped one)")
+
+
+def profile_option(given, command):
+    """The profile a command line uses: ``given`` (--profile); without one,
+    ./profile.json where `sprint profile` left it, said on stderr -- a user
+    who has just swept this machine expects its profile, not the shipped
+    one of the build machine (until 2026-12-07 predict read the shipped one
+    and its warning named the checkout's profiles, not the one just made);
+    else None, the shipped one. A ./profile.json that is no machine profile
+    is named and passed over, not an error of a command that never named it."""
+    if given is not None or not Path(DEFAULT_OUT).is_file():
+        return given
+    from .profile import Profile
+    try:
+        Profile.load(DEFAULT_OUT)
+    except RunError as e:
+        print(f"sprint {command}: warning: ./{DEFAULT_OUT} is passed over, {e.what}; predicting from the "
+              "shipped profile", file=sys.stderr)
+        return None
+    print(f"sprint {command}: note: predicting from ./{DEFAULT_OUT}, which `sprint profile` wrote here "
+          "(--profile chooses another)", file=sys.stderr)
+    return DEFAULT_OUT
+
+
+def written(out) -> str:
+    """The line that says where a profile went and how to predict from it."""
+    how = ("predict, tune, simulate and plan read it from this folder without --profile"
+           if Path(out) == Path(DEFAULT_OUT) else f"--profile {out} predicts from it")
+    return f"profile written to {out} ({how})"
+
 
 def _read_records(path):
     """Saved sweep records (``--records``), or one error line naming the file."""
@@ -100,7 +136,7 @@ def _update_calibration(args, prof) -> int:
     prof.save(out)
     print("calibration: " + ", ".join(f"{k.split('_')[0]} {1e3 * both[k]:.4f} ms" for k in ("wall_s",) + PARTS if k in both)
           + (f"; x{both['wall_s'] / both['replaced']['wall_s']:.3f} the one it replaces" if "replaced" in both else ""))
-    print(f"profile written to {out}")
+    print(written(out))
     return 0
 
 
@@ -141,7 +177,7 @@ def _update_profile(args, only) -> int:
                                        for k in ("conv_f", "conv_b", "other_f", "other_b"))
           + f", eager size {sec.get('p2p', {}).get('eager_bytes', '?')} B; host at x{sec['calibration_ratio']:.2f} "
           f"the profile's calibration (stored rescaled)")
-    print(f"profile written to {out}")
+    print(written(out))
     return 0
 
 
@@ -189,7 +225,7 @@ def _keep_interrupted(args, e):
     partial, left = getattr(e, "partial", None), getattr(e, "left", None)
     if not partial or not partial.get("records") or not left:
         return
-    out = args.out or "profile.json"
+    out = args.out or DEFAULT_OUT
     keep = args.records or str(Path(out).with_suffix("")) + ".records.json"
     _write_json(keep, partial)
     rest = ["sprint", "profile"] + ["--quick"] * bool(args.quick) + [
@@ -208,7 +244,7 @@ def cmd_profile(args) -> int:
         return _update_profile(args, only)
     if args.plots and Path(args.plots).exists() and not Path(args.plots).is_dir():
         raise RunError("--plots takes a folder for the PNGs, not a file", args.plots)
-    check_outputs(args.out or "profile.json", args.records, args.plots and Path(args.plots) / "x.png")
+    check_outputs(args.out or DEFAULT_OUT, args.records, args.plots and Path(args.plots) / "x.png")
     old = _read_records(args.from_records) if args.from_records else None
     if old is not None and only is None:
         data = old
@@ -243,7 +279,7 @@ def cmd_profile(args) -> int:
         prof["fingerprint"] = dict(fp, calibration=ref) if ref else fp
     prof["skipped"] = data.get("skipped", [])
     _fit_pipeline(prof, data["records"])
-    out = args.out or "profile.json"
+    out = args.out or DEFAULT_OUT
     kept = _keep_steady(out) if said else None
     Profile(prof).save(out)
     print(fit.format_errors(prof))
@@ -251,7 +287,7 @@ def cmd_profile(args) -> int:
         from . import plots
         for f in plots.plot_fits(data["records"], prof, args.plots):
             print(f"wrote {f}")
-    print(f"profile written to {out}")
+    print(written(out))
     if kept:
         print(f"sprint profile: note: {out} held a profile swept while the host was steady; kept as {kept}: "
               f"pass --profile {kept} to predict from it (calibrated, a steady profile four days old priced a "
@@ -290,7 +326,9 @@ def register(sub):
     from .sweep import SWEEPS
     p = sub.add_parser("profile", help="sweep the kernels and fit a machine profile (SPEC section 4)")
     p.add_argument("--quick", action="store_true", help="small grids (about 30 minutes on 2 cores; --only picks parts)")
-    p.add_argument("--out", default=None, help="profile JSON to write (default profile.json)")
+    p.add_argument("--out", default=None,
+                   help=f"profile JSON to write (default {DEFAULT_OUT}, which predict, tune, simulate and plan "
+                        "then read without --profile)")
     p.add_argument("--records", default=None, help="also save the raw sweep records here")
     p.add_argument("--from-records", default=None, help="refit saved records instead of sweeping")
     p.add_argument("--threads", type=positive_int, default=1, help="BLAS/OpenMP threads while sweeping (default 1)")

@@ -18,6 +18,8 @@ from engine.parallel.pipeline import PREDICT
 from engine.parallel.pipeline_schedule import SCHEDULES
 from engine.errors import counted
 
+from .cli_profile import PROFILE_HELP, profile_option
+
 
 def add_cli_arguments(p):
     """Options of ``sprint predict|simulate --parallel pipeline``."""
@@ -97,7 +99,7 @@ def add_info_options(p):
     g.add_argument("--partition", default=None, help="layer ranges to show instead of the balanced ones")
     g.add_argument("--schedule", choices=SCHEDULES, default=None,
                    help="schedule whose bubble is simulated (default gpipe)")
-    g.add_argument("--profile", default=None, help="machine profile JSON (default: the shipped one)")
+    g.add_argument("--profile", default=None, help=PROFILE_HELP)
 
 
 def info_table(spec, args) -> str:
@@ -113,7 +115,7 @@ def info_table(spec, args) -> str:
     m = args.microbatches or min(4, args.batch)
     if not 1 <= m <= args.batch:
         raise ValueError(f"--microbatches must be between 1 and --batch ({args.batch}), got {m}")
-    prof = Profile.load(args.profile)
+    prof = Profile.load(profile_option(args.profile, "info"))
     if warning := prof.path_warning(spec):      # as predict/simulate/tune/plan say it (engine.perf.cli)
         print(f"sprint info: warning: {warning}", file=sys.stderr)
     p = predict(sp, stages=K, n_subbatch=args.batch, profile=prof, schedule=args.schedule or "gpipe",

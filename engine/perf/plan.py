@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, asdict
 from engine.argtypes import positive_float, positive_int
 from engine import spec as spec_mod
 from . import calibrate, layerwise as L
+from .cli_profile import PROFILE_HELP, profile_option
 from engine.errors import RunError, counted
 
 STRATEGIES = [
@@ -267,6 +268,7 @@ def cmd_plan(args) -> int:
         # profile's outputs are; a path in the way is named by Plan.save as the user wrote it
         from .cli_profile import check_outputs
         check_outputs(args.out)
+    args.profile = profile_option(args.profile, "plan")
     prof = load_profile(args.profile)
     for warning in (node_warning(args.gpus, prof, "--gpus"), slow):
         if warning:
@@ -311,7 +313,7 @@ def register(sub):
     p.add_argument("--gpus", type=positive_int, required=True, help="number of devices (MPI ranks)")
     p.add_argument("--batch", type=positive_int, default=None, help="global batch (default 32 per device)")
     p.add_argument("--profile", default=None,
-                   help=f"machine profile JSON, or a datasheet {sorted(DATASHEETS)} (default: the shipped one)")
+                   help=f"a datasheet {sorted(DATASHEETS)}, or a {PROFILE_HELP}")
     p.add_argument("--out", default=None, help="write the layer-wise plan here (for sprint train --plan)")
     p.add_argument("--write", choices=["optimum", "data", "owt", "model"], default="optimum",
                    help="which plan --out writes: the searched optimum (default), pure data parallel, "
