@@ -419,6 +419,13 @@ def test_no_sweep_uses_test_set_36():
     _assert_in_no_sweep(("heldout_k5o.json", "heldout_c3n.json"))
 
 
+def test_no_sweep_uses_test_set_37():
+    """Test set 37's nets (bench/specs/heldout_k5_37, heldout_c3_37; RESULTS
+    section 4, registered 2026-12-07 for the sweep's marks timing the
+    calibration's compute part) are in no sweep."""
+    _assert_in_no_sweep(("heldout_k5_37.json", "heldout_c3_37.json"))
+
+
 def test_sweeps_see_the_seen_test_nets():
     """The op and layer-pass sweeps time the nets of test sets 1-7 (seen:
     7x7 and 9x9 kernels among them); set 8's are in none
