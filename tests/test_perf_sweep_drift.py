@@ -62,7 +62,7 @@ def test_profile_warns_when_the_host_moved_during_the_sweeps(tmp_path, monkeypat
 
 def test_a_mark_keeps_the_parts_a_calibration_rescales_by(monkeypatch):
     full = {"wall_s": 2e-3, "cpu_s": 2e-3, "u": 0.01, "n": 9, "date": "d", "kernel_s": 9e-4, "u_kernel": 0.02,
-            "python_s": 1.1e-3, "u_python": 0.03, "compute_s": 0.04, "u_compute": 0.01}
+            "python_s": 1.1e-3, "u_python": 0.03}
     seen = {}
 
     def step(seconds, blocks=5, compute=True):
@@ -70,9 +70,8 @@ def test_a_mark_keeps_the_parts_a_calibration_rescales_by(monkeypatch):
         return dict(full)
     monkeypatch.setattr(calibrate, "calibration_step", step)
     got = sweep_drift.mark()
-    assert seen == {"seconds": sweep_drift.MARK_SECONDS, "compute": True}
-    assert got == {k: full[k] for k in ("wall_s", "u", "kernel_s", "u_kernel", "python_s", "u_python", "compute_s",
-                                        "u_compute", "date")}
+    assert seen == {"seconds": sweep_drift.MARK_SECONDS, "compute": False}
+    assert got == {k: full[k] for k in ("wall_s", "u", "kernel_s", "u_kernel", "python_s", "u_python", "date")}
 
 
 def _reading(wall, kernel, python):
@@ -96,31 +95,6 @@ def test_sweep_reference_weights_the_closing_calibrations_and_the_marks_by_their
     assert ref["u"] == pytest.approx(sd / 2.25e-3 / np.sqrt(n_eff))
     assert sweep_drift.sweep_reference(cal, {}) is None
     assert sweep_drift.sweep_reference({"wall_s": 2e-3}, meta) is None     # no before/after to fold them into
-
-
-def test_a_compute_reading_disturbed_at_one_end_is_outweighed_by_the_marks():
-    """Set 34's sweep (cpu_test34) read the compute part at 41.0 ms before and
-    85.8 ms after; timed at the marks too (here 20 at 41 ms) the reference
-    is their weighted mean, the readings' half-range its drift, and the
-    runs' 43 ms is then hardly a ratio at all (calibrate._weight)."""
-    ends = [dict(_reading(2.0e-3, 1.0e-3, 1.0e-3), compute_s=c, u_compute=0.01) for c in (41.0e-3, 85.8e-3)]
-    cal = dict(_reading(2.0e-3, 1.0e-3, 1.0e-3), compute_s=63.4e-3, u_compute=0.01, drift=0.0,
-               before=ends[0], after=ends[1])
-    marks = {f"s{i}": {"after": dict(_reading(2.0e-3, 1.0e-3, 1.0e-3), compute_s=41.0e-3, u_compute=0.02)}
-             for i in range(20)}
-    ref = sweep_drift.sweep_reference(cal, {"part_calibrations": marks})
-    want = (3 * 41.0 + 3 * 85.8 + 20 * 41.0) / 26 * 1e-3
-    assert ref["compute_s"] == pytest.approx(want)
-    assert ref["drift_compute"] == pytest.approx((85.8e-3 - 41.0e-3) / 2 / want)
-    assert calibrate._drift(ref, "u_compute") == pytest.approx(ref["drift_compute"])
-    now = {"compute_s": 43e-3, "u_compute": 0.01}
-    assert calibrate._weight(ref, now, 43e-3 / ref["compute_s"], "u_compute") < 0.1
-    # without the marks' readings the ends' mean stands, its drift their ratio
-    assert calibrate._drift(cal, "u_compute") == pytest.approx(85.8 / 41.0 - 1)
-    # marks that did not time it (profiles swept before): the ends' part is kept
-    old = {k: {"after": _reading(2.0e-3, 1.0e-3, 1.0e-3)} for k in marks}
-    kept = sweep_drift.sweep_reference(cal, {"part_calibrations": old})
-    assert kept["compute_s"] == 63.4e-3 and "drift_compute" not in kept
 
 
 def test_profile_stores_the_sweep_reference_as_its_calibration(tmp_path, monkeypatch, capsys):

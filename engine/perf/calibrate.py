@@ -243,16 +243,11 @@ def _drift(then, key="u") -> float:
     ms against 41.0 at its start, the kernel part 6 % apart; their mean
     stood for every record, the part's ratio (x0.70 at the runs, which read
     41-45 ms) was believed whole, and every calibrated price came out 16 %
-    short (T_GPU 13.4 % off, 5.3 % uncalibrated). Where the sweep's marks
-    timed the part too (``drift_<part>``, sweep_drift.sweep_reference), the
-    half-range of all its readings."""
+    short (T_GPU 13.4 % off, 5.3 % uncalibrated)."""
     d = float(then.get("drift", 0.0))
     part = {"u_" + k.split("_")[0]: k for k in PARTS}.get(key)
     b, a = then.get("before") or {}, then.get("after") or {}
-    if part and then.get("drift_" + key[2:]) is not None:
-        # timed at the sweep's marks too (sweep_drift.sweep_reference): their half-range
-        d = max(d, float(then["drift_" + key[2:]]))
-    elif part and b.get(part) and a.get(part):
+    if part and b.get(part) and a.get(part):
         d = max(d, abs(a[part] / b[part] - 1))
     return d
 

@@ -38,23 +38,19 @@ MARK_SECONDS = 1.0
 WARN_SPREAD = 0.2
 
 
-# What a mark keeps of its calibration: the whole workload and its kernel,
-# Python and compute parts (the ones ``calibrate.RESCALES`` rescales by), each
-# with its uncertainty, so that the marks can be read as calibrations of the
-# sweeps' own minutes, not only as the wall time that shows the drift. The
-# compute part since 2026-12-07: set 34's sweep closed with it at 2x its
-# opening reading (85.8 against 41.0 ms) and, timed at the two ends only,
-# that one reading was half the reference of every record.
-MARK_KEYS = ("wall_s", "u", "kernel_s", "u_kernel", "python_s", "u_python", "compute_s", "u_compute", "date")
+# What a mark keeps of its calibration: the whole workload and the kernel and
+# Python parts (the ones ``calibrate.RESCALES`` rescales by), each with its
+# uncertainty, so that the marks can be read as calibrations of the sweeps'
+# own minutes, not only as the wall time that shows the drift.
+MARK_KEYS = ("wall_s", "u", "kernel_s", "u_kernel", "python_s", "u_python", "date")
 
 
 def mark(seconds: float = MARK_SECONDS) -> dict:
     """A short calibration (wall seconds per call of the workload and of its
-    parts, their uncertainties and the date): the host's speed between two
-    sweeps. The compute part takes a third of it, as in a full calibration,
-    so a mark weighs a third of one for every part (``sweep_reference``)."""
+    kernel and Python parts, their uncertainties and the date): the host's
+    speed between two sweeps."""
     from .calibrate import calibration_step
-    c = calibration_step(seconds, blocks=3)
+    c = calibration_step(seconds, blocks=3, compute=False)
     return {k: c[k] for k in MARK_KEYS if k in c}
 
 
@@ -103,41 +99,29 @@ def readings(meta: dict) -> list[dict]:
             if all(m.get(k) for k in ("wall_s", "kernel_s", "python_s"))]
 
 
-def _fold(rows, key):
-    """(weighted mean, its relative standard error, half the range relative
-    to the mean) of ``key`` over ``rows`` [(weight, reading)]."""
-    w = np.array([r[0] for r in rows])
-    x = np.array([r[1][key] for r in rows])
-    mean = float(np.average(x, weights=w))
-    sd = float(np.sqrt(np.average((x - mean) ** 2, weights=w)))
-    n_eff = w.sum() ** 2 / (w ** 2).sum()
-    return mean, float(sd / mean / np.sqrt(n_eff)), float((x.max() - x.min()) / 2 / mean)
-
-
 def sweep_reference(cal: dict, meta: dict) -> dict | None:
     """The calibration the profile's records were measured at: the sweep's
     closing calibration ``cal`` (before and after merged,
     ``calibrate.merge_calibrations``) with the marks between the sweeps
-    folded in, each reading weighted by the seconds its parts ran (3 for
-    ``before`` and ``after``, 1 for a mark). ``u`` and the parts'
-    uncertainties become the weighted mean's standard error over the
-    readings, ``drift`` their spread's half-range relative to the mean (the
-    before/after drift reads two of them only), and ``drift_compute`` the
-    compute part's, where marks timed it (older marks did not: the ends'
-    compute part is kept, and ``calibrate._drift`` reads their drift). None
-    without marks."""
+    folded in, each reading weighted by the seconds its kernel and Python
+    parts ran (3 for ``before`` and ``after``, 1 for a mark). ``u`` and the
+    parts' uncertainties become the weighted mean's standard error over the
+    readings, ``drift`` their spread's half-range relative to the mean
+    (the before/after drift reads two of them only); the compute part,
+    which the marks do not time, is kept. None without marks."""
     marks = readings(meta)
     ends = [c for c in (cal.get("before"), cal.get("after")) if c and all(c.get(k) for k in ("wall_s", "kernel_s", "python_s"))]
     if not marks or not ends:
         return None
     rows = [(3.0, c) for c in ends] + [(1.0, m) for m in marks]
+    w = np.array([r[0] for r in rows])
+    n_eff = w.sum() ** 2 / (w ** 2).sum()
     out = dict(cal, marks=len(marks))
     for key, u in (("wall_s", "u"), ("kernel_s", "u_kernel"), ("python_s", "u_python")):
-        out[key], out[u], half = _fold(rows, key)
-        if key == "wall_s":
-            out["drift"] = half
-    timed = [m for m in marks if m.get("compute_s")]
-    if timed and all(c.get("compute_s") for c in ends):
-        rows = [(3.0, c) for c in ends] + [(1.0, m) for m in timed]
-        out["compute_s"], out["u_compute"], out["drift_compute"] = _fold(rows, "compute_s")
+        x = np.array([r[1][key] for r in rows])
+        mean = float(np.average(x, weights=w))
+        sd = float(np.sqrt(np.average((x - mean) ** 2, weights=w)))
+        out[key], out[u] = mean, float(sd / mean / np.sqrt(n_eff))
+    x = np.array([r[1]["wall_s"] for r in rows])
+    out["drift"] = float((x.max() - x.min()) / 2 / out["wall_s"])
     return out
