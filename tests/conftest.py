@@ -21,6 +21,10 @@ os.environ.setdefault("SPRINT_DEVICE", "cpu")
 # HWLOC_XMLFILE is set; set empty, each rank's hwloc fails to open it and
 # discovers the topology itself, as a one-rank job does.
 os.environ.setdefault("HWLOC_XMLFILE", "")
+# predict, tune, simulate and plan read ./profile.json without --profile
+# (engine.perf.cli_profile.profile_option): a `sprint profile` run in the
+# checkout would otherwise change what the suite's commands predict from.
+os.environ["SPRINT_PROFILE"] = ""
 
 
 def pytest_configure(config):

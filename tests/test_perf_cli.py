@@ -116,10 +116,11 @@ def test_the_profile_sprint_profile_wrote_here_is_read_without_profile(prof_file
     """`sprint profile` writes ./profile.json; predict (and tune, simulate,
     plan, info --stages) read it when no --profile is given and say so on
     stderr; a ./profile.json that is no machine profile is named and passed
-    over for the shipped one."""
+    over for the shipped one; $SPRINT_PROFILE, where set, comes first."""
     argv = ["predict", "--model", "cifar", "--nodes", "4", "--workers", "2", "--subbatch", "8", "--json",
             "--no-calibrate"]
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SPRINT_PROFILE")          # the suite's own setting (conftest)
     assert cli.main(argv) == 0
     cap = capsys.readouterr()
     shipped = json.loads(cap.out)["t_epoch"]
@@ -142,6 +143,16 @@ def test_the_profile_sprint_profile_wrote_here_is_read_without_profile(prof_file
     cap = capsys.readouterr()
     assert json.loads(cap.out)["t_epoch"] == pytest.approx(shipped)
     assert "sprint predict: warning: ./profile.json is passed over, not a machine profile" in cap.err
+    # $SPRINT_PROFILE names the profile, or, empty, the shipped one, whatever the folder holds
+    PROF.save(tmp_path / "profile.json")
+    monkeypatch.setenv("SPRINT_PROFILE", "")
+    assert cli.main(argv) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["t_epoch"] == pytest.approx(shipped) and "profile.json" not in cap.err
+    monkeypatch.setenv("SPRINT_PROFILE", prof_file)
+    (tmp_path / "profile.json").unlink()
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["t_epoch"] == pytest.approx(here)
 
 
 def test_missing_profile_is_a_clean_error(capsys, tmp_path):

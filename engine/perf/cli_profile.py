@@ -22,18 +22,22 @@ from . import calibrate
 # predict, tune, simulate, plan and `sprint info --stages` read it when no
 # --profile is given (``profile_option``).
 DEFAULT_OUT = "profile.json"
-PROFILE_HELP = (f"machine profile JSON (default: ./{DEFAULT_OUT} where `sprint profile` wrote one, "
-                "else the shipped one)")
+PROFILE_HELP = (f"machine profile JSON (default: $SPRINT_PROFILE where set, empty for the shipped one; else "
+                f"./{DEFAULT_OUT} where `sprint profile` wrote one, else the shipped one)")
 
 
 def profile_option(given, command):
     """The profile a command line uses: ``given`` (--profile); without one,
-    ./profile.json where `sprint profile` left it, said on stderr -- a user
-    who has just swept this machine expects its profile, not the shipped
-    one of the build machine (until 2026-12-07 predict read the shipped one
-    and its warning named the checkout's profiles, not the one just made);
-    else None, the shipped one. A ./profile.json that is no machine profile
-    is named and passed over, not an error of a command that never named it."""
+    $SPRINT_PROFILE where set (empty: the shipped one, whatever the folder
+    holds -- the test suite sets it so); else ./profile.json where `sprint
+    profile` left it, said on stderr -- a user who has just swept this
+    machine expects its profile, not the shipped one of the build machine
+    (until 2026-12-07 predict read the shipped one and its warning named the
+    checkout's profiles, not the one just made); else None, the shipped one.
+    A ./profile.json that is no machine profile is named and passed over,
+    not an error of a command that never named it."""
+    if given is None and "SPRINT_PROFILE" in os.environ:
+        return os.environ["SPRINT_PROFILE"] or None
     if given is not None or not Path(DEFAULT_OUT).is_file():
         return given
     from .profile import Profile
